@@ -27,6 +27,13 @@ def _site_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
         required=required and not os.environ.get(ENV_SITE),
         help=f"site file (site.yaml); env {ENV_SITE}",
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a site field, e.g. --set registry.host=reg.local:5000 (repeatable; value is YAML)",
+    )
 
 
 def _inventory_arg(p: argparse.ArgumentParser) -> None:
@@ -56,7 +63,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from installer.facts import node_facts
     from installer.render.values import render_values, values_to_yaml
 
-    site = load_site(args.site)
+    site = load_site(args.site, args.set)
     nodes = node_facts(args.inventory, os_tags=args.os, kernels=args.kernel)
     values = render_values(site, nodes=nodes)
     _output(values_to_yaml(values, site), args.output)
@@ -70,7 +77,7 @@ def cmd_images(args: argparse.Namespace) -> int:
     from installer.config import load_site
     from installer.facts import node_facts
 
-    site = load_site(args.site)
+    site = load_site(args.site, args.set)
     nodes = node_facts(args.inventory, os_tags=args.os, kernels=args.kernel)
     images = image_list(site, nodes=nodes)
     if args.format == "json":
@@ -100,7 +107,7 @@ def cmd_config_sample(args: argparse.Namespace) -> int:
 def cmd_config_check(args: argparse.Namespace) -> int:
     from installer.config import load_site
 
-    site = load_site(args.site)
+    site = load_site(args.site, args.set)
     print(f"{args.site}: ok (GPU Operator {site.operator.version}, registry {site.registry.host})")
     return EXIT_OK
 

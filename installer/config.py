@@ -1,0 +1,321 @@
+"""The site model (site.yaml): one typed, validated description of a GPU site.
+
+Layering: model defaults → site file → `--set path=value` flags. Errors name the field path and
+the fix and are raised as ConfigError (exit code 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from installer.errors import ConfigError
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Operator(_Model):
+    version: str = Field(description="GPU Operator release from the catalog, e.g. v24.9.2")
+    namespace: str = Field("gpu-operator", description="namespace the operator is installed into")
+    releaseName: str = Field("gpu-operator", description="Helm release name")
+
+    @field_validator("namespace", "releaseName")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
+            raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
+        return v
+
+
+class PullSecret(_Model):
+    """Credentials are referenced, never written inline: from env vars or a docker config file."""
+
+    name: str = Field(description="name of the kubernetes.io/dockerconfigjson Secret")
+    usernameEnv: str | None = Field(None, description="env var holding the registry user name")
+    passwordEnv: str | None = Field(None, description="env var holding the registry password/token")
+    dockerConfigFile: Path | None = Field(None, description="file with a docker config.json to use as-is")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", v):
+            raise ValueError(f"{v!r} is not a valid Secret name (lower case letters, digits, '-', '.')")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "PullSecret":
+        if self.dockerConfigFile and (self.usernameEnv or self.passwordEnv):
+            raise ValueError("give either usernameEnv/passwordEnv or dockerConfigFile, not both")
+        if bool(self.usernameEnv) != bool(self.passwordEnv):
+            raise ValueError("usernameEnv and passwordEnv go together")
+        return self
+
+
+class Registry(_Model):
+    host: str = Field(description="private registry, host[:port], e.g. registry.example.com:5000")
+    layout: Literal["strip-host", "keep-host"] = Field(
+        "strip-host",
+        description="strip-host: nvcr.io/nvidia/x → <host>/nvidia/x; keep-host: → <host>/nvcr.io/nvidia/x",
+    )
+    prefix: str = Field("", description="optional path prefix inside the registry, e.g. mirror/gpu")
+    pullSecret: PullSecret | None = Field(None, description="image pull Secret put on every component")
+    ca: Path | None = Field(None, description="CA certificate (PEM) the nodes must trust for this registry")
+    insecure: bool = Field(False, description="plain HTTP / unverified TLS (labs only)")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if "://" in v or "/" in v:
+            raise ValueError(f"{v!r}: give host[:port] only, without scheme or path (use prefix for a path)")
+        if not re.fullmatch(r"[A-Za-z0-9.-]+(:\d{1,5})?|\[[0-9a-fA-F:]+\](:\d{1,5})?", v):
+            raise ValueError(f"{v!r} is not a host[:port]")
+        return v.lower()
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        v = v.strip("/")
+        if v and not re.fullmatch(r"[a-z0-9]+([._/-][a-z0-9]+)*", v):
+            raise ValueError(f"{v!r} is not a valid repository path (lower case, digits, . _ - /)")
+        return v
+
+
+class Driver(_Model):
+    mode: Literal["host", "operator", "precompiled", "preinstalled"] = Field(
+        "operator",
+        description="host: roles install packages, operator driver off · operator: driver container · "
+        "precompiled: precompiled driver container · preinstalled: already on the nodes",
+    )
+    version: str | None = Field(None, description="driver version (precompiled: branch, e.g. 550); default: catalog")
+    kernelModuleType: Literal["auto", "open", "proprietary"] | None = Field(
+        None, description="kernel modules flavour; default: the release's default"
+    )
+
+
+class Toolkit(_Model):
+    mode: Literal["host", "operator"] = Field("operator", description="host: roles install it; operator: container")
+    version: str | None = Field(None, description="toolkit image version (operator mode); default: catalog")
+
+
+class Mig(_Model):
+    strategy: Literal["none", "single", "mixed"] = Field("single", description="MIG strategy of the device plugin")
+    config: str | None = Field(None, description="default MIG config name (nvidia.com/mig.config), e.g. all-1g.10gb")
+    configMap: str | None = Field(None, description="custom mig-parted ConfigMap (key config.yaml) instead of the default")
+
+
+class TimeSlicing(_Model):
+    replicas: int = Field(0, ge=0, le=128, description="time-sliced replicas per GPU; 0 or 1 = off")
+    renameByDefault: bool = Field(False, description="advertise nvidia.com/gpu.shared instead of nvidia.com/gpu")
+
+
+class DevicePlugin(_Model):
+    timeSlicing: TimeSlicing = Field(default_factory=TimeSlicing)
+
+
+class Cdi(_Model):
+    enabled: bool | None = Field(None, description="Container Device Interface; default: the release's default")
+
+
+class SandboxWorkloads(_Model):
+    enabled: bool = Field(False, description="VM workloads (KubeVirt/Kata): deploys and mirrors the sandbox components")
+
+
+class ComponentOverride(_Model):
+    version: str | None = None
+    repository: str | None = Field(None, description="upstream source repository (mapped by registry.layout)")
+    image: str | None = None
+    enabled: bool | None = None
+
+
+class Site(_Model):
+    operator: Operator
+    registry: Registry
+    runtime: Literal["containerd", "docker"] = Field("containerd", description="container runtime on the nodes")
+    driver: Driver = Field(default_factory=Driver)
+    toolkit: Toolkit = Field(default_factory=Toolkit)
+    mig: Mig = Field(default_factory=Mig)
+    devicePlugin: DevicePlugin = Field(default_factory=DevicePlugin)
+    cdi: Cdi = Field(default_factory=Cdi)
+    sandboxWorkloads: SandboxWorkloads = Field(default_factory=SandboxWorkloads)
+    components: dict[str, ComponentOverride] = Field(
+        default_factory=dict, description="per-component overrides keyed by catalog component name"
+    )
+    values: dict[str, Any] = Field(
+        default_factory=dict, description="extra Helm values merged last (checked against the release's keys)"
+    )
+
+
+# ---------------------------------------------------------------- loading
+
+
+def site_schema() -> dict[str, Any]:
+    schema = Site.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "gpu-install site.yaml"
+    return schema
+
+
+def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> Site:
+    """Read, validate and resolve a site file (catalog release checked too)."""
+    if not path:
+        raise ConfigError("no site file given", hint="pass -s site.yaml (or set GPU_INSTALL_SITE)")
+    data = read_yaml(Path(path), what="site file")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the site file must be a mapping, got {type(data).__name__}")
+    for item in overrides or []:
+        apply_set(data, item)
+    site = parse_site(data, source=str(path))
+    # the release must exist: normalise '24.9.2' to 'v24.9.2'
+    from installer.catalog import Catalog
+
+    site.operator.version = Catalog.default().resolve(site.operator.version)
+    return site
+
+
+def read_yaml(path: Path, what: str = "file") -> Any:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} not found", hint="check the path") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}", hint="fix the YAML syntax at that position") from None
+
+
+def apply_set(data: dict[str, Any], item: str) -> None:
+    """`--set a.b.c=value` (value parsed as YAML)."""
+    import yaml
+
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected path=value", hint="e.g. --set registry.host=reg.local:5000")
+    path, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = path.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {path}: {p} is not a mapping")
+    node[parts[-1]] = value
+
+
+def parse_site(data: dict[str, Any], source: str = "site") -> Site:
+    try:
+        return Site.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(err) for err in exc.errors()]
+        raise ConfigError(
+            f"{source}: {len(lines)} problem(s):\n  " + "\n  ".join(lines),
+            hint="`gpu-install config sample` prints a commented example; `gpu-install config schema` the schema",
+        ) from None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    path = ".".join(loc) or "(top)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        known = list(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else (f"known fields: {', '.join(known)}" if known else "remove it")
+        return f"{path}: unknown field; {fix}"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    got = err.get("input")
+    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return f"{path}: {msg}{shown}"
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    """The model class that the location `loc` (a list of field names / dict keys) points into."""
+    model: Any = Site
+    skip_key = False
+    for part in loc:
+        if skip_key:  # a dict key (e.g. the component name in components.<name>)
+            skip_key = False
+            continue
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        ann = fields[part].annotation
+        args = getattr(ann, "__args__", ())
+        if getattr(ann, "__origin__", None) is dict:
+            model, skip_key = args[1], True
+            continue
+        model = next((c for c in (ann, *args) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) and not skip_key else None
+
+
+SAMPLE = """\
+# gpu-install site file. `gpu-install config schema` prints the full JSON schema.
+operator:
+  version: v24.9.2          # a release from `gpu-install catalog list`
+  namespace: gpu-operator
+  releaseName: gpu-operator
+
+registry:
+  host: registry.example.com:5000   # host[:port] of the private registry
+  layout: strip-host        # strip-host: nvcr.io/nvidia/x -> <host>/nvidia/x; keep-host: <host>/nvcr.io/nvidia/x
+  prefix: ""                # optional path inside the registry, e.g. mirror/gpu
+  pullSecret:
+    name: gpu-registry      # Secret put on every component (imagePullSecrets)
+    usernameEnv: GPU_REGISTRY_USER      # credentials are read from these env vars at apply time,
+    passwordEnv: GPU_REGISTRY_PASSWORD  # never written into values, logs or extravars
+  ca: null                  # PEM file the nodes must trust (registry_trust role)
+  insecure: false
+
+runtime: containerd         # containerd | docker
+
+driver:
+  mode: operator            # host | operator | precompiled | preinstalled
+  version: null             # default: the release's pinned driver (precompiled: a branch such as "550")
+  kernelModuleType: null    # auto | open | proprietary (null: release default)
+
+toolkit:
+  mode: operator            # host | operator
+
+mig:
+  strategy: single          # none | single | mixed
+  config: null              # default MIG layout, e.g. all-1g.10gb (null: release default all-disabled)
+
+devicePlugin:
+  timeSlicing:
+    replicas: 0             # >1 shares each GPU between that many pods
+
+cdi:
+  enabled: null             # null: release default
+
+sandboxWorkloads:
+  enabled: false            # VM workloads (KubeVirt/Kata)
+
+components: {}              # e.g. dcgm: {enabled: true}; dcgmExporter: {version: 3.3.9-3.6.1-ubuntu22.04}
+values: {}                  # extra Helm values, merged last and checked against the release's keys
+"""
+
+
+def sample_site() -> str:
+    return SAMPLE

@@ -1,0 +1,309 @@
+"""Site (+ node facts) → Helm values for the pinned GPU Operator release. Pure functions.
+
+Every image-bearing component of the release gets repository/image/version pinned and pointing at
+the private registry, plus the pull secret where the component has the field; the rendered tree is
+then checked against the release's accepted keys. `installer.artifacts` derives the image list from
+the same `Plan`, so what is rendered and what is mirrored can never drift apart.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from installer.catalog import Catalog, Component, Release, image_ref, join_path, split_path
+from installer.config import Registry, Site
+from installer.errors import ConfigError
+from installer.facts import Node
+
+TIME_SLICING_CONFIGMAP = "time-slicing-config"
+TIME_SLICING_KEY = "any"
+
+
+@dataclass(frozen=True)
+class ResolvedComponent:
+    """A component with its final source coordinates (after site overrides)."""
+
+    spec: Component
+    repository: str | None  # upstream source repository
+    image: str | None
+    version: str | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def source_ref(self, tag: str | None = None) -> str:
+        assert self.repository
+        return image_ref(self.repository, self.image, tag or self.version or "")
+
+
+@dataclass
+class Plan:
+    site: Site
+    release: Release
+    values: dict[str, Any]
+    components: dict[str, ResolvedComponent] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+
+    def effective(self, path: str) -> Any:
+        """Value of a values path after rendering: rendered value, else the chart default."""
+        node: Any = self.values
+        for part in split_path(path):
+            if not isinstance(node, dict) or part not in node:
+                return self.release.defaults.get(path)
+            node = node[part]
+        return node
+
+    def deployed(self, comp: ResolvedComponent) -> bool:
+        spec = comp.spec
+        if spec.enabled_path:
+            enabled = self.effective(spec.enabled_path)
+            if enabled is None:
+                enabled = spec.enabled
+        else:
+            enabled = True if spec.enabled is None else spec.enabled
+        return bool(enabled) and all(bool(self.effective(g)) for g in spec.gates)
+
+
+# ---------------------------------------------------------------- registry mapping
+
+
+def _split_host(repository: str) -> tuple[str | None, str]:
+    first, _, rest = repository.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return None, repository  # Docker Hub style (no registry host)
+
+
+def destination_repository(repository: str, registry: Registry) -> str:
+    """Where a source repository lives in the private registry (per registry.layout)."""
+    base = registry.host + (f"/{registry.prefix}" if registry.prefix else "")
+    if repository == base or repository.startswith(base + "/"):
+        return repository  # already in the private registry (e.g. a user-built vGPU manager image)
+    host, path = _split_host(repository)
+    if registry.layout == "keep-host" and host:
+        return f"{base}/{host}/{path}"
+    return f"{base}/{path}"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _set(values: dict[str, Any], path: str, value: Any) -> None:
+    parts = split_path(path)
+    node = values
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Merge extra into a copy of base; maps merge recursively, everything else replaces."""
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def flatten_paths(values: dict[str, Any], release: Release, prefix: list[str] | None = None) -> list[str]:
+    """Every path in a values tree, stopping at lists and at free-form subtrees."""
+    out = []
+    for k, v in values.items():
+        parts = [*(prefix or []), str(k)]
+        path = join_path(parts)
+        out.append(path)
+        if isinstance(v, dict) and path not in release.open_keys:
+            out += flatten_paths(v, release, parts)
+    return out
+
+
+def check_keys(values: dict[str, Any], release: Release) -> None:
+    bad = [p for p in flatten_paths(values, release) if not release.key_allowed(p)]
+    if bad:
+        raise ConfigError(
+            f"GPU Operator {release.version} does not accept these values keys: {', '.join(bad)}",
+            hint="remove them (see `gpu-install catalog diff` for keys renamed or removed between releases)",
+        )
+
+
+# ---------------------------------------------------------------- render
+
+
+def resolve_components(site: Site, release: Release) -> dict[str, ResolvedComponent]:
+    unknown = sorted(set(site.components) - set(release.components))
+    if unknown:
+        raise ConfigError(
+            f"components: {', '.join(unknown)} not in GPU Operator {release.version}",
+            hint=f"known components: {', '.join(release.components)}",
+        )
+    out = {}
+    for name, spec in release.components.items():
+        ov = site.components.get(name)
+        repo, image, version = spec.repository, spec.image, spec.version
+        if ov:
+            repo = ov.repository or repo
+            image = ov.image or image
+            version = ov.version or version
+        if name == "driver" and site.driver.version:
+            version = site.driver.version
+        if name == "driver" and site.driver.mode == "precompiled":
+            if not site.driver.version:
+                version = (spec.version or "").split(".")[0]  # precompiled images are tagged by branch
+            elif "." in site.driver.version:
+                raise ConfigError(
+                    f"driver.version: precompiled driver images are tagged by branch, not {site.driver.version}",
+                    hint=f"use driver.version: \"{site.driver.version.split('.')[0]}\"",
+                )
+        if name == "toolkit" and site.toolkit.version:
+            version = site.toolkit.version
+        out[name] = ResolvedComponent(spec, repo, image, version)
+    return out
+
+
+def plan(site: Site, nodes: list[Node] | None = None, catalog: Catalog | None = None) -> Plan:
+    release = (catalog or Catalog.default()).get(site.operator.version)
+    values: dict[str, Any] = {}
+    p = Plan(site, release, values, resolve_components(site, release), list(nodes or []))
+    secret = site.registry.pullSecret.name if site.registry.pullSecret else None
+
+    # images: every component pinned, pointing at the private registry
+    for comp in p.components.values():
+        spec = comp.spec
+        if comp.repository and comp.version:
+            dest = destination_repository(comp.repository, site.registry)
+            if spec.is_nfd:
+                _set(values, f"{spec.values_path}.repository", dest)
+                _set(values, f"{spec.values_path}.tag", comp.version)
+            else:
+                _set(values, f"{spec.values_path}.repository", dest)
+                if comp.image:
+                    _set(values, f"{spec.values_path}.image", comp.image)
+                _set(values, f"{spec.values_path}.version", comp.version)
+        if secret and spec.pull_secrets_path:
+            _set(
+                values,
+                spec.pull_secrets_path,
+                [{"name": secret}] if spec.pull_secrets_style == "objects" else [secret],
+            )
+        ov = site.components.get(comp.name)
+        if ov and ov.enabled is not None:
+            if not spec.enabled_path:
+                raise ConfigError(
+                    f"components.{comp.name}.enabled: {comp.name} has no enabled switch in {release.version}",
+                    hint="it follows its parent component; remove the override",
+                )
+            _set(values, spec.enabled_path, ov.enabled)
+
+    _render_driver(site, release, values)
+    _render_toolkit(site, release, values)
+    _render_mig(site, release, values)
+    _render_device_plugin(site, release, values)
+    if release.has_key("operator.defaultRuntime"):
+        values.setdefault("operator", {})["defaultRuntime"] = site.runtime
+    if site.cdi.enabled is not None:
+        _require(release, "cdi.enabled", "cdi.enabled", "CDI needs GPU Operator v23.3.0 or newer")
+        _set(values, "cdi.enabled", site.cdi.enabled)
+    if site.sandboxWorkloads.enabled:
+        _set(values, "sandboxWorkloads.enabled", True)
+
+    if site.values:
+        p.values = values = deep_merge(values, site.values)
+    check_keys(values, release)
+    return p
+
+
+def _require(release: Release, key: str, field_name: str, why: str) -> None:
+    if not release.has_key(key):
+        raise ConfigError(f"{field_name}: not available in GPU Operator {release.version}: {why}",
+                          hint="choose a newer operator.version or drop the setting")
+
+
+def _render_driver(site: Site, release: Release, values: dict[str, Any]) -> None:
+    mode = site.driver.mode
+    in_container = mode in ("operator", "precompiled")
+    if release.has_key("driver.enabled"):
+        _set(values, "driver.enabled", in_container)
+    elif not in_container:
+        raise ConfigError(f"driver.mode: {mode} needs a release with driver.enabled")
+    if mode == "precompiled":
+        _require(release, "driver.usePrecompiled", "driver.mode", "precompiled drivers need v23.3.0 or newer")
+        _set(values, "driver.usePrecompiled", True)
+    elif release.has_key("driver.usePrecompiled"):
+        _set(values, "driver.usePrecompiled", False)
+    kmt = site.driver.kernelModuleType
+    if kmt:
+        if release.has_key("driver.kernelModuleType"):
+            _set(values, "driver.kernelModuleType", kmt)
+        elif release.has_key("driver.useOpenKernelModules"):
+            if kmt != "auto":
+                _set(values, "driver.useOpenKernelModules", kmt == "open")
+        elif kmt != "proprietary" and kmt != "auto":
+            raise ConfigError(
+                f"driver.kernelModuleType: {kmt} kernel modules are not selectable in GPU Operator {release.version}",
+                hint="open kernel modules need v23.9.1 or newer; drop the setting",
+            )
+
+
+def _render_toolkit(site: Site, release: Release, values: dict[str, Any]) -> None:
+    _set(values, "toolkit.enabled", site.toolkit.mode == "operator")
+
+
+def _render_mig(site: Site, release: Release, values: dict[str, Any]) -> None:
+    _set(values, "mig.strategy", site.mig.strategy)
+    if site.mig.configMap:
+        _set(values, "migManager.config.name", site.mig.configMap)
+    if site.mig.config:
+        _require(release, "migManager.config.default", "mig.config", "a default MIG config needs v23.3.0 or newer")
+        if not site.mig.configMap and release.mig_configs and site.mig.config not in release.mig_configs:
+            import difflib
+
+            close = difflib.get_close_matches(site.mig.config, release.mig_configs, n=3, cutoff=0.5)
+            raise ConfigError(
+                f"mig.config: {site.mig.config} is not in GPU Operator {release.version}'s default MIG configs"
+                + (f"; nearest: {', '.join(close)}" if close else ""),
+                hint="use a name from the default mig-parted config, or set mig.configMap to your own ConfigMap",
+            )
+        _set(values, "migManager.config.default", site.mig.config)
+
+
+def _render_device_plugin(site: Site, release: Release, values: dict[str, Any]) -> None:
+    ts = site.devicePlugin.timeSlicing
+    if ts.replicas <= 1:
+        return
+    _require(release, "devicePlugin.config.create", "devicePlugin.timeSlicing",
+             "a chart-created device plugin config needs v22.9.1 or newer")
+    import yaml
+
+    config = {
+        "version": "v1",
+        "flags": {"migStrategy": site.mig.strategy},
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": ts.renameByDefault,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": ts.replicas}],
+            }
+        },
+    }
+    _set(values, "devicePlugin.config.create", True)
+    _set(values, "devicePlugin.config.name", TIME_SLICING_CONFIGMAP)
+    _set(values, "devicePlugin.config.default", TIME_SLICING_KEY)
+    _set(values, "devicePlugin.config.data", {TIME_SLICING_KEY: yaml.safe_dump(config, sort_keys=False)})
+
+
+def render_values(site: Site, nodes: list[Node] | None = None) -> dict[str, Any]:
+    return plan(site, nodes).values
+
+
+def values_to_yaml(values: dict[str, Any], site: Site) -> str:
+    import yaml
+
+    header = (
+        f"# Helm values for GPU Operator {site.operator.version}, rendered by gpu-install.\n"
+        f"# Every image points at {site.registry.host}; do not edit, re-render from the site file.\n"
+    )
+    return header + yaml.safe_dump(values, sort_keys=True, default_flow_style=False, width=1000)
