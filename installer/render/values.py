@@ -184,12 +184,6 @@ def plan(site: Site, nodes: list[Node] | None = None, catalog: Catalog | None = 
                 if comp.image:
                     _set(values, f"{spec.values_path}.image", comp.image)
                 _set(values, f"{spec.values_path}.version", comp.version)
-        if secret and spec.pull_secrets_path:
-            _set(
-                values,
-                spec.pull_secrets_path,
-                [{"name": secret}] if spec.pull_secrets_style == "objects" else [secret],
-            )
         ov = site.components.get(comp.name)
         if ov and ov.enabled is not None:
             if not spec.enabled_path:
@@ -199,6 +193,8 @@ def plan(site: Site, nodes: list[Node] | None = None, catalog: Catalog | None = 
                 )
             _set(values, spec.enabled_path, ov.enabled)
 
+    if secret:
+        _render_pull_secrets(release, values, secret)
     _render_driver(site, release, values)
     _render_toolkit(site, release, values)
     _render_mig(site, release, values)
@@ -221,6 +217,16 @@ def _require(release: Release, key: str, field_name: str, why: str) -> None:
     if not release.has_key(key):
         raise ConfigError(f"{field_name}: not available in GPU Operator {release.version}: {why}",
                           hint="choose a newer operator.version or drop the setting")
+
+
+def _render_pull_secrets(release: Release, values: dict[str, Any], secret: str) -> None:
+    """The pull secret on every component that has the field (GPU Operator: a list of names;
+    the NFD subchart: Kubernetes-style [{name: …}])."""
+    for key in sorted(release.allowed_keys):
+        if not key.endswith(".imagePullSecrets") or key == "node-feature-discovery.global.imagePullSecrets":
+            continue
+        k8s_style = key.startswith("node-feature-discovery.")
+        _set(values, key, [{"name": secret}] if k8s_style else [secret])
 
 
 def _render_driver(site: Site, release: Release, values: dict[str, Any]) -> None:

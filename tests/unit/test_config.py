@@ -1,0 +1,122 @@
+"""Site file: validation messages name the field and the fix; exit code 2; schema and sample."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from installer.config import Site, load_site, sample_site, site_schema
+from installer.errors import ConfigError
+
+
+def test_unknown_release_names_nearest(cli, write_site, site_data):
+    site_data["operator"]["version"] = "v24.9.9"
+    rc, out, err = cli("render", "-s", write_site(site_data))
+    assert rc == 2 and out == ""
+    assert "operator.version: v24.9.9 is not in the catalog; nearest: v24.9.2" in err
+    assert "gpu-install catalog list" in err
+
+
+def test_release_without_v_prefix_is_normalised(write_site, site_data):
+    site_data["operator"]["version"] = "23.9.2"
+    assert load_site(write_site(site_data)).operator.version == "v23.9.2"
+
+
+def test_malformed_yaml_points_at_position(cli, tmp_path):
+    bad = tmp_path / "site.yaml"
+    bad.write_text("operator:\n  version: v24.9.2\n registry: [\n")
+    rc, _, err = cli("render", "-s", bad)
+    assert rc == 2
+    assert f"{bad}:3:" in err and "invalid YAML" in err
+
+
+def test_unknown_field_suggests_the_right_one(cli, write_site, site_data):
+    site_data["registry"]["hots"] = "x"
+    site_data["driver"] = {"mod": "host"}
+    rc, _, err = cli("images", "-s", write_site(site_data), "--os", "ubuntu22.04")
+    assert rc == 2
+    assert "registry.hots: unknown field; did you mean 'host'?" in err
+    assert "driver.mod: unknown field; did you mean 'mode'?" in err
+
+
+def test_unknown_field_inside_component_override(write_site, site_data):
+    site_data["components"] = {"dcgm": {"enabld": True}}
+    with pytest.raises(ConfigError, match=r"components\.dcgm\.enabld: unknown field; did you mean 'enabled'"):
+        load_site(write_site(site_data))
+
+
+def test_wrong_type_names_field_and_value(cli, write_site, site_data):
+    site_data["devicePlugin"] = {"timeSlicing": {"replicas": "many"}}
+    site_data["runtime"] = "podman"
+    rc, _, err = cli("render", "-s", write_site(site_data))
+    assert rc == 2
+    assert "devicePlugin.timeSlicing.replicas:" in err and "'many'" in err
+    assert "runtime: Input should be 'containerd' or 'docker' (got 'podman')" in err
+
+
+def test_missing_required_and_missing_file(cli, write_site, tmp_path):
+    rc, _, err = cli("render", "-s", write_site({"operator": {"version": "v24.9.2"}}))
+    assert rc == 2 and "registry: required field is missing" in err
+    rc, _, err = cli("render", "-s", tmp_path / "nope.yaml")
+    assert rc == 2 and "not found" in err
+
+
+@pytest.mark.parametrize(
+    "registry, message",
+    [
+        ({"host": "https://reg.lab"}, "without scheme or path"),
+        ({"host": "reg.lab", "prefix": "Bad Prefix"}, "not a valid repository path"),
+        ({"host": "reg.lab", "pullSecret": {"name": "s", "usernameEnv": "U"}}, "go together"),
+        (
+            {"host": "reg.lab", "pullSecret": {"name": "s", "usernameEnv": "U", "passwordEnv": "P", "dockerConfigFile": "/x"}},
+            "not both",
+        ),
+        ({"host": "reg.lab", "pullSecret": {"name": "Not_A_Name"}}, "not a valid Secret name"),
+    ],
+)
+def test_registry_validation(write_site, site_data, registry, message):
+    site_data["registry"] = registry
+    with pytest.raises(ConfigError, match=message):
+        load_site(write_site(site_data))
+
+
+def test_set_flag_overrides_file(cli, write_site, site_data):
+    rc, out, _ = cli("render", "-s", write_site(site_data), "--set", "registry.host=other.lab:443")
+    assert rc == 0
+    values = yaml.safe_load(out)
+    assert values["operator"]["repository"] == "other.lab:443/nvidia"
+    assert "registry.lab:5000" not in out
+
+
+def test_schema_export_is_json_schema_of_the_model(cli):
+    rc, out, _ = cli("config", "schema")
+    assert rc == 0
+    schema = json.loads(out)
+    assert schema == json.loads(json.dumps(site_schema()))
+    assert set(schema["required"]) == {"operator", "registry"}
+    assert "layout" in schema["$defs"]["Registry"]["properties"]
+
+
+def test_sample_is_a_valid_site_and_documents_every_top_level_field(tmp_path):
+    text = sample_site()
+    path = tmp_path / "site.yaml"
+    path.write_text(text)
+    site = load_site(path)
+    assert isinstance(site, Site)
+    for field in Site.model_fields:
+        assert f"\n{field}:" in "\n" + text, field
+
+
+def test_config_check_command(cli, write_site, site_data):
+    rc, out, _ = cli("config", "check", "-s", write_site(site_data))
+    assert rc == 0 and "v24.9.2" in out
+
+
+def test_secrets_are_never_inline(write_site, site_data):
+    site_data["registry"]["pullSecret"]["password"] = "hunter2"
+    with pytest.raises(ConfigError) as exc:
+        load_site(write_site(site_data))
+    assert "pullSecret.password: unknown field" in str(exc.value)
+    assert "hunter2" not in str(exc.value)

@@ -1,0 +1,162 @@
+"""Properties over every catalog release, cross-checked against the upstream chart facts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from installer.catalog import Catalog, image_ref, split_path
+from installer.config import parse_site
+from installer.facts import Node
+from installer.render.values import destination_repository, plan, values_to_yaml
+from installer.artifacts import images_for
+from tests.conftest import UPSTREAM, needs_upstream
+
+RELEASES = Catalog.default().releases()
+NODES = [Node("u", "ubuntu", "22.04", "5.15.0-105-generic"), Node("r", "rhel", "9.4", "5.14.0-427.el9.x86_64")]
+
+VARIANTS = {
+    "operator-strip": {},
+    "host-driver-keep-host-prefix": {
+        "registry": {"host": "reg.lab:5000", "layout": "keep-host", "prefix": "mirror/gpu", "pullSecret": {"name": "pull"}},
+        "driver": {"mode": "host"},
+        "toolkit": {"mode": "host"},
+        "runtime": "docker",
+    },
+    "everything-on": {
+        "sandboxWorkloads": {"enabled": True},
+        "components": {"dcgm": {"enabled": True}, "gds": {"enabled": True}, "nodeStatusExporter": {"enabled": True}},
+    },
+}
+
+
+def make_site(release: str, variant: dict):
+    data = {
+        "operator": {"version": release},
+        "registry": {"host": "registry.lab:5000", "pullSecret": {"name": "gpu-registry"}},
+    }
+    for k, v in variant.items():
+        data[k] = v
+    comps = data.get("components", {})
+    data["components"] = {k: v for k, v in comps.items() if k in Catalog.default().get(release).components}
+    rel = Catalog.default().get(release)
+    if "gds" in data["components"] and "gds.enabled" not in rel.allowed_keys:
+        data["components"].pop("gds")
+    if variant.get("sandboxWorkloads") and "vgpuManager" in rel.components:
+        # the vGPU manager image is user-built: give it coordinates in the private registry
+        data["components"]["vgpuManager"] = {"repository": "registry.lab:5000/site", "version": "550.90.05"}
+    return parse_site(data)
+
+
+def get(values, path):
+    node = values
+    for p in split_path(path):
+        if not isinstance(node, dict) or p not in node:
+            return None
+        node = node[p]
+    return node
+
+
+def upstream_allowed(release: str) -> set[str]:
+    keys = set((UPSTREAM / "keys" / f"{release}.allowed.txt").read_text().split())
+    keys |= set((UPSTREAM / "keys" / f"{release}.nfd-subchart.txt").read_text().split())
+    # read by the NFD subchart templates though unset in its values (upstream changes.md)
+    keys.add("node-feature-discovery.image.tag")
+    return keys
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("release", RELEASES)
+def test_release_properties(release, variant):
+    site = make_site(release, VARIANTS[variant])
+    p = plan(site, NODES)
+    values = p.values
+    base = site.registry.host + (f"/{site.registry.prefix}" if site.registry.prefix else "")
+    secret = site.registry.pullSecret.name
+
+    for comp in p.components.values():
+        spec = comp.spec
+        if comp.repository and comp.version:
+            # pinned, explicit, in the private registry
+            repo = get(values, f"{spec.values_path}.repository")
+            assert repo.startswith(base + "/"), (spec.name, repo)
+            if spec.is_nfd:
+                assert get(values, f"{spec.values_path}.tag") == comp.version
+            else:
+                assert get(values, f"{spec.values_path}.version") == comp.version
+                assert get(values, f"{spec.values_path}.image") == comp.image
+        if spec.pull_secrets_path:
+            want = [{"name": secret}] if spec.is_nfd else [secret]
+            assert get(values, spec.pull_secrets_path) == want, spec.name
+
+    images = images_for(p)
+    assert images, "an install always pulls something"
+    for img in images:
+        assert img.destination.startswith(base + "/"), img
+        assert not img.source.startswith(base) or img.component == "vgpuManager"
+    # deterministic
+    assert values_to_yaml(plan(site, NODES).values, site) == values_to_yaml(values, site)
+
+
+@needs_upstream
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_rendered_key_is_allowed_upstream(release):
+    """Independent of our generated keys file: check against the upstream key lists directly."""
+    allowed = upstream_allowed(release)
+    defaults = yaml.safe_load((UPSTREAM / "values" / f"{release}.yaml").read_text())
+    for variant in VARIANTS.values():
+        values = plan(make_site(release, variant), NODES).values
+
+        def walk(node, parts, dflt):
+            for k, v in node.items():
+                path = ".".join([*parts, k.replace(".", "\\.")])
+                d = dflt.get(k) if isinstance(dflt, dict) else None
+                assert path in allowed, f"{release}: {path} not in upstream allowed keys"
+                free_form = d == {} or isinstance(d, list)
+                if isinstance(v, dict) and not free_form:
+                    walk(v, [*parts, k.replace(".", "\\.")], d if d is not None else {})
+
+        walk(values, [], defaults)
+
+
+@needs_upstream
+@pytest.mark.parametrize("release", RELEASES)
+def test_catalog_round_trips_upstream_matrix(release):
+    """Every component the chart pins upstream is in the catalog with the same coordinates."""
+    matrix = json.loads((UPSTREAM / "matrix.json").read_text())[release]
+    rel = Catalog.default().get(release)
+    for name, m in matrix.items():
+        if name == "_meta" or not m.get("image_ref"):
+            continue
+        assert name in rel.components, name
+        assert rel.components[name].image_ref == m["image_ref"], name
+    # and re-serialising the catalog file gives the same data
+    raw = yaml.safe_load(yaml.safe_dump(rel.raw))
+    assert raw == rel.raw
+
+
+@needs_upstream
+@pytest.mark.parametrize("release", RELEASES)
+def test_component_with_pull_secret_field_gets_the_secret(release):
+    allowed = upstream_allowed(release)
+    values = plan(make_site(release, {}), NODES).values
+    fields = [k[: -len(".imagePullSecrets")] for k in allowed if k.endswith(".imagePullSecrets")]
+    fields = [f for f in fields if f != "node-feature-discovery.global"]
+    assert fields
+    for f in fields:
+        got = get(values, f + ".imagePullSecrets")
+        assert got in (["gpu-registry"], [{"name": "gpu-registry"}]), f"{release}: {f}"
+
+
+def test_layouts_map_hosts():
+    site = make_site("v24.9.2", {})
+    reg = site.registry
+    assert destination_repository("nvcr.io/nvidia/k8s", reg) == "registry.lab:5000/nvidia/k8s"
+    keep = reg.model_copy(update={"layout": "keep-host", "prefix": "m"})
+    assert destination_repository("nvcr.io/nvidia/k8s", keep) == "registry.lab:5000/m/nvcr.io/nvidia/k8s"
+    # docker hub style (no host) keeps its path; already-private repositories are left alone
+    assert destination_repository("nvidia/cuda", keep) == "registry.lab:5000/m/nvidia/cuda"
+    assert destination_repository("registry.lab:5000/m/site/vgpu", keep) == "registry.lab:5000/m/site/vgpu"
+    assert image_ref("r/x", "img", "sha256:abc") == "r/x/img@sha256:abc"
