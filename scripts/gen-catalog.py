@@ -59,11 +59,23 @@ def flatten(d, prefix=""):
             yield from flatten(v, p)
 
 
-def open_paths(defaults: dict) -> set[str]:
-    """Free-form subtrees: empty maps and lists in the chart defaults."""
+# Keys read by templates but absent from values.yaml carry no type; these names are Kubernetes
+# free-form maps/lists wherever they appear (labels, annotations, env …).
+FREE_FORM_NAMES = {"labels", "annotations", "nodeSelector", "tolerations", "affinity", "env", "args",
+                   "resources", "securityContext", "podSecurityContext", "data", "extraObjects"}
+
+
+def open_paths(defaults: dict, allowed: set[str]) -> set[str]:
+    """Free-form subtrees: empty maps and lists in the chart defaults, and template-only keys
+    with a well-known free-form name."""
     out = set()
+    in_values = set()
     for path, value in flatten(defaults):
+        in_values.add(path)
         if value == {} or isinstance(value, list):
+            out.add(path)
+    for path in allowed - in_values:
+        if path.rsplit(".", 1)[-1] in FREE_FORM_NAMES:
             out.add(path)
     return out
 
@@ -187,7 +199,7 @@ def build(upstream: Path, out: Path) -> list[str]:
             "# upstream chart facts; do not edit by hand (re-run the script).\n"
         )
         (out / f"{tag}.yaml").write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
-        opens = open_paths(defaults)
+        opens = open_paths(defaults, allowed)
         lines = []
         for k in sorted(allowed | nfd_keys):
             lines.append(f"{k} *" if k in opens else k)

@@ -308,8 +308,28 @@ def render_values(site: Site, nodes: list[Node] | None = None) -> dict[str, Any]
 def values_to_yaml(values: dict[str, Any], site: Site) -> str:
     import yaml
 
+    global _Dumper
+    if _Dumper is None:
+        _Dumper = _block_strings()
     header = (
         f"# Helm values for GPU Operator {site.operator.version}, rendered by gpu-install.\n"
         f"# Every image points at {site.registry.host}; do not edit, re-render from the site file.\n"
     )
-    return header + yaml.safe_dump(values, sort_keys=True, default_flow_style=False, width=1000)
+    return header + yaml.dump(values, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1000)
+
+
+def _block_strings():
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def str_rep(dumper, data):  # multi-line strings (embedded config files) as readable blocks
+        style = "|" if "\n" in data else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    Dumper.add_representer(str, str_rep)
+    return Dumper
+
+
+_Dumper = None  # set on first use (keeps yaml out of import time)

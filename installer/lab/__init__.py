@@ -1,0 +1,26 @@
+"""Local air-gapped lab: a bastion (OCI registry + apt/RPM repository) and systemd nodes in
+egress-denied network namespaces, all on this machine. See docs/lab.md.
+
+Layout under the lab directory (default /var/lib/gpu-install/lab, env GPU_INSTALL_LAB_DIR):
+  state.json      every resource `up` created (written before creating it), so `down` can clean up
+  pki/            lab CA + registry server certificate
+  ssh/            lab SSH key (id_ed25519) and known_hosts of the nodes
+  registry/       docker-registry config, data, htpasswd
+  repo/           HTTP document root: apt/ (dists + pool) and rpm/ (repodata + packages)
+  nodes/<name>/   overlay upper/work/merged of each node + console log
+  tools/          helm (sha256-verified)
+  kube/           owned by installer.lab.kube (control plane)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_LAB_DIR = "GPU_INSTALL_LAB_DIR"
+DEFAULT_LAB_DIR = "/var/lib/gpu-install/lab"
+FLAVOURS = ("debian12", "rhel9")
+
+
+def default_lab_dir() -> Path:
+    return Path(os.environ.get(ENV_LAB_DIR) or DEFAULT_LAB_DIR)

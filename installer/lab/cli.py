@@ -1,0 +1,133 @@
+"""`gpu-install lab ...` sub-commands. Only argparse/os at import time: the CLI must start fast."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+ENV_LAB_DIR = "GPU_INSTALL_LAB_DIR"
+
+
+def _lab(args: argparse.Namespace):
+    from pathlib import Path
+
+    from installer.lab.lab import Lab
+
+    return Lab(Path(args.lab_dir))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    import json
+
+    flavours = [f.strip() for f in args.os.split(",") if f.strip()]
+    status = _lab(args).up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
+                           subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus)
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        _print_status(status)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    _lab(args).down()
+    return 0
+
+
+def _print_status(st: dict) -> None:
+    if not st.get("up"):
+        print(f"lab {st['lab_dir']}: not up")
+        return
+    yes = {True: "yes", False: "NO"}
+    print(f"lab {st['lab_dir']}  subnet {st['subnet']}  bastion {st['bastion_ip']}")
+    print(f"  registry  {st['registry_url']}  running={yes[st['registry_running']]}"
+          f"{'  auth=basic' if st.get('registry_auth') else ''}")
+    print(f"  repo      {st['repo_url']}/apt  {st['repo_url']}/rpm  running={yes[st['repo_running']]}")
+    print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh")
+    for n in st["nodes"]:
+        print(f"  {n['name']:8} {n['flavour']:9} {n['ip']:14} {yes[n['running']]:8} {yes[n['ssh']]}")
+    print(f"  inventory {st['inventory']}")
+    if "kubernetes" in st:
+        print(f"  kubernetes {st['kubernetes']}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    status = _lab(args).status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        _print_status(status)
+    healthy = status.get("up") and status.get("registry_running") and status.get("repo_running") and all(
+        n["running"] and n["ssh"] for n in status["nodes"])
+    return 0 if healthy or not status.get("up") else 6  # EXIT_VALIDATION: something of the lab is down
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    import sys
+
+    from installer.util import atomic_write
+
+    text = _lab(args).inventory_text()
+    if args.output and args.output != "-":
+        atomic_write(args.output, text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_repo_add(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from installer.lab import repo
+    from installer.lab.state import locked
+
+    lab_dir = Path(args.lab_dir)
+    if not (lab_dir / "repo").is_dir():
+        from installer.errors import ConfigError
+
+        raise ConfigError(f"no lab repository in {lab_dir}", hint="run `gpu-install lab up` first")
+    with locked(lab_dir):
+        for p in repo.add_packages(lab_dir / "repo", [Path(f) for f in args.files]):
+            print(f"added {p}")
+        repo.refresh(lab_dir / "repo")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    default_dir = os.environ.get(ENV_LAB_DIR) or "/var/lib/gpu-install/lab"
+    p = sub.add_parser("lab", help="local air-gapped lab: bastion registry + repo, systemd nodes (root)")
+    p.add_argument("--lab-dir", default=default_dir,
+                   help=f"lab state directory (default {default_dir}); env {ENV_LAB_DIR}")
+    lsub = p.add_subparsers(dest="lab_command", metavar="ACTION")
+    lsub.required = True
+
+    q = lsub.add_parser("up", help="bring the lab up (idempotent)")
+    q.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    q.add_argument("--os", default="debian12",
+                   help="comma-separated flavours assigned round-robin: debian12 (Ubuntu stand-in), "
+                        "rhel9 (Rocky 9 stand-in); default debian12")
+    q.add_argument("--kubernetes", action="store_true", help="also start the lab control plane and register the nodes")
+    q.add_argument("--gpus", type=int, default=1, help="fake nvidia.com/gpu per node with --kubernetes (default 1)")
+    q.add_argument("--subnet", help="lab /24 (default: first free 10.250.X.0/24)")
+    q.add_argument("--registry-auth", action="store_true",
+                   help="require basic auth on the registry (user lab, password in <lab-dir>/registry/password)")
+    q.add_argument("--json", action="store_true", help="print the status as JSON")
+    q.set_defaults(func=cmd_up)
+
+    q = lsub.add_parser("down", help="remove everything `lab up` made (works after a crash)")
+    q.set_defaults(func=cmd_down)
+
+    q = lsub.add_parser("status", help="what runs; exit 6 if a part of an up lab is down")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_status)
+
+    q = lsub.add_parser("inventory", help="print (or write with -o) the lab's Ansible inventory")
+    q.add_argument("-o", "--output", help="write here, e.g. inventories/lab/hosts.yml")
+    q.set_defaults(func=cmd_inventory)
+
+    q = lsub.add_parser("repo-add", help="add .deb/.rpm files to the lab repository and re-index")
+    q.add_argument("files", nargs="+")
+    q.set_defaults(func=cmd_repo_add)

@@ -1,0 +1,364 @@
+"""`gpu-install lab up|down|status|inventory`: the orchestration. See installer/lab/__init__.py for
+the directory layout and docs/lab.md for the design and its limits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from installer.errors import ConfigError, EnvironmentProblem
+from installer.lab import FLAVOURS, inventory, net, nodes, pki, registry, repo, rootfs
+from installer.lab.sh import require_root_and_tools, run
+from installer.lab.state import State, locked, proc_identity, same_process, teardown_order
+from installer.util import atomic_write
+
+TOP_DIRS = ("pki", "ssh", "registry", "repo", "nodes", "tools", "inventory")
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def plan_nodes(count: int, flavours: list[str]) -> list[dict[str, Any]]:
+    """node1..nodeN, flavours assigned round-robin in the order given."""
+    if count < 1:
+        raise ConfigError("--nodes must be at least 1")
+    if not flavours:
+        raise ConfigError("--os needs at least one flavour", hint=f"choose from {', '.join(FLAVOURS)}")
+    for f in flavours:
+        rootfs.packages(f)  # validates the name
+    return [{"name": f"node{i}", "index": i, "flavour": flavours[(i - 1) % len(flavours)]}
+            for i in range(1, count + 1)]
+
+
+def alive(rec: dict[str, Any] | None) -> bool:
+    """The recorded process still runs (not recycled, not a zombie)."""
+    if not rec or not same_process(rec):
+        return False
+    pid = int(rec["pid"])
+    try:  # reap it if it is our own child that already exited
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal(rec: dict[str, Any], sig: int) -> None:
+    if alive(rec):
+        try:
+            os.kill(int(rec["pid"]), sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_gone(recs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        recs = [r for r in recs if alive(r)]
+        if not recs:
+            break
+        time.sleep(0.1)
+    return [r for r in recs if alive(r)]
+
+
+class Lab:
+    def __init__(self, lab_dir: Path, progress: Callable[[str], None] = _stderr):
+        self.dir = Path(lab_dir).absolute()
+        self._progress = progress
+        self._t0 = time.monotonic()
+
+    # ------------------------------------------------------------ helpers
+    def say(self, msg: str) -> None:
+        self._progress(f"[{time.monotonic() - self._t0:5.1f}s] {msg}")
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    def state(self) -> State:
+        return State(self.state_path)
+
+    def _control_plane(self):
+        try:
+            from installer.lab.kube import ControlPlane
+        except ModuleNotFoundError as exc:
+            if exc.name != "installer.lab.kube":
+                raise
+            raise EnvironmentProblem(
+                "the lab's Kubernetes control plane (installer/lab/kube.py) is not in this checkout",
+                hint="run `lab up` without --kubernetes",
+            ) from None
+        return ControlPlane(self.dir, progress=self.say)
+
+    def _spawn(self, st: State, role: str, argv: list[str], log: Path, **extra: Any) -> bool:
+        """Start a long-running process unless the recorded one still runs. True if started."""
+        if alive(st.find("process", role)):
+            return False
+        st.record("process", role, argv=argv, pid=None, start=None, boot=None, **extra)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+        st.record("process", role, **proc_identity(proc.pid))
+        return True
+
+    def _mkdirs(self, st: State) -> None:
+        for d in TOP_DIRS:
+            if not st.find("dir", d):
+                st.record("dir", d, path=str(self.dir / d))
+            (self.dir / d).mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ up
+    def up(self, count: int = 3, flavours: list[str] | None = None, kubernetes: bool = False,
+           subnet: str | None = None, registry_auth: bool = False, gpus: int = 1) -> dict[str, Any]:
+        plan = plan_nodes(count, flavours or ["debian12"])
+        require_root_and_tools()
+        with locked(self.dir):
+            st = self.state()
+            s = st.settings
+            for name, node in st.nodes.items():
+                want = next((p for p in plan if p["name"] == name), None)
+                if want is None or want["flavour"] != node["flavour"]:
+                    raise ConfigError(
+                        f"the lab already has {name} ({node['flavour']}), which this plan "
+                        f"({count} nodes, --os {','.join(flavours or ['debian12'])}) does not keep",
+                        hint="run `gpu-install lab down` first, or ask for a plan that keeps the existing nodes",
+                    )
+            if s.get("subnet") and subnet and subnet != s["subnet"]:
+                raise ConfigError(f"the lab runs on {s['subnet']}, not {subnet}", hint="run `lab down` first")
+            if not s:
+                lid = net.lab_id(self.dir)
+                sub = subnet or net.pick_subnet(net.used_networks())
+                b = net.bastion_ip(sub)
+                s.update(lab_id=lid, subnet=sub, bastion_ip=b, bridge=net.bridge_name(lid),
+                         registry=f"{b}:{registry.PORT}", registry_url=f"https://{b}:{registry.PORT}",
+                         repo_url=f"http://{b}:{repo.PORT}")
+            restart_registry = s.get("registry_auth") is not None and s.get("registry_auth") != registry_auth
+            s["registry_auth"] = registry_auth
+            st.save()
+            self.say(f"lab {self.dir}: subnet {s['subnet']}, bastion {s['bastion_ip']}")
+            self._mkdirs(st)
+
+            lowers = {}
+            for flavour in sorted({p["flavour"] for p in plan}):
+                lowers[flavour] = rootfs.ensure_rootfs(flavour, progress=self.say)
+            self.say("rootfs ready: " + ", ".join(f"{f} ({p.name})" for f, p in lowers.items()))
+
+            ca, _ = pki.ensure_ca(self.dir / "pki")
+            cert, key = pki.issue_server_cert(self.dir / "pki", "registry", [s["bastion_ip"]],
+                                              ["bastion.gpu-install.lab"])
+            pubkey = pki.ssh_keypair(self.dir / "ssh" / "id_ed25519", "gpu-install-lab")
+
+            st.record("link", s["bridge"])
+            net.ensure_bridge(s["bridge"], f"{s['bastion_ip']}/{s['subnet'].split('/')[1]}")
+            self.say(f"bastion network: bridge {s['bridge']} {s['bastion_ip']} (forwarding off, no IPv6)")
+
+            repo.refresh(self.dir / "repo")
+            self._spawn(st, "repo-http", [sys.executable, "-m", "http.server", str(repo.PORT), "--bind",
+                                          s["bastion_ip"], "--directory", str(self.dir / "repo")],
+                        self.dir / "repo" / "http.log")
+            cfg = registry.write_config(self.dir / "registry", s["registry"], cert, key, registry_auth)
+            if restart_registry:
+                self._stop_roles(st, ["registry"])
+            self._spawn(st, "registry", ["docker-registry", "serve", str(cfg)],
+                        self.dir / "registry" / "registry.log")
+            registry.wait_ready(s["registry_url"], ca)
+            self._wait_http(s["repo_url"] + "/apt/dists/lab/Release")
+            self.say(f"registry {s['registry_url']} (TLS, lab CA{', basic auth' if registry_auth else ''}); "
+                     f"package repo {s['repo_url']}/{{apt,rpm}}")
+
+            from installer.tools import install_helm_to
+            install_helm_to(self.dir / "tools")
+
+            self._nodes_up(st, plan, lowers, pubkey, ca.read_text())
+            text = inventory.render(self.dir, s, st.nodes)
+            atomic_write(self.dir / "inventory" / "hosts.yml", text)
+
+            if kubernetes:
+                self.say("kubernetes: control plane (installer.lab.kube)")
+                cp = self._control_plane()
+                cp.up()
+                cp.register_nodes([{"name": n["name"], "ip": n["ip"], "gpus": gpus,
+                                    "labels": {"gpu-install.lab/flavour": n["flavour"]}}
+                                   for n in st.nodes.values()])
+                s["kubernetes"] = True
+                st.save()
+                atomic_write(self.dir / "inventory" / "hosts.yml",
+                             inventory.render(self.dir, s, st.nodes, cp.kubeconfig))
+            self.say(f"lab up: {len(st.nodes)} node(s); inventory {self.dir / 'inventory' / 'hosts.yml'}")
+            return self._status(st)
+
+    def _wait_http(self, url: str, timeout: float = 10) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise EnvironmentProblem(f"lab package repo {url} not answering: {exc}",
+                                             hint="see repo/http.log in the lab directory") from exc
+                time.sleep(0.1)
+
+    def _nodes_up(self, st: State, plan: list[dict[str, Any]], lowers: dict[str, Path], pubkey: str,
+                  ca_pem: str) -> None:
+        s = st.settings
+        prefix = s["subnet"].split("/")[1]
+        for p in plan:
+            if p["name"] not in st.nodes:
+                st.nodes[p["name"]] = {
+                    **p, "ip": net.node_ip(s["subnet"], p["index"]),
+                    "netns": net.netns_name(s["lab_id"], p["name"]),
+                    "veth": net.veth_name(s["lab_id"], p["index"]),
+                    "dir": str(self.dir / "nodes" / p["name"]),
+                }
+        st.save()
+        lab = {"bastion_ip": s["bastion_ip"], "hosts": {n: d["ip"] for n, d in st.nodes.items()},
+               "ssh_pubkey": pubkey, "ca_pem": ca_pem, "registry": s["registry"], "repo_url": s["repo_url"]}
+        booting = []
+        for name, node in st.nodes.items():
+            st.record("netns", node["netns"])
+            st.record("link", node["veth"])
+            net.ensure_node_link(node["netns"], node["veth"], s["bridge"], f"{node['ip']}/{prefix}")
+            merged = Path(node["dir"]) / "merged"
+            st.record("mount", str(merged), node=name)
+            node["rootfs"] = str(lowers[node["flavour"]])
+            nodes.mount_overlay(lowers[node["flavour"]], Path(node["dir"]))
+            node["host_key"] = nodes.customise(merged, node, lab)
+            st.save()
+            if self._spawn(st, f"node:{name}", nodes.nspawn_argv(merged, name, node["netns"]),
+                           Path(node["dir"]) / "console.log", netns=node["netns"]):
+                self.say(f"{name} ({node['flavour']}, {node['ip']}): booting systemd")
+                booting.append(node)
+        atomic_write(self.dir / "ssh" / "known_hosts",
+                     "".join(f"{n['ip']},{name} {' '.join(n['host_key'].split()[:2])}\n"
+                             for name, n in st.nodes.items()))
+        for node in booting:
+            rec = st.find("process", f"node:{node['name']}")
+            waited = nodes.wait_ssh(node["ip"], timeout=120, proc_alive=lambda r=rec: alive(r))
+            self.say(f"{node['name']}: sshd answering (+{waited:.1f}s)")
+
+    # ------------------------------------------------------------ down
+    def _stop_roles(self, st: State, roles: list[str], timeout: float = 30) -> None:
+        recs = [r for r in (st.find("process", role) for role in roles) if r]
+        for r in recs:
+            _signal(r, signal.SIGTERM)  # nspawn turns SIGTERM into an orderly poweroff of the node
+        for r in _wait_gone(recs, timeout):
+            self.say(f"{r['key']}: did not stop in {timeout:.0f}s, killing")
+            _signal(r, signal.SIGKILL)
+        _wait_gone(recs, 5)
+        for r in recs:
+            if r.get("netns"):  # anything still in the node's namespace is the node's (ours)
+                for pid in net.netns_pids(r["netns"]):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            if not alive(r):
+                st.forget("process", r["key"])
+
+    def down(self) -> None:
+        if not self.state_path.exists() and not (self.dir / "kube").exists():
+            self.say(f"lab {self.dir}: nothing to remove")
+            return
+        require_root_and_tools(["ip", "mount"])
+        with locked(self.dir):
+            if (self.dir / "kube").exists():
+                self.say("kubernetes: stopping the control plane")
+                self._control_plane().down()
+            st = self.state()
+            nodes_roles = [r["key"] for r in st.resources if r["kind"] == "process" and r["key"].startswith("node:")]
+            if nodes_roles:
+                self.say(f"stopping {len(nodes_roles)} node(s)")
+            self._stop_roles(st, nodes_roles)
+            self._stop_roles(st, [r["key"] for r in st.resources if r["kind"] == "process"])
+            errors = []
+            for res in teardown_order(list(st.resources)):
+                try:
+                    self._remove(res)
+                    st.forget(res["kind"], res["key"])
+                except (EnvironmentProblem, OSError) as exc:
+                    errors.append(f"{res['kind']} {res['key']}: {getattr(exc, 'message', exc)}")
+            if errors:
+                raise EnvironmentProblem("lab down left resources behind: " + "; ".join(errors),
+                                         hint=f"fix the cause and run `lab down` again (state in {self.state_path})")
+            self.state_path.unlink(missing_ok=True)
+            (self.dir / ".lock").unlink(missing_ok=True)
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
+        self.say(f"lab {self.dir}: down, nothing left")
+
+    def _remove(self, res: dict[str, Any]) -> None:
+        kind, key = res["kind"], res["key"]
+        if kind == "process":
+            raise EnvironmentProblem("still running")
+        if kind == "mount":
+            nodes.umount(Path(key))
+        elif kind == "link":
+            net.delete_link(key)
+        elif kind == "netns":
+            net.delete_netns(key)
+        elif kind == "dir":
+            path = Path(res["path"]).resolve()
+            if path.parent != self.dir.resolve():
+                raise EnvironmentProblem(f"refusing to remove {path}: not directly under the lab dir")
+            with open("/proc/self/mountinfo") as fh:
+                inside = [ln.split()[4] for ln in fh if ln.split()[4].startswith(str(path) + "/")]
+            if inside:
+                raise EnvironmentProblem(f"{path} still has mounts: {', '.join(inside)}")
+            shutil.rmtree(path, ignore_errors=False) if path.exists() else None
+
+    # ------------------------------------------------------------ status / inventory
+    def _status(self, st: State) -> dict[str, Any]:
+        s = st.settings
+
+        def tcp(ip: str, port: int) -> bool:
+            try:
+                with socket.create_connection((ip, port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        out: dict[str, Any] = {"lab_dir": str(self.dir), "up": bool(st.nodes), **{
+            k: s.get(k) for k in ("subnet", "bastion_ip", "registry", "registry_url", "repo_url", "registry_auth")}}
+        out["registry_running"] = alive(st.find("process", "registry"))
+        out["repo_running"] = alive(st.find("process", "repo-http"))
+        out["nodes"] = [
+            {"name": n, "flavour": d["flavour"], "ip": d["ip"], "netns": d["netns"],
+             "running": alive(st.find("process", f"node:{n}")), "ssh": tcp(d["ip"], 22)}
+            for n, d in sorted(st.nodes.items(), key=lambda kv: kv[1]["index"])
+        ]
+        out["inventory"] = str(self.dir / "inventory" / "hosts.yml")
+        if (self.dir / "kube").exists():
+            try:
+                out["kubernetes"] = self._control_plane().status()
+            except EnvironmentProblem as exc:
+                out["kubernetes"] = {"error": exc.message}
+        return out
+
+    def status(self) -> dict[str, Any]:
+        if not self.state_path.exists():
+            return {"lab_dir": str(self.dir), "up": False, "nodes": []}
+        return self._status(self.state())
+
+    def inventory_text(self) -> str:
+        st = self.state()
+        if not st.nodes:
+            raise ConfigError(f"no lab in {self.dir}", hint="run `gpu-install lab up` first")
+        kubeconfig = self.dir / "kube" / "kubeconfig"
+        return inventory.render(self.dir, st.settings, st.nodes, kubeconfig if kubeconfig.exists() else None)

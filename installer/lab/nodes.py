@@ -1,0 +1,119 @@
+"""Lab nodes: an overlay over the cached flavour rootfs, per-node files, booted by systemd-nspawn
+inside the node's network namespace."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from installer.errors import EnvironmentProblem
+from installer.lab import pki, repo
+from installer.lab.rootfs import LAB_USER
+from installer.lab.sh import run
+from installer.util import atomic_write
+
+CA_NAME = "gpu-install-lab-ca.crt"
+
+
+def mounted(path: Path) -> bool:
+    target = str(Path(path).resolve())
+    with open("/proc/self/mountinfo") as fh:
+        return any(line.split()[4] == target for line in fh)
+
+
+def mount_overlay(lower: Path, node_dir: Path) -> Path:
+    upper, work, merged = node_dir / "upper", node_dir / "work", node_dir / "merged"
+    for d in (upper, work, merged):
+        d.mkdir(parents=True, exist_ok=True)
+    if not mounted(merged):
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={lower},upperdir={upper},workdir={work}", merged])
+    return merged
+
+
+def umount(path: Path) -> None:
+    if mounted(path):
+        if run(["umount", path], check=False).returncode != 0:
+            run(["umount", "-l", path])
+
+
+def _uid_gid(root: Path, user: str) -> tuple[int, int]:
+    for line in (root / "etc" / "passwd").read_text().splitlines():
+        f = line.split(":")
+        if f[0] == user:
+            return int(f[2]), int(f[3])
+    raise EnvironmentProblem(f"user {user} missing in node rootfs {root}")
+
+
+def _authorize(root: Path, user: str, home: str, pubkey: str) -> None:
+    ssh_dir = root / home.lstrip("/") / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    atomic_write(ssh_dir / "authorized_keys", pubkey + "\n", mode=0o600)
+    uid, gid = _uid_gid(root, user)
+    os.chown(ssh_dir, uid, gid)
+    os.chown(ssh_dir / "authorized_keys", uid, gid)
+
+
+def customise(merged: Path, node: dict[str, Any], lab: dict[str, Any]) -> str:
+    """Write the node's own files into its overlay; returns its SSH host public key line.
+    lab: {"bastion_ip", "hosts" (name -> ip), "ssh_pubkey", "ca_pem", "registry", "repo_url"}."""
+    name = node["name"]
+    etc = merged / "etc"
+    atomic_write(etc / "hostname", name + "\n")
+    mid = etc / "machine-id"
+    if not mid.read_text().strip():
+        atomic_write(mid, secrets.token_hex(16) + "\n", mode=0o444)
+    hosts = ["127.0.0.1 localhost", f"{lab['bastion_ip']} bastion.gpu-install.lab bastion"]
+    hosts += [f"{ip} {n}" for n, ip in sorted(lab["hosts"].items())]
+    atomic_write(etc / "hosts", "\n".join(hosts) + "\n")
+    # SSH: per-node host key, lab key for root and the sudo user.
+    host_pub = pki.ssh_keypair(etc / "ssh" / "ssh_host_ed25519_key", f"root@{name}")
+    atomic_write(etc / "ssh" / "sshd_config.d" / "gpu-install-lab.conf",
+                 "HostKey /etc/ssh/ssh_host_ed25519_key\nPasswordAuthentication no\nUseDNS no\n")
+    _authorize(merged, "root", "/root", lab["ssh_pubkey"])
+    _authorize(merged, LAB_USER, f"/home/{LAB_USER}", lab["ssh_pubkey"])
+    # Lab CA: in the system trust store (as an enterprise CA would be) and for containers tools.
+    ca_file = merged / "usr" / "local" / "share" / "ca-certificates" / CA_NAME
+    if not ca_file.exists() or ca_file.read_text() != lab["ca_pem"]:
+        atomic_write(ca_file, lab["ca_pem"])
+        run(["chroot", merged, "update-ca-certificates", "--fresh"])
+    atomic_write(etc / "containers" / "certs.d" / lab["registry"] / "ca.crt", lab["ca_pem"])
+    if node["flavour"] == "rhel9":
+        atomic_write(etc / "pki" / "ca-trust" / "source" / "anchors" / CA_NAME, lab["ca_pem"])
+        atomic_write(etc / "yum.repos.d" / "gpu-install-lab.repo", repo.yum_repo(lab["repo_url"]))
+    else:
+        atomic_write(etc / "apt" / "sources.list.d" / "gpu-install-lab.list", repo.apt_source(lab["repo_url"]))
+    return host_pub
+
+
+def nspawn_argv(merged: Path, name: str, netns: str) -> list[str]:
+    return [
+        "systemd-nspawn", "--quiet", "--boot", "--directory", str(merged),
+        f"--machine={name}", f"--hostname={name}", "--register=no", "--keep-unit",
+        f"--network-namespace-path=/run/netns/{netns}", "--console=read-only",
+        "--resolv-conf=off", "--timezone=off", "--link-journal=no",
+    ]
+
+
+def wait_ssh(ip: str, timeout: float = 60, proc_alive=lambda: True) -> float:
+    """Wait for the node's sshd banner on ip:22; returns seconds waited."""
+    start = time.monotonic()
+    last: Exception | None = None
+    while time.monotonic() - start < timeout:
+        if not proc_alive():
+            raise EnvironmentProblem(f"node {ip}: systemd-nspawn exited while booting",
+                                     hint="see nodes/<name>/console.log in the lab directory")
+        try:
+            with socket.create_connection((ip, 22), timeout=1) as s:
+                s.settimeout(2)
+                if s.recv(64).startswith(b"SSH-"):
+                    return time.monotonic() - start
+        except OSError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise EnvironmentProblem(f"node {ip}: no SSH after {timeout:.0f}s ({last})",
+                             hint="see nodes/<name>/console.log in the lab directory")

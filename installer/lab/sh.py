@@ -1,0 +1,67 @@
+"""Running the system tools the lab drives (ip, mount, mmdebstrap, systemd-nspawn, ...)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Sequence
+
+from installer.errors import EnvironmentProblem
+
+# binary -> Debian package (all listed in scripts/apt-packages.txt)
+BINARIES = {
+    "ip": "iproute2",
+    "mmdebstrap": "mmdebstrap",
+    "systemd-nspawn": "systemd-container",
+    "docker-registry": "docker-registry",
+    "dpkg-deb": "dpkg",
+    "apt-ftparchive": "apt-utils",
+    "rpmbuild": "rpm",
+    "createrepo_c": "createrepo-c",
+    "skopeo": "skopeo",
+    "ssh": "openssh-client",
+    "mount": "mount",
+}
+
+
+def missing_binaries(names: Sequence[str] = tuple(BINARIES)) -> list[str]:
+    return [f"{n} (apt package {BINARIES.get(n, n)})" for n in names if shutil.which(n) is None]
+
+
+def require_root_and_tools(names: Sequence[str] = tuple(BINARIES)) -> None:
+    if os.geteuid() != 0:
+        raise EnvironmentProblem(
+            "the lab needs root (network namespaces, overlay mounts, systemd-nspawn)",
+            hint="run `sudo gpu-install lab ...`",
+        )
+    missing = missing_binaries(names)
+    if missing:
+        raise EnvironmentProblem(
+            "missing tools for the lab: " + ", ".join(missing),
+            hint="run `sudo scripts/bootstrap` (installs scripts/apt-packages.txt)",
+        )
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    input: str | None = None,
+    netns: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command, capture its output; raise EnvironmentProblem (with stderr) if it fails."""
+    cmd = list(map(str, argv))
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    proc = subprocess.run(
+        cmd, input=input, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip()[-1500:]
+        raise EnvironmentProblem(f"`{' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''}` failed "
+                                 f"(exit {proc.returncode}): {detail}")
+    return proc
