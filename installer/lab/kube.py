@@ -102,7 +102,15 @@ def _alive(rec: dict[str, Any] | None) -> bool:
     return st is not None and st[1] == rec["start"] and st[0] not in ("Z", "X")
 
 
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
 def _reap(pid: int) -> None:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is not None:
+            _CHILDREN.pop(pid, None)
+        return
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -336,7 +344,10 @@ def node_labels(node: dict[str, Any]) -> dict[str, str]:
                 "nvidia.com/gfd.timestamp": str(int(time.time())),
             }
         )
-    for k, v in (node.get("labels") or {}).items():
+    given = node.get("labels") or {}
+    if gpus > 0 and any(_MIG_COUNT.match(str(k)) for k in given):
+        labels["nvidia.com/mig.capable"] = "true"
+    for k, v in given.items():
         labels[str(k)] = "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
     for k, v in labels.items():
         _check_label(k, v, f"node {node.get('name')!r}")
@@ -428,6 +439,7 @@ class ControlPlane:
                 start_new_session=True,  # survives the CLI, never gets its Ctrl-C
                 close_fds=True,
             )
+        _CHILDREN[proc.pid] = proc  # keep the Popen: no ResourceWarning, and we can reap it
         rec = _identity(proc.pid)
         rec.update(argv=argv[:3] + (["..."] if len(argv) > 3 else []), log=str(log_path))
         self.state["processes"][name] = rec  # recorded at once: down() can stop it after a crash
