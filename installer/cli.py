@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("b")
     q.set_defaults(func=cmd_catalog_diff)
 
+    _register_optional(sub, "installer.apply_cli")
     _register_optional(sub, "installer.lab.cli")
     return parser
 
