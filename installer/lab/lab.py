@@ -101,15 +101,21 @@ class Lab:
             ) from None
         return ControlPlane(self.dir, progress=self.say)
 
-    def _spawn(self, st: State, role: str, argv: list[str], log: Path, **extra: Any) -> bool:
+    def _spawn(self, st: State, role: str, argv: list[str], log: Path, cgroup: str | None = None,
+               **extra: Any) -> bool:
         """Start a long-running process unless the recorded one still runs. True if started."""
         if alive(st.find("process", role)):
             return False
+        preexec = None
+        if cgroup:
+            st.record("cgroup", cgroup)
+            paths = nodes.cgroup_create(cgroup)
+            preexec = lambda: nodes.cgroup_enter(paths)  # noqa: E731
         st.record("process", role, argv=argv, pid=None, start=None, boot=None, **extra)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True, preexec_fn=preexec)
         st.record("process", role, **proc_identity(proc.pid))
         return True
 
@@ -240,7 +246,8 @@ class Lab:
             node["host_key"] = nodes.customise(merged, node, lab)
             st.save()
             if self._spawn(st, f"node:{name}", nodes.nspawn_argv(merged, name, node["netns"]),
-                           Path(node["dir"]) / "console.log", netns=node["netns"]):
+                           Path(node["dir"]) / "console.log", netns=node["netns"],
+                           cgroup=f"{nodes.CGROUP_PARENT}/{s['lab_id']}-{name}"):
                 self.say(f"{name} ({node['flavour']}, {node['ip']}): booting systemd")
                 booting.append(node)
         atomic_write(self.dir / "ssh" / "known_hosts",
@@ -307,7 +314,9 @@ class Lab:
         kind, key = res["kind"], res["key"]
         if kind == "process":
             raise EnvironmentProblem("still running")
-        if kind == "mount":
+        if kind == "cgroup":
+            nodes.cgroup_remove(key)
+        elif kind == "mount":
             nodes.umount(Path(key))
         elif kind == "link":
             net.delete_link(key)

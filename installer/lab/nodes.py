@@ -90,6 +90,45 @@ def customise(merged: Path, node: dict[str, Any], lab: dict[str, Any]) -> str:
     return host_pub
 
 
+CGROUP_PARENT = "gpu-install-lab"
+
+
+def cgroup_roots() -> list[Path]:
+    """Hierarchies where systemd tracks processes: cgroup v2, or the hybrid layout's unified +
+    name=systemd hierarchies."""
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").exists():
+        return [base]
+    return [p for p in (base / "unified", base / "systemd") if (p / "cgroup.procs").exists()]
+
+
+def cgroup_create(rel: str) -> list[Path]:
+    """Each node's nspawn gets its own cgroup: two containers' systemd must never share one."""
+    paths = [root / rel for root in cgroup_roots()]
+    for p in paths:
+        p.mkdir(parents=True, exist_ok=True)
+    return paths
+
+
+def cgroup_enter(paths: list[Path]) -> None:
+    for p in paths:
+        (p / "cgroup.procs").write_text("0")
+
+
+def cgroup_remove(rel: str) -> None:
+    """rmdir the node's cgroup tree bottom-up (fails while any process is still in it)."""
+    for root in cgroup_roots():
+        top = root / rel
+        if not top.exists():
+            continue
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+            os.rmdir(dirpath)
+        try:
+            top.parent.rmdir()  # the shared gpu-install-lab parent, once empty
+        except OSError:
+            pass
+
+
 def nspawn_argv(merged: Path, name: str, netns: str) -> list[str]:
     return [
         "systemd-nspawn", "--quiet", "--boot", "--directory", str(merged),

@@ -18,8 +18,8 @@ from installer.errors import EnvironmentProblem
 from installer.util import atomic_write
 
 STATE_VERSION = 1
-# Teardown order: stop processes, then unmount, then delete links, namespaces, directories.
-KIND_ORDER = ("process", "mount", "link", "netns", "dir")
+# Teardown order: stop processes, remove their cgroups, then unmount, then delete links, namespaces, directories.
+KIND_ORDER = ("process", "cgroup", "mount", "link", "netns", "dir")
 
 
 def boot_id() -> str:
