@@ -1,0 +1,292 @@
+"""The Ansible seam: the ONLY module that imports ansible_runner.
+
+run_playbook() runs one playbook through ansible-runner and returns a RunResult built from the
+runner's per-host stats (never ansible-playbook's raw rc). Extravars travel as typed JSON in the
+runner's env/extravars file inside a 0700 private data dir kept per run under
+$XDG_STATE_HOME/gpu-install/runs/<timestamp>-<playbook>/ (artifacts: job events, stdout).
+Secrets never travel: extravars whose keys look like credentials are refused, and environment
+variables that look like credentials are removed from the environment the runner sees (the
+runner records its whole environment in artifacts/<ident>/command).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from installer.errors import (
+    EXIT_HOST_FAILURES,
+    EXIT_OK,
+    EXIT_PREFLIGHT,
+    EXIT_UNREACHABLE,
+    ConfigError,
+    EnvironmentProblem,
+    GpuInstallError,
+)
+
+ROOT = Path(__file__).resolve().parent.parent  # repository root: ansible.cfg, playbooks/, roles/, library/
+PLAYBOOKS = ROOT / "playbooks"
+SECRET_KEY = re.compile(r"pass(word|wd|phrase)?|secret|token|credential|private_?key|api_?key|auth", re.I)
+ENV_KEEP = {"SSH_AUTH_SOCK", "XAUTHORITY"}  # needed by ssh, not credentials themselves
+STAT_KEYS = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable", "skipped": "skipped",
+             "rescued": "rescued", "ignored": "ignored"}
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class HostStats:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    rescued: int = 0
+    ignored: int = 0
+
+
+@dataclass
+class TaskFailure:
+    host: str
+    task: str
+    message: str
+    unreachable: bool = False
+
+
+@dataclass
+class RunResult:
+    playbook: str
+    hosts: dict[str, HostStats]
+    failures: list[TaskFailure] = field(default_factory=list)
+    artifacts: Path | None = None
+    status: str = ""
+
+    @property
+    def unreachable(self) -> list[str]:
+        return sorted(h for h, s in self.hosts.items() if s.unreachable)
+
+    @property
+    def failed(self) -> list[str]:
+        return sorted(h for h, s in self.hosts.items() if s.failed and not s.unreachable)
+
+    @property
+    def changed(self) -> int:
+        return sum(s.changed for s in self.hosts.values())
+
+    def exit_code(self, preflight: bool = False) -> int:
+        """Unreachable hosts → 5, failed hosts → 4 (3 for preflight), else 0."""
+        if self.unreachable:
+            return EXIT_UNREACHABLE
+        if self.failed:
+            return EXIT_PREFLIGHT if preflight else EXIT_HOST_FAILURES
+        return EXIT_OK
+
+    def recap(self) -> str:
+        lines = [f"{'host':30} {'ok':>4} {'changed':>8} {'failed':>7} {'unreach':>8} {'skipped':>8}"]
+        for h in sorted(self.hosts):
+            s = self.hosts[h]
+            lines.append(f"{h:30} {s.ok:>4} {s.changed:>8} {s.failed:>7} {s.unreachable:>8} {s.skipped:>8}")
+        for f in self.failures:
+            kind = "UNREACHABLE" if f.unreachable else "FAILED"
+            lines.append(f"{kind} [{f.host}] {f.task}: {f.message}")
+        return "\n".join(lines)
+
+
+def check_extravars(extravars: dict[str, Any], path: str = "") -> None:
+    """Refuse anything that looks like a credential: extravars end up on disk and in process lists."""
+    for key, value in extravars.items():
+        where = f"{path}{key}"
+        if SECRET_KEY.search(str(key)):
+            raise GpuInstallError(
+                f"extravar {where!r} looks like a credential; secrets never travel as extravars",
+                hint="read credentials on the controller (env var / file reference) and pass them another way",
+            )
+        if isinstance(value, dict):
+            check_extravars(value, f"{where}.")
+        elif not isinstance(value, (str, int, float, bool, list, type(None))):
+            raise GpuInstallError(f"extravar {where!r}: {type(value).__name__} is not JSON")
+    json.dumps(extravars)  # typed JSON or nothing
+
+
+def state_dir() -> Path:
+    base = os.environ.get("GPU_INSTALL_STATE") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "gpu-install"
+    )
+    return Path(base)
+
+
+def new_run_dir(name: str) -> Path:
+    runs = state_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in range(1000):
+        path = runs / (f"{stamp}-{name}" if n == 0 else f"{stamp}-{name}-{n}")
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)
+        return path
+    raise EnvironmentProblem(f"cannot create a run directory under {runs}")  # pragma: no cover
+
+
+@contextmanager
+def _scrubbed_environ(extra_names: list[str]) -> Iterator[None]:
+    """Remove credential-looking variables (and the named ones) from os.environ for the run."""
+    names = [k for k in os.environ if SECRET_KEY.search(k) and not k.startswith("ANSIBLE_") and k not in ENV_KEEP]
+    names += extra_names
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def progress_line(event: dict[str, Any]) -> str | None:
+    """One plain line per task result: "[host] TASK name … status"."""
+    kind = event.get("event", "")
+    data = event.get("event_data") or {}
+    if kind == "playbook_on_play_start":
+        return f"PLAY {data.get('play', '')}"
+    status = {
+        "runner_on_ok": "ok",
+        "runner_on_failed": "failed",
+        "runner_on_unreachable": "UNREACHABLE",
+        "runner_on_skipped": None,
+    }
+    if kind not in status or status[kind] is None:
+        return None
+    st = status[kind]
+    res = data.get("res") or {}
+    if st == "ok" and res.get("changed"):
+        st = "changed"
+    if st == "failed" and data.get("ignore_errors"):
+        st = "failed (ignored)"
+    line = f"[{data.get('host', '?')}] TASK {data.get('task', '')} … {st}"
+    if st in ("failed", "UNREACHABLE"):
+        line += f": {_message(res)}"
+    return line
+
+
+def _message(res: dict[str, Any]) -> str:
+    if res.get("_ansible_no_log"):
+        return "(output hidden: no_log)"
+    msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
+    return " ".join(str(msg).split())[:500]
+
+
+def run_playbook(
+    playbook: str | os.PathLike[str],
+    inventory: str | os.PathLike[str],
+    extravars: dict[str, Any] | None = None,
+    *,
+    limit: str | None = None,
+    tags: str | None = None,
+    skip_tags: str | None = None,
+    check: bool = False,
+    diff: bool = False,
+    progress: Progress | None = None,
+    scrub_env: list[str] | None = None,
+    run_dir: Path | None = None,
+) -> RunResult:
+    """Run a playbook; the result's exit_code() maps per-host stats to gpu-install exit codes."""
+    extravars = dict(extravars or {})
+    check_extravars(extravars)
+    pb = Path(playbook)
+    if not pb.is_absolute():
+        pb = PLAYBOOKS / pb
+    if not pb.is_file():
+        raise EnvironmentProblem(f"playbook {pb} not found", hint="run from a complete gpu-install checkout")
+    inv = Path(inventory)
+    if not inv.exists():
+        raise ConfigError(f"inventory {inventory} not found", hint="pass -i with an inventory file or directory")
+    private = run_dir or new_run_dir(pb.stem)
+    private.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(private, 0o700)
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import ansible_runner
+
+    failures: list[TaskFailure] = []
+
+    def on_event(event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            failures.append(TaskFailure(str(data.get("host")), str(data.get("task", "")), _message(data.get("res") or {}),
+                                        unreachable=kind == "runner_on_unreachable"))
+        if progress:
+            line = progress_line(event)
+            if line:
+                progress(line)
+        return True
+
+    cmdline = " ".join(x for x, on in (("--check", check), ("--diff", diff)) if on)
+    bindir = os.path.dirname(_ansible_playbook())
+    envvars = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+               "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    with _scrubbed_environ(list(scrub_env or [])):
+        runner = ansible_runner.run(
+            private_data_dir=str(private),
+            project_dir=str(ROOT),
+            playbook=str(pb),
+            inventory=str(inv.resolve()),
+            extravars=extravars,
+            envvars=envvars,
+            limit=limit,
+            tags=tags,
+            skip_tags=skip_tags,
+            cmdline=cmdline or None,
+            event_handler=on_event,
+            quiet=True,
+            ident="run",
+        )
+    for sub in ("env", "artifacts"):
+        if (private / sub).exists():
+            os.chmod(private / sub, 0o700)
+    stats = runner.stats
+    if not stats:
+        tail = _stdout_tail(runner)
+        if "inventory" in tail.lower() and ("parse" in tail.lower() or "could not" in tail.lower()):
+            raise ConfigError(f"inventory {inventory}: ansible could not use it: {tail}", hint="fix the inventory")
+        raise GpuInstallError(
+            f"ansible-playbook {pb.name} did not run ({runner.status}, rc {runner.rc}): {tail}",
+            hint=f"see {private}/artifacts/run/stdout",
+        )
+    hosts: dict[str, HostStats] = {}
+    for runner_key, attr in STAT_KEYS.items():
+        for host, n in (stats.get(runner_key) or {}).items():
+            setattr(hosts.setdefault(host, HostStats()), attr, int(n))
+    for host in stats.get("processed") or {}:
+        hosts.setdefault(host, HostStats())
+    return RunResult(playbook=pb.name, hosts=hosts, failures=failures, artifacts=private, status=runner.status)
+
+
+def _ansible_playbook() -> str:
+    """ansible-playbook next to this interpreter (the venv), else on PATH."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    found = str(beside) if beside.is_file() else shutil.which("ansible-playbook")
+    if not found:
+        raise EnvironmentProblem("ansible-playbook not found", hint="run scripts/bootstrap (installs ansible-core)")
+    return found
+
+
+def _stdout_tail(runner: Any) -> str:
+    try:
+        text = runner.stdout.read()
+    except Exception:  # noqa: BLE001 - best effort diagnostics
+        return ""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " ".join(" ".join(lines[-6:]).split())[:800]
