@@ -1,0 +1,99 @@
+"""Runtime roles driven through the real seam (ansible-runner) with ansible_connection=local against files
+in a temp directory (the roles take their config paths as variables; restarts are off: no daemons here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from installer import ansible as seam
+from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_INSTALL_STATE", str(tmp_path / "state"))
+
+
+def apply_role(tmp_path: Path, role: str, variables: dict, check: bool = False, diff: bool = False):
+    pb = tmp_path / "play.yml"
+    pb.write_text(yaml.safe_dump([{"name": "Test", "hosts": "all", "gather_facts": False, "roles": [role]}]))
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": {"node": {"ansible_connection": "local",
+                                                                "ansible_python_interpreter": sys.executable}}}}))
+    lines: list[str] = []
+    res = seam.run_playbook(pb, inv, variables, check=check, diff=diff, progress=lines.append)
+    res.lines = lines  # type: ignore[attr-defined]
+    return res
+
+
+# ---------------------------------------------------------------- docker_runtime
+
+USER_DAEMON = {"log-driver": "journald", "data-root": "/srv/docker", "runtimes": {"crun": {"path": "/usr/bin/crun"}},
+               "insecure-registries": ["old.lab:5000"], "features": {"buildkit": True}}
+
+
+def docker_vars(path: Path, **extra) -> dict:
+    return {"docker_runtime_daemon_json": str(path), "docker_runtime_restart": False,
+            "docker_runtime_insecure_registries": ["reg.lab:5000"], **extra}
+
+
+def backups(path: Path) -> list[Path]:
+    return [p for p in path.parent.iterdir() if p.name.startswith(path.name) and p != path]
+
+
+def test_docker_merge_keeps_user_keys_backup_then_changed_0(tmp_path):
+    path = tmp_path / "etc" / "docker" / "daemon.json"
+    path.parent.mkdir(parents=True)
+    original = json.dumps(USER_DAEMON)
+    path.write_text(original)
+    res = apply_role(tmp_path, "docker_runtime", docker_vars(path))
+    assert res.exit_code() == EXIT_OK and res.hosts["node"].changed == 1
+    doc = json.loads(path.read_text())
+    for key in ("log-driver", "data-root", "features"):
+        assert doc[key] == USER_DAEMON[key]
+    assert doc["runtimes"]["crun"] == {"path": "/usr/bin/crun"}
+    assert doc["runtimes"]["nvidia"] == {"path": "/usr/bin/nvidia-container-runtime"}
+    assert doc["default-runtime"] == "nvidia"
+    assert doc["insecure-registries"] == ["old.lab:5000", "reg.lab:5000"]
+    [backup] = backups(path)
+    assert backup.read_text() == original
+    again = apply_role(tmp_path, "docker_runtime", docker_vars(path))
+    assert again.exit_code() == EXIT_OK and again.hosts["node"].changed == 0
+    assert len(backups(path)) == 1
+
+
+def test_docker_invalid_json_fails_file_untouched(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text('{"log-driver": "journald",}\n')
+    res = apply_role(tmp_path, "docker_runtime", docker_vars(path))
+    assert res.exit_code() == EXIT_HOST_FAILURES and res.failed == ["node"]
+    assert "not valid JSON" in res.failures[0].message and str(path) in res.failures[0].message
+    assert path.read_text() == '{"log-driver": "journald",}\n' and backups(path) == []
+
+
+def test_docker_check_mode_writes_nothing(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text("{}")
+    res = apply_role(tmp_path, "docker_runtime", docker_vars(path), check=True, diff=True)
+    assert res.exit_code() == EXIT_OK and res.hosts["node"].changed == 1
+    assert path.read_text() == "{}" and backups(path) == []
+
+
+def test_docker_missing_file_created(tmp_path):
+    path = tmp_path / "new" / "daemon.json"
+    res = apply_role(tmp_path, "docker_runtime", docker_vars(path, docker_runtime_default_runtime=""))
+    assert res.exit_code() == EXIT_OK
+    assert json.loads(path.read_text()) == {"runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}},
+                                            "insecure-registries": ["reg.lab:5000"]}
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_docker_argument_specs_reject_wrong_type(tmp_path):
+    res = apply_role(tmp_path, "docker_runtime", docker_vars(tmp_path / "d.json", docker_runtime_ready_retries="many"))
+    assert res.exit_code() == EXIT_HOST_FAILURES
+    assert "docker_runtime_ready_retries" in res.failures[0].message
