@@ -97,3 +97,70 @@ def test_docker_argument_specs_reject_wrong_type(tmp_path):
     res = apply_role(tmp_path, "docker_runtime", docker_vars(tmp_path / "d.json", docker_runtime_ready_retries="many"))
     assert res.exit_code() == EXIT_HOST_FAILURES
     assert "docker_runtime_ready_retries" in res.failures[0].message
+
+
+# ---------------------------------------------------------------- containerd_runtime
+
+def containerd_bin() -> str | None:
+    import os
+    import shutil
+
+    cached = Path(os.path.expanduser("~/.cache/gpu-install/pkgroot/usr/bin/containerd"))
+    return shutil.which("containerd") or (str(cached) if cached.exists() else None)
+
+
+def containerd_vars(tmp_path: Path, **extra) -> dict:
+    return {"containerd_runtime_config": str(tmp_path / "config.toml"),
+            "containerd_runtime_dropin": str(tmp_path / "conf.d" / "99-nvidia.toml"),
+            "containerd_runtime_restart": False, "containerd_runtime_containerd_bin": containerd_bin() or "containerd",
+            "containerd_runtime_config_version": 2, **extra}
+
+
+USER_TOML = 'version = 2\n# mine\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "reg.lab/pause:3.9"\n'
+
+
+@pytest.mark.skipif(not containerd_bin(), reason="no containerd binary to validate with (see test_runtime_merge)")
+def test_containerd_role_validates_with_real_containerd_and_second_run_changed_0(tmp_path):
+    import subprocess
+    import tomllib
+
+    config = tmp_path / "config.toml"
+    config.write_text(USER_TOML)
+    res = apply_role(tmp_path, "containerd_runtime", containerd_vars(tmp_path))
+    assert res.exit_code() == EXIT_OK and res.hosts["node"].changed == 1, res.recap()
+    assert config.read_text().startswith(f'version = 2\nimports = ["{tmp_path}/conf.d/99-nvidia.toml"]\n# mine\n')
+    dump = subprocess.run([containerd_bin(), "--config", str(config), "config", "dump"], capture_output=True,
+                          text=True, check=True).stdout
+    cri = tomllib.loads(dump)["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "reg.lab/pause:3.9" and cri["containerd"]["default_runtime_name"] == "nvidia"
+    assert len(backups(config)) == 1
+    again = apply_role(tmp_path, "containerd_runtime", containerd_vars(tmp_path))
+    assert again.exit_code() == EXIT_OK and again.hosts["node"].changed == 0
+
+
+def test_containerd_role_rejected_config_restored(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(USER_TOML)
+    fake = tmp_path / "fake-containerd"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'containerd x v1.7.1 y'; exit 0; }\necho 'invalid' >&2; exit 1\n")
+    fake.chmod(0o755)
+    res = apply_role(tmp_path, "containerd_runtime", containerd_vars(tmp_path, containerd_runtime_containerd_bin=str(fake)))
+    assert res.exit_code() == EXIT_HOST_FAILURES and "restored" in res.failures[0].message
+    assert config.read_text() == USER_TOML
+    assert not (tmp_path / "conf.d" / "99-nvidia.toml").exists()
+
+
+def test_containerd_role_invalid_toml_untouched(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("version = 2\n[plugins\n")
+    res = apply_role(tmp_path, "containerd_runtime", containerd_vars(tmp_path, containerd_runtime_validate=False))
+    assert res.exit_code() == EXIT_HOST_FAILURES and "not valid TOML" in res.failures[0].message
+    assert config.read_text() == "version = 2\n[plugins\n" and not (tmp_path / "conf.d").exists()
+
+
+def test_containerd_role_check_mode_writes_nothing(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(USER_TOML)
+    res = apply_role(tmp_path, "containerd_runtime", containerd_vars(tmp_path), check=True, diff=True)
+    assert res.exit_code() == EXIT_OK and res.hosts["node"].changed == 1
+    assert config.read_text() == USER_TOML and not (tmp_path / "conf.d").exists()
