@@ -106,6 +106,8 @@ _CHILDREN: dict[int, subprocess.Popen] = {}
 
 
 def _reap(pid: int) -> None:
+    if pid <= 0:
+        return
     child = _CHILDREN.get(pid)
     if child is not None:
         if child.poll() is not None:
@@ -120,6 +122,7 @@ def _reap(pid: int) -> None:
 def _stop(rec: dict[str, Any], timeout: float = 15.0) -> None:
     """SIGTERM, then SIGKILL, the recorded process -- only if it is still the one we started."""
     if not _alive(rec):
+        _reap(int(rec.get("pid") or 0))
         return
     pid = int(rec["pid"])
     try:
@@ -127,17 +130,23 @@ def _stop(rec: dict[str, Any], timeout: float = 15.0) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and _alive(rec):
         _reap(pid)
-        if not _alive(rec):
-            return
-        time.sleep(0.1)
+        time.sleep(0.05)
     if _alive(rec):
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and _alive(rec):
             _reap(pid)
             time.sleep(0.05)
+    # A child of this process: collect it. (A Go process shows 'Z' while its other threads are
+    # still exiting; waitpid returns once all are gone.) Orphans are reaped by init.
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _free_port() -> int:
@@ -758,22 +767,24 @@ class ControlPlane:
             if rec["fake_ip"] + "/32" not in self._ip_out("-n", ns, "-4", "addr", "show", "dev", "lo"):
                 self._ip("-n", ns, "addr", "add", rec["fake_ip"] + "/32", "dev", "lo")
             self.progress(f"kube: starting hollow kubelet {name} (fake IP {rec['fake_ip']}, {node.get('gpus', 0)} GPUs)")
+            (ndir / "bin").mkdir(exist_ok=True)
+            # Private mounts. Work relative to the node dir (the cwd keeps it reachable even when the
+            # lab dir lives under /tmp), bind the binaries in, and shadow /tmp last.
             script = (
-                'set -e; d="$1"; shift; '
-                'mount --bind "$d/tmp" /tmp; mount --bind "$d/log" /var/log; '
-                'mount --bind "$d/hosts" /etc/hosts; mount --bind "$d/resolv.conf" /etc/resolv.conf; '
-                'exec "$@"'
+                'set -e; cd "$1"; mount --bind "$2" ./bin; shift 2; '
+                "mount --bind ./log /var/log; mount --bind ./hosts /etc/hosts; "
+                "mount --bind ./resolv.conf /etc/resolv.conf; mount --bind ./tmp /tmp; "
+                'exec ./bin/kubemark "$@"'
             )
             self._spawn(
                 f"node-{name}",
                 [
                     "nsenter", f"--net=/run/netns/{ns}", "--",
                     "unshare", "--mount", "--propagation", "private", "--",
-                    "sh", "-c", script, "sh", str(ndir),
-                    str(bins / "kubemark"),
+                    "sh", "-c", script, "sh", str(ndir), str(bins),
                     "--morph=kubelet",
                     f"--name={name}",
-                    f"--kubeconfig={ndir / 'kubeconfig'}",
+                    "--kubeconfig=./kubeconfig",
                     f"--kubelet-port={rec['kubelet_port']}",
                     "--kubelet-read-only-port=0",
                     "--kube-api-content-type=application/vnd.kubernetes.protobuf",
