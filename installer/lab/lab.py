@@ -259,11 +259,18 @@ class Lab:
             self.say(f"{node['name']}: sshd answering (+{waited:.1f}s)")
 
     # ------------------------------------------------------------ down
-    def _stop_roles(self, st: State, roles: list[str], timeout: float = 30) -> None:
+    def _stop_roles(self, st: State, roles: list[str], timeout: float = 20) -> None:
         recs = [r for r in (st.find("process", role) for role in roles) if r]
-        for r in recs:
-            _signal(r, signal.SIGTERM)  # nspawn turns SIGTERM into an orderly poweroff of the node
-        for r in _wait_gone(recs, timeout):
+        left = recs
+        for _ in range(int(timeout // 5)):
+            # nspawn turns SIGTERM into an orderly poweroff of the node; a node still early in its
+            # boot may miss it (PID 1 ignores signals it has no handler for yet): send it again.
+            for r in left:
+                _signal(r, signal.SIGTERM)
+            left = _wait_gone(left, 5)
+            if not left:
+                break
+        for r in left:
             self.say(f"{r['key']}: did not stop in {timeout:.0f}s, killing")
             _signal(r, signal.SIGKILL)
         _wait_gone(recs, 5)
@@ -303,6 +310,8 @@ class Lab:
                 raise EnvironmentProblem("lab down left resources behind: " + "; ".join(errors),
                                          hint=f"fix the cause and run `lab down` again (state in {self.state_path})")
             self.state_path.unlink(missing_ok=True)
+            for tmp in self.dir.glob(".state.json.*"):  # atomic_write's temp file after a crash
+                tmp.unlink()
             (self.dir / ".lock").unlink(missing_ok=True)
         try:
             self.dir.rmdir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import time
 from pathlib import Path
@@ -115,14 +116,27 @@ def cgroup_enter(paths: list[Path]) -> None:
         (p / "cgroup.procs").write_text("0")
 
 
-def cgroup_remove(rel: str) -> None:
-    """rmdir the node's cgroup tree bottom-up (fails while any process is still in it)."""
+def cgroup_remove(rel: str, timeout: float = 10) -> None:
+    """Kill what is left in the node's cgroup tree (only the node's processes can be there), then
+    rmdir it bottom-up."""
+    deadline = time.monotonic() + timeout
     for root in cgroup_roots():
         top = root / rel
-        if not top.exists():
-            continue
-        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
-            os.rmdir(dirpath)
+        while top.exists():
+            walk = sorted(os.walk(top), key=lambda w: -w[0].count("/"))
+            for dirpath, _dirs, _files in walk:
+                for pid in Path(dirpath, "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            try:
+                for dirpath, _dirs, _files in walk:
+                    os.rmdir(dirpath)
+            except OSError:  # EBUSY until the killed processes are gone
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         try:
             top.parent.rmdir()  # the shared gpu-install-lab parent, once empty
         except OSError:

@@ -75,6 +75,11 @@ ln -sf redhat-release "$R/etc/rocky-release"
 ln -sf redhat-release "$R/etc/system-release"
 mkdir -p "$R/etc/yum.repos.d" "$R/etc/dnf/vars" "$R/etc/pki/ca-trust/source/anchors"
 echo 9 > "$R/etc/dnf/vars/releasever"
+# Debian's rpm keeps a per-user database (~/.rpmdb); a RHEL system has one at /var/lib/rpm.
+mkdir -p "$R/etc/rpm" "$R/var/lib/rpm"
+echo '%_dbpath /var/lib/rpm' > "$R/etc/rpm/macros.gpu-install-lab"
+chroot "$R" rpm --initdb
+test "$(chroot "$R" rpm --eval '%_dbpath')" = /var/lib/rpm
 """,
 }
 
@@ -107,6 +112,14 @@ def rootfs_path(flavour: str) -> Path:
     return cache_dir() / "rootfs" / f"{flavour}-{cache_key(flavour)}"
 
 
+def _prune(flavour: str, keep: Path) -> None:
+    """Drop older cached rootfs of this flavour that no mounted overlay uses."""
+    mounts = Path("/proc/self/mountinfo").read_text()
+    for old in keep.parent.glob(f"{flavour}-*"):
+        if old != keep and old.is_dir() and f"lowerdir={old}" not in mounts and ".tmp-" not in old.name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def ensure_rootfs(flavour: str, progress=print) -> Path:
     """The cached rootfs of a flavour, built with mmdebstrap on first use (~45 s, needs the mirror)."""
     path = rootfs_path(flavour)
@@ -126,6 +139,7 @@ def ensure_rootfs(flavour: str, progress=print) -> Path:
             timeout=1800,
         )
         os.replace(tmp, path)
+        _prune(flavour, keep=path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
