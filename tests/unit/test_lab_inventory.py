@@ -1,0 +1,68 @@
+"""Lab inventory rendering and registry config (pure; ansible-inventory parses the result)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import bcrypt
+import yaml
+
+from installer.lab import inventory, registry, repo
+
+SETTINGS = {"registry": "10.250.7.1:5000", "repo_url": "http://10.250.7.1:8080", "registry_auth": False}
+NODES = {
+    "node2": {"name": "node2", "index": 2, "flavour": "rhel9", "ip": "10.250.7.12"},
+    "node1": {"name": "node1", "index": 1, "flavour": "debian12", "ip": "10.250.7.11"},
+}
+
+
+def test_inventory_groups_hosts_and_vars(tmp_path):
+    inv = inventory.inventory(tmp_path, SETTINGS, NODES)
+    g = inv["all"]["children"]["gpu_nodes"]
+    assert list(g["hosts"]) == ["node1", "node2"]  # by index, not dict order
+    assert g["hosts"]["node2"] == {"ansible_host": "10.250.7.12", "lab_flavour": "rhel9"}
+    assert set(g["children"]) == {"lab_debian12", "lab_rhel9"}
+    v = g["vars"]
+    assert v["ansible_ssh_private_key_file"] == str(tmp_path / "ssh" / "id_ed25519")
+    assert f"UserKnownHostsFile={tmp_path / 'ssh' / 'known_hosts'}" in v["ansible_ssh_common_args"]
+    assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
+    assert v["lab_rpm_repo"] == "http://10.250.7.1:8080/rpm"
+    assert "lab_registry_password_file" not in v and "lab_kubeconfig" not in v
+    auth = inventory.inventory(tmp_path, {**SETTINGS, "registry_auth": True}, NODES, tmp_path / "kube" / "kubeconfig")
+    av = auth["all"]["children"]["gpu_nodes"]["vars"]
+    assert av["lab_registry_password_file"].endswith("registry/password")  # a path, never the password
+    assert av["lab_kubeconfig"] == str(tmp_path / "kube" / "kubeconfig")
+
+
+def test_rendered_inventory_parses_with_ansible(tmp_path):
+    path = tmp_path / "hosts.yml"
+    path.write_text(inventory.render(tmp_path, SETTINGS, NODES))
+    out = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(path), "--list"],
+                         capture_output=True, text=True, check=True).stdout
+    parsed = json.loads(out)
+    assert parsed["lab_rhel9"]["hosts"] == ["node2"] and parsed["lab_debian12"]["hosts"] == ["node1"]
+    assert parsed["_meta"]["hostvars"]["node1"]["ansible_host"] == "10.250.7.11"
+
+
+def test_registry_config_tls_and_auth(tmp_path):
+    cfg = yaml.safe_load(registry.write_config(tmp_path, "10.250.7.1:5000", tmp_path / "c.crt", tmp_path / "c.key",
+                                               auth=False).read_text())
+    assert cfg["http"]["addr"] == "10.250.7.1:5000" and cfg["http"]["tls"]["certificate"].endswith("c.crt")
+    assert "auth" not in cfg and cfg["storage"]["delete"]["enabled"] is True
+    secret = cfg["http"]["secret"]
+    path = registry.write_config(tmp_path, "10.250.7.1:5000", tmp_path / "c.crt", tmp_path / "c.key", auth=True)
+    cfg = yaml.safe_load(path.read_text())
+    assert cfg["http"]["secret"] == secret  # stable across `up`s
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    user, hashed = (tmp_path / "htpasswd").read_text().strip().split(":", 1)
+    password = (tmp_path / "password").read_text().strip()
+    assert user == "lab" and bcrypt.checkpw(password.encode(), hashed.encode())
+    assert password not in path.read_text()
+
+
+def test_repo_sources():
+    assert repo.apt_source("http://b:8080") == "deb [trusted=yes] http://b:8080/apt lab main\n"
+    assert "baseurl=http://b:8080/rpm" in repo.yum_repo("http://b:8080")
