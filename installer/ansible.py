@@ -177,6 +177,9 @@ def progress_line(event: dict[str, Any]) -> str | None:
 def _message(res: dict[str, Any]) -> str:
     if res.get("_ansible_no_log"):
         return "(output hidden: no_log)"
+    items = [r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if items:  # a loop: the items' messages say what is wrong, not "One or more items failed"
+        return "; ".join(_message(r) for r in items)[:1000]
     msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
     return " ".join(str(msg).split())[:500]
 

@@ -1,0 +1,90 @@
+"""`gpu-install preflight` and `apply`: site → role variables → playbooks through the Ansible seam.
+
+role_vars() is the single source of the variables Python hands to the roles (all declared in the roles'
+meta/argument_specs.yml; tests/unit/test_ansible_apply.py keeps it so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from installer.ansible import RunResult, run_playbook
+from installer.config import Site
+from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
+
+CERTS_D = "/etc/containerd/certs.d"
+VALIDATE_PREFIX = "Inventory |"
+
+
+def role_vars(site: Site) -> dict[str, Any]:
+    host_toolkit = site.toolkit.mode == "host"  # operator mode: the toolkit container configures the runtime
+    nvidia_default = site.cdi.enabled is not True  # with CDI, pods pick the runtime through a RuntimeClass
+    trust = bool(site.registry.ca or site.registry.insecure)
+    return {
+        "gpu_install_action": "deploy",
+        "preflight_runtime": site.runtime,
+        "preflight_driver_mode": site.driver.mode,
+        "docker_runtime_enabled": site.runtime == "docker" and host_toolkit,
+        "docker_runtime_default_runtime": "nvidia" if nvidia_default else "",
+        "docker_runtime_insecure_registries": [site.registry.host] if site.registry.insecure else [],
+        "containerd_runtime_enabled": site.runtime == "containerd" and host_toolkit,
+        "containerd_runtime_set_default": nvidia_default,
+        "containerd_runtime_registry_config_path": CERTS_D if trust else "",
+    }
+
+
+def scrub_names(site: Site) -> list[str]:
+    """Env vars holding the site's credentials: removed from the environment ansible-runner sees."""
+    ps = site.registry.pullSecret
+    return [n for n in ((ps.usernameEnv, ps.passwordEnv) if ps else ()) if n]
+
+
+@dataclass
+class Options:
+    inventory: str
+    limit: str | None = None
+    tags: str | None = None
+    skip_tags: str | None = None
+    check: bool = False
+    diff: bool = False
+    progress: Callable[[str], None] | None = None
+    extra: dict[str, Any] | None = None  # variables for tests/labs, merged over role_vars()
+
+
+def _run(playbook: str, site: Site, opts: Options, tags: bool) -> RunResult:
+    ev = role_vars(site) | (opts.extra or {})
+    return run_playbook(playbook, opts.inventory, ev, limit=opts.limit, tags=opts.tags if tags else None,
+                        skip_tags=opts.skip_tags if tags else None, check=opts.check, diff=opts.diff,
+                        progress=opts.progress, scrub_env=scrub_names(site))
+
+
+def raise_for(result: RunResult, preflight: bool) -> RunResult:
+    """Turn a run's per-host outcome into the matching exception (or return it when all is well)."""
+    bad_input = [f for f in result.failures if f.task.startswith(VALIDATE_PREFIX)]
+    if bad_input:
+        raise ConfigError("inventory: " + "; ".join(sorted({f.message for f in bad_input})),
+                          hint="fix the inventory; nothing was changed on any host")
+    where = f" (run artifacts: {result.artifacts})"
+    if result.unreachable:
+        raise HostsUnreachable(f"unreachable: {', '.join(result.unreachable)}" +
+                               (f"; failed: {', '.join(result.failed)}" if result.failed else "") + where,
+                               hint="check SSH to those hosts; the other hosts finished (re-run with --limit)")
+    if result.failed:
+        detail = "; ".join(f"{f.host}: {f.message}" for f in result.failures)
+        if preflight:
+            raise PreflightError(f"preflight failed on {', '.join(result.failed)}: {detail}",
+                                 hint="fix the reported problems; nothing was changed")
+        raise HostFailures(f"tasks failed on {', '.join(result.failed)}: {detail}" + where,
+                           hint="runtime configs are backed up next to the originals; fix and re-run")
+    return result
+
+
+def preflight(site: Site, opts: Options) -> RunResult:
+    return raise_for(_run("preflight.yml", site, opts, tags=False), preflight=True)
+
+
+def apply(site: Site, opts: Options) -> tuple[RunResult, RunResult]:
+    """Preflight (read-only, always whole) then site.yml; raises on the first stage that does not pass."""
+    pre = preflight(site, opts)
+    return pre, raise_for(_run("site.yml", site, opts, tags=True), preflight=False)

@@ -1,0 +1,56 @@
+"""`gpu-install preflight` and `gpu-install apply` (registered by installer.cli). Nothing heavy at import."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+ENV_SITE = "GPU_INSTALL_SITE"
+ENV_INVENTORY = "GPU_INSTALL_INVENTORY"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-s", "--site", default=os.environ.get(ENV_SITE), required=not os.environ.get(ENV_SITE),
+                   help=f"site file (site.yaml); env {ENV_SITE}")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a site field")
+    p.add_argument("-i", "--inventory", default=os.environ.get(ENV_INVENTORY),
+                   required=not os.environ.get(ENV_INVENTORY), help=f"Ansible inventory; env {ENV_INVENTORY}")
+    p.add_argument("--limit", help="only these hosts (Ansible pattern)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-task progress lines")
+
+
+def _run(args: argparse.Namespace, stage: str) -> int:
+    import sys
+
+    from installer import apply
+    from installer.config import load_site
+
+    site = load_site(args.site, args.set)
+    opts = apply.Options(
+        inventory=args.inventory, limit=args.limit, tags=getattr(args, "tags", None),
+        skip_tags=getattr(args, "skip_tags", None), check=getattr(args, "check", False),
+        diff=getattr(args, "diff", False),
+        progress=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+    )
+    if stage == "preflight":
+        res = apply.preflight(site, opts)
+        print(res.recap())
+        print(f"preflight ok ({len(res.hosts)} hosts); artifacts: {res.artifacts}")
+    else:
+        _, res = apply.apply(site, opts)
+        print(res.recap())
+        print(f"apply ok: {res.changed} changes{' (check mode)' if opts.check else ''}; artifacts: {res.artifacts}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("preflight", help="read-only checks of inventory and GPU nodes (exit 3 on problems)")
+    _common(p)
+    p.set_defaults(func=lambda a: _run(a, "preflight"))
+    p = sub.add_parser("apply", help="preflight, then configure the GPU nodes (playbooks/site.yml)")
+    _common(p)
+    p.add_argument("--check", action="store_true", help="dry run: report what would change")
+    p.add_argument("--diff", action="store_true", help="show file differences")
+    p.add_argument("--tags", help="only tasks with these tags (e.g. runtime)")
+    p.add_argument("--skip-tags", dest="skip_tags", help="skip tasks with these tags")
+    p.set_defaults(func=lambda a: _run(a, "apply"))

@@ -1,0 +1,179 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Read-only node probe for gpu-install preflight: facts plus the problems they show, each with its fix."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_install_preflight
+short_description: Read-only checks of a GPU node before gpu-install changes anything
+description:
+  - Reads os-release, /proc, /sys and the package manager's view; changes nothing (check mode safe).
+  - Returns C(facts) and C(problems) (a list of messages, each with a fix); the role fails on problems.
+options:
+  root: {type: path, default: /, description: read /etc, /proc, /sys below this directory (tests)}
+  runtime: {type: str, choices: [containerd, docker], default: containerd}
+  driver_mode: {type: str, choices: [host, operator, precompiled, preinstalled], default: operator}
+  supported_os: {type: dict, default: {}, description: os-release ID -> list of VERSION_IDs (or majors)}
+  architectures: {type: list, elements: str, default: [x86_64, aarch64]}
+  disk_path: {type: str, default: /var/lib}
+  min_free_gb: {type: float, default: 10}
+  require_gpu: {type: bool, default: true}
+  allow_secure_boot: {type: bool, default: false}
+author: gpu-install
+"""
+
+import glob
+import os
+import re
+import shutil
+
+EFI_SB = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+RUNTIME_BINS = {"docker": ["dockerd", "docker"], "containerd": ["containerd"]}
+
+
+def _read(root, rel, default=None, binary=False):
+    try:
+        with open(os.path.join(root, rel), "rb" if binary else "r") as fh:
+            return fh.read()
+    except (IOError, OSError):
+        return default
+
+
+def os_release(root):
+    out = {}
+    for line in (_read(root, "etc/os-release", "") or "").splitlines():
+        m = re.match(r'^([A-Z_]+)=("?)(.*)\2$', line.strip())
+        if m:
+            out[m.group(1)] = m.group(3)
+    return out
+
+
+def pci_gpus(root):
+    gpus = []
+    for dev in sorted(glob.glob(os.path.join(root, "sys/bus/pci/devices/*"))):
+        vendor = (_read(dev, "vendor", "") or "").strip().lower()
+        klass = (_read(dev, "class", "") or "").strip().lower()
+        if vendor == "0x10de" and klass.startswith("0x03"):
+            gpus.append("%s [10de:%s]" % (os.path.basename(dev), (_read(dev, "device", "") or "").strip()[2:]))
+    return gpus
+
+
+def free_gb(root, path):
+    p = os.path.join(root, path.lstrip("/"))
+    while not os.path.exists(p) and p not in ("/", ""):
+        p = os.path.dirname(p)
+    st = os.statvfs(p)
+    return round(st.f_bavail * st.f_frsize / 1024.0 ** 3, 1)
+
+
+def which(root, name):
+    if root in ("", "/"):
+        return shutil.which(name)
+    for d in ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin"):
+        if os.access(os.path.join(root, d, name), os.X_OK):
+            return "/" + d + "/" + name
+    return None
+
+
+def headers(root, kernel, os_family, run):
+    if os.path.isdir(os.path.join(root, "lib/modules", kernel, "build")):
+        return "installed"
+    if os_family == "debian":
+        rc, out, _ = run(["apt-cache", "policy", "linux-headers-" + kernel])
+        m = re.search(r"Candidate:\s*(\S+)", out or "")
+        return "available" if rc == 0 and m and m.group(1) != "(none)" else "missing"
+    if os_family == "redhat":
+        for tool in ("dnf", "yum"):
+            rc, out, _ = run([tool, "-q", "list", "--available", "kernel-devel-" + kernel])
+            if rc == 0 and "kernel-devel" in (out or ""):
+                return "available"
+        return "missing"
+    return "unknown"
+
+
+def probe(root, run, kernel=None, arch=None, check_headers=False):
+    rel = os_release(root)
+    os_id = rel.get("ID", "").lower()
+    like = (os_id + " " + rel.get("ID_LIKE", "")).lower()
+    family = "debian" if ("debian" in like or "ubuntu" in like) else "redhat" if re.search(r"rhel|fedora|centos", like) else ""
+    kernel = kernel or os.uname()[2]
+    modules = set(line.split(" ", 1)[0] for line in (_read(root, "proc/modules", "") or "").splitlines())
+    sb = _read(root, EFI_SB, binary=True)
+    facts = {
+        "os_id": os_id, "os_version": rel.get("VERSION_ID", ""), "os_family": family,
+        "arch": arch or os.uname()[4], "kernel": kernel,
+        "secure_boot": None if sb is None else (len(sb) > 0 and bytearray(sb)[-1] == 1),
+        "nouveau_loaded": "nouveau" in modules,
+        "nvidia_loaded": "nvidia" in modules or os.path.exists(os.path.join(root, "proc/driver/nvidia/version")),
+        "nvidia_driver": ((_read(root, "proc/driver/nvidia/version", "") or "").splitlines() or [""])[0],
+        "gpus": pci_gpus(root),
+        "runtimes": dict((n, which(root, RUNTIME_BINS[n][0])) for n in RUNTIME_BINS),
+        "kernel_headers": headers(root, kernel, family, run) if check_headers else "not checked",
+    }
+    return facts
+
+
+def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu, allow_secure_boot):
+    out = []
+    versions = [str(v) for v in supported_os.get(f["os_id"], [])]
+    ver = f["os_version"]
+    if not any(ver == v or ver.split(".")[0] == v for v in versions):
+        known = ", ".join("%s %s" % (k, "/".join(str(x) for x in v)) for k, v in sorted(supported_os.items()))
+        out.append("OS %s %s is not supported; supported: %s" % (f["os_id"] or "?", ver or "?", known))
+    if f["arch"] not in architectures:
+        out.append("architecture %s is not supported (%s)" % (f["arch"], ", ".join(architectures)))
+    if f["disk_free_gb"] < min_free_gb:
+        out.append("only %.1f GiB free under %s, need %s GiB: free space or set preflight_min_free_gb"
+                   % (f["disk_free_gb"], f["disk_path"], min_free_gb))
+    if driver_mode == "host" and f["kernel_headers"] == "missing":
+        out.append("kernel headers for the running kernel %s are not installed nor available from the configured "
+                   "repositories: add them to the (mirrored) repository or boot a kernel that has them" % f["kernel"])
+    if driver_mode in ("host", "operator") and f["secure_boot"] and not allow_secure_boot:
+        out.append("Secure Boot is on: a driver built on the node will not load unsigned; use driver.mode precompiled "
+                   "with signed modules, disable Secure Boot, or set preflight_allow_secure_boot after enrolling a key")
+    if driver_mode != "preinstalled" and f["nouveau_loaded"]:
+        out.append("the nouveau driver is loaded: blacklist it (modprobe.d 'blacklist nouveau', rebuild the initramfs) "
+                   "and reboot")
+    if driver_mode in ("operator", "precompiled") and f["nvidia_loaded"]:
+        out.append("an NVIDIA driver is already loaded on the host (%s) but driver.mode is %s: the driver container "
+                   "would fight it; uninstall the host driver or set driver.mode: preinstalled"
+                   % (f["nvidia_driver"] or "nvidia module", driver_mode))
+    if driver_mode == "preinstalled" and not f["nvidia_loaded"]:
+        out.append("driver.mode is preinstalled but no NVIDIA driver is loaded: install/load it or choose another mode")
+    if not f["runtimes"].get(runtime):
+        out.append("container runtime %s not found (%s): install it first or set runtime in site.yaml"
+                   % (runtime, RUNTIME_BINS[runtime][0]))
+    if require_gpu and not f["gpus"]:
+        out.append("no NVIDIA GPU on PCI (vendor 10de, class 03xx): is this a GPU node? (preflight_require_gpu: false "
+                   "to skip)")
+    return out
+
+
+def main():
+    from ansible.module_utils.basic import AnsibleModule
+
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            runtime=dict(type="str", choices=["containerd", "docker"], default="containerd"),
+            driver_mode=dict(type="str", choices=["host", "operator", "precompiled", "preinstalled"], default="operator"),
+            supported_os=dict(type="dict", default={}),
+            architectures=dict(type="list", elements="str", default=["x86_64", "aarch64"]),
+            disk_path=dict(type="str", default="/var/lib"),
+            min_free_gb=dict(type="float", default=10),
+            require_gpu=dict(type="bool", default=True),
+            allow_secure_boot=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    facts = probe(p["root"], module.run_command, check_headers=p["driver_mode"] == "host")
+    facts["disk_path"], facts["disk_free_gb"] = p["disk_path"], free_gb(p["root"], p["disk_path"])
+    found = problems(facts, p["runtime"], p["driver_mode"], p["supported_os"], p["architectures"], p["min_free_gb"],
+                     p["require_gpu"], p["allow_secure_boot"])
+    module.exit_json(changed=False, facts=facts, problems=found)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""preflight/apply through the real seam with local connections and a fake node root; role specs vs defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from installer import apply
+from installer.config import parse_site
+from installer.errors import ConfigError, HostsUnreachable, PreflightError
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ROLES = ["preflight", "docker_runtime", "containerd_runtime"]
+
+
+def specs(role: str) -> dict:
+    return yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_defaults_and_argument_specs_do_not_drift(role):
+    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+    opts = specs(role)
+    assert set(defaults) == set(opts)
+    for key, value in defaults.items():
+        assert key.startswith(role + "_")
+        assert opts[key]["default"] == value, key
+        assert opts[key].get("description"), key
+
+
+def site(**over):
+    data = {"operator": {"version": "v24.9.2"}, "registry": {"host": "reg.lab:5000", "insecure": True},
+            "runtime": "docker", "toolkit": {"mode": "host"}, "driver": {"mode": "host"}}
+    data.update(over)
+    return parse_site(data)
+
+
+@pytest.mark.parametrize("over", [{}, {"runtime": "containerd"}, {"toolkit": {"mode": "operator"}},
+                                  {"cdi": {"enabled": True}}, {"registry": {"host": "r:1"}}])
+def test_role_vars_only_declared_variables(over):
+    declared = {k for r in ROLES for k in specs(r)} | {"gpu_install_action"}
+    ev = apply.role_vars(site(**over))
+    assert set(ev) <= declared
+    json.dumps(ev)
+
+
+def test_role_vars_mapping():
+    ev = apply.role_vars(site())
+    assert ev["docker_runtime_enabled"] and not ev["containerd_runtime_enabled"]
+    assert ev["docker_runtime_insecure_registries"] == ["reg.lab:5000"]
+    ev = apply.role_vars(site(runtime="containerd", cdi={"enabled": True}))
+    assert ev["containerd_runtime_enabled"] and ev["containerd_runtime_set_default"] is False
+    assert ev["containerd_runtime_registry_config_path"] == "/etc/containerd/certs.d"
+    assert not apply.role_vars(site(toolkit={"mode": "operator"}))["docker_runtime_enabled"]
+
+
+# ---------------------------------------------------------------- preflight probe (pure)
+
+spec = importlib.util.spec_from_file_location("probe", ROOT / "library" / "gpu_install_preflight.py")
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+SUPPORTED = yaml.safe_load((ROOT / "roles/preflight/defaults/main.yml").read_text())["preflight_supported_os"]
+
+
+def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(), runtime="dockerd", driver=None):
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc/os-release").write_text(f'ID={os_id}\nVERSION_ID="{version}"\nID_LIKE=debian\n')
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc/modules").write_text("".join(f"{m} 1 0 - Live 0x0\n" for m in modules))
+    if driver:
+        (root / "proc/driver/nvidia").mkdir(parents=True)
+        (root / "proc/driver/nvidia/version").write_text(driver + "\n")
+    dev = root / "sys/bus/pci/devices/0000:00:02.0"
+    dev.mkdir(parents=True, exist_ok=True)
+    for f, v in {"vendor": "0x10de" if gpu else "0x8086", "class": "0x030200", "device": "0x2330"}.items():
+        (dev / f).write_text(v + "\n")
+    (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+    if runtime:
+        (root / "usr/bin" / runtime).write_text("#!/bin/sh\n")
+        (root / "usr/bin" / runtime).chmod(0o755)
+    (root / "var/lib").mkdir(parents=True, exist_ok=True)
+    import os
+
+    (root / "lib/modules" / os.uname().release / "build").mkdir(parents=True, exist_ok=True)  # headers installed
+    return root
+
+
+def check(root: Path, runtime="docker", mode="operator", **kw):
+    f = probe.probe(str(root), lambda cmd: (0, "Candidate: (none)", ""), kernel="6.1.0-9-amd64", arch=kw.pop("arch", "x86_64"),
+                    check_headers=mode == "host")
+    f["disk_path"], f["disk_free_gb"] = "/var/lib", kw.pop("free", 50.0)
+    return f, probe.problems(f, runtime, mode, SUPPORTED, ["x86_64", "aarch64"], 10, True, False)
+
+
+def test_probe_healthy_node(tmp_path):
+    f, problems = check(fake_node(tmp_path))
+    assert problems == [] and f["gpus"] == ["0000:00:02.0 [10de:2330]"] and f["os_family"] == "debian"
+
+
+@pytest.mark.parametrize("node,kw,expect", [
+    ({"os_id": "ubuntu", "version": "16.04"}, {}, "OS ubuntu 16.04 is not supported"),
+    ({}, {"arch": "ppc64le"}, "architecture ppc64le"),
+    ({}, {"free": 2.0}, "only 2.0 GiB free"),
+    ({"gpu": False}, {}, "no NVIDIA GPU on PCI"),
+    ({"modules": ["nouveau"]}, {}, "nouveau driver is loaded"),
+    ({"driver": "NVRM version: 550.54"}, {}, "already loaded on the host (NVRM version: 550.54) but driver.mode is operator"),
+    ({"runtime": None}, {}, "container runtime docker not found"),
+    ({}, {"mode": "host"}, "kernel headers for the running kernel 6.1.0-9-amd64"),
+    ({}, {"mode": "preinstalled"}, "no NVIDIA driver is loaded"),
+])
+def test_probe_problems_name_the_fix(tmp_path, node, kw, expect):
+    _, problems = check(fake_node(tmp_path, **node), **kw)
+    assert len(problems) == 1 and expect in problems[0], problems
+
+
+def test_probe_rocky_major_version_matches(tmp_path):
+    _, problems = check(fake_node(tmp_path, os_id="rocky", version="9.5"))
+    assert problems == []
+
+
+# ---------------------------------------------------------------- preflight + apply, real runs
+
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_INSTALL_STATE", str(tmp_path / "state"))
+
+
+def inventory(tmp_path: Path, gpu_hosts: dict, groups=("kube_control_plane",)) -> str:
+    children = {"gpu_nodes": {"hosts": gpu_hosts}}
+    for g in groups:
+        children[g] = {"hosts": {"cp": LOCAL}}
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {"children": children}}))
+    return str(path)
+
+
+def options(tmp_path, inv, node_root, **kw):
+    daemon = tmp_path / "daemon.json"
+    extra = {"preflight_root": str(node_root), "preflight_min_free_gb": 0.001, "docker_runtime_daemon_json": str(daemon),
+             "docker_runtime_restart": False, "docker_runtime_options": {"iptables": False}}
+    return apply.Options(inventory=inv, extra=extra, **kw), daemon
+
+
+def test_apply_end_to_end_then_changed_0(tmp_path):
+    node = fake_node(tmp_path / "node")
+    opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL, "gpu2": LOCAL}), node)
+    daemon.write_text('{"log-level": "warn"}')
+    pre, res = apply.apply(site(), opts)
+    assert set(pre.hosts) >= {"gpu1", "gpu2"} and pre.changed == 0
+    assert res.changed >= 1
+    doc = json.loads(daemon.read_text())
+    assert doc["log-level"] == "warn" and doc["default-runtime"] == "nvidia" and doc["iptables"] is False
+    _, again = apply.apply(site(), opts)
+    assert all(s.changed == 0 for s in again.hosts.values())
+
+
+def test_apply_check_mode_changes_nothing(tmp_path):
+    node = fake_node(tmp_path / "node")
+    opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node, check=True)
+    apply.apply(site(), opts)
+    assert not daemon.exists()
+
+
+def test_preflight_problem_exit_3_nothing_changed(tmp_path, capsys):
+    node = fake_node(tmp_path / "node", modules=["nouveau"])
+    opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node)
+    with pytest.raises(PreflightError, match="gpu1: the nouveau driver is loaded") as exc:
+        apply.apply(site(), opts)
+    assert exc.value.exit_code == 3 and not daemon.exists()
+
+
+def test_missing_group_is_config_error_nothing_changed(tmp_path):
+    node = fake_node(tmp_path / "node")
+    opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}, groups=()), node)
+    with pytest.raises(ConfigError, match="group 'kube_control_plane' is missing") as exc:
+        apply.apply(site(), opts)
+    assert exc.value.exit_code == 2 and not daemon.exists()
+
+
+def test_removed_variable_named_with_fix(tmp_path):
+    node = fake_node(tmp_path / "node")
+    opts, _ = options(tmp_path, inventory(tmp_path, {"gpu1": dict(LOCAL, nvidia_driver_version="550")}), node)
+    with pytest.raises(ConfigError, match="host gpu1: variable 'nvidia_driver_version' was removed; set driver.version"):
+        apply.preflight(site(), opts)
+
+
+def test_unreachable_node_others_finish_exit_5(tmp_path):
+    node = fake_node(tmp_path / "node")
+    dead = {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_user": "nobody",
+            "ansible_ssh_common_args": "-o ConnectTimeout=3 -o BatchMode=yes -o StrictHostKeyChecking=no"}
+    opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL, "dead": dead}), node)
+    with pytest.raises(HostsUnreachable, match="unreachable: dead") as exc:
+        apply.preflight(site(), opts)
+    assert exc.value.exit_code == 5
+
+
+def test_cli_preflight_exit_code_and_message(tmp_path, cli, write_site):
+    inv = inventory(tmp_path, {"gpu1": LOCAL}, groups=())
+    path = write_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "reg.lab:5000"}})
+    rc, out, err = cli("preflight", "-s", path, "-i", inv, "-q")
+    assert rc == 2 and "kube_control_plane" in err and "hint:" in err
