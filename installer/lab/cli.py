@@ -61,7 +61,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_status(status)
     healthy = status.get("up") and status.get("registry_running") and status.get("repo_running") and all(
         n["running"] and n["ssh"] for n in status["nodes"])
-    return 0 if healthy or not status.get("up") else 6  # EXIT_VALIDATION: something of the lab is down
+    from installer.errors import EXIT_OK, EXIT_VALIDATION
+
+    return EXIT_OK if healthy or not status.get("up") else EXIT_VALIDATION  # a part of the lab is down
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:

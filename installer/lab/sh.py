@@ -7,7 +7,13 @@ import shutil
 import subprocess
 from typing import Sequence
 
-from installer.errors import EnvironmentProblem
+from installer.errors import EXIT_USAGE, EnvironmentProblem
+
+
+class LabPrerequisite(EnvironmentProblem):
+    """Not root, or a tool missing: the user can fix it (exit 2, with the fix as hint)."""
+
+    exit_code = EXIT_USAGE
 
 # binary -> Debian package (all listed in scripts/apt-packages.txt)
 BINARIES = {
@@ -31,13 +37,13 @@ def missing_binaries(names: Sequence[str] = tuple(BINARIES)) -> list[str]:
 
 def require_root_and_tools(names: Sequence[str] = tuple(BINARIES)) -> None:
     if os.geteuid() != 0:
-        raise EnvironmentProblem(
+        raise LabPrerequisite(
             "the lab needs root (network namespaces, overlay mounts, systemd-nspawn)",
             hint="run `sudo gpu-install lab ...`",
         )
     missing = missing_binaries(names)
     if missing:
-        raise EnvironmentProblem(
+        raise LabPrerequisite(
             "missing tools for the lab: " + ", ".join(missing),
             hint="run `sudo scripts/bootstrap` (installs scripts/apt-packages.txt)",
         )
