@@ -149,6 +149,16 @@ def _stop(rec: dict[str, Any], timeout: float = 15.0) -> None:
             pass
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -422,8 +432,13 @@ class ControlPlane:
     def netns(self) -> str:
         return "gik-" + hashlib.sha1(str(self.dir.resolve()).encode()).hexdigest()[:10]
 
-    def _port(self, name: str) -> int:
+    def _port(self, name: str, owner: str | None = None) -> int:
+        """The port recorded for name; a new free one if there is none yet, or if its owner process
+        is not running and something else took the port meanwhile (e.g. after a reboot)."""
         ports = self.state["ports"]
+        if name in ports and owner and not self._running(owner) and not _port_free(int(ports[name])):
+            self.progress(f"kube: port {ports[name]} of {name} is taken by something else; choosing another")
+            del ports[name]
         if name not in ports:
             used = set(ports.values())
             port = _free_port()
@@ -454,6 +469,13 @@ class ControlPlane:
         self.state["processes"][name] = rec  # recorded at once: down() can stop it after a crash
         self._save()
         return rec
+
+    def _stop_component(self, name: str) -> None:
+        rec = self.state["processes"].get(name)
+        if rec:
+            _stop(rec)
+            self.state["processes"].pop(name, None)
+            self._save()
 
     def _running(self, name: str) -> bool:
         return _alive(self.state["processes"].get(name))
@@ -570,7 +592,10 @@ class ControlPlane:
         t0 = time.monotonic()
 
         # etcd
-        client, peer = self._port("etcd-client"), self._port("etcd-peer")
+        before = dict(self.state["ports"])
+        client, peer = self._port("etcd-client", "etcd"), self._port("etcd-peer", "etcd")
+        if before.get("etcd-client") not in (None, client):
+            self._stop_component("kube-apiserver")  # it points at the old etcd port
         if not self._running("etcd"):
             self.progress(f"kube: starting etcd on 127.0.0.1:{client}")
             self._spawn(
@@ -593,7 +618,10 @@ class ControlPlane:
         self._wait("etcd health", self._etcd_healthy, 60, "etcd")
 
         # kube-apiserver
-        api = self._port("kube-apiserver")
+        api = self._port("kube-apiserver", "kube-apiserver")
+        if before.get("kube-apiserver") not in (None, api):
+            for comp in ("kube-scheduler", "kube-controller-manager", "apiserver-forwarder"):
+                self._stop_component(comp)  # their kubeconfig / target is the old port
         egress = self.dir / "egress-selector.yaml"
         atomic_write(
             egress,
@@ -649,7 +677,7 @@ class ControlPlane:
                 ],
             ),
         ):
-            port = self._port(comp)
+            port = self._port(comp, comp)
             kc = self.dir / f"{comp}.kubeconfig"
             self._write_kubeconfig(kc, server, f"system:{comp}", self._token(comp))
             if not self._running(comp):
@@ -800,7 +828,14 @@ class ControlPlane:
                 "gpu-install.lab/node-ip": str(node.get("ip", "")),
                 "gpu-install.lab/hollow": "kubemark hollow kubelet: runs no containers; its IP is fake",
             }
-            api.patch_node(name, {"metadata": {"labels": labels, "annotations": annotations}})
+            current = api.read_node(name)
+            # re-registration with other GPUs: drop nvidia.com/* labels and resources no longer wanted
+            stale = {k: None for k in (current.metadata.labels or {}) if k.startswith("nvidia.com/") and k not in labels}
+            api.patch_node(name, {"metadata": {"labels": {**labels, **stale}, "annotations": annotations}})
+            gone = [k for k in (current.status.capacity or {}) if k.startswith("nvidia.com/") and k not in resources]
+            if gone:
+                api.patch_node_status(name, {"status": {"capacity": {k: None for k in gone},
+                                                        "allocatable": {k: None for k in gone}}})
             self._patch_capacity(api, name, resources)
         for name, node, labels, resources in specs:
             self._wait(
