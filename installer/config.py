@@ -82,7 +82,9 @@ class Registry(_Model):
     @classmethod
     def _prefix(cls, v: str) -> str:
         v = v.strip("/")
-        if v and not re.fullmatch(r"[a-z0-9]+([._/-][a-z0-9]+)*", v):
+        # OCI distribution path components: [a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*, joined by '/'
+        component = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+        if v and not re.fullmatch(rf"{component}(?:/{component})*", v):
             raise ValueError(f"{v!r} is not a valid repository path (lower case, digits, . _ - /)")
         return v
 
