@@ -48,7 +48,17 @@ def _print_status(st: dict) -> None:
         print(f"  {n['name']:8} {n['flavour']:9} {n['ip']:14} {yes[n['running']]:8} {yes[n['ssh']]}")
     print(f"  inventory {st['inventory']}")
     if "kubernetes" in st:
-        print(f"  kubernetes {st['kubernetes']}")
+        kube = st["kubernetes"]
+        if "error" in kube:
+            print(f"  kubernetes ERROR {kube['error']}")
+        else:
+            print(f"  kubernetes {kube.get('server')}  healthy={yes[_kube_healthy(kube)]}  "
+                  f"nodes={len(kube.get('nodes', {}))}  kubeconfig {kube.get('kubeconfig')}")
+
+
+def _kube_healthy(kube: dict) -> bool:
+    parts = [*kube.get("components", {}).values(), *kube.get("nodes", {}).values()]
+    return "error" not in kube and all(p.get("healthy") for p in parts)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -60,7 +70,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         _print_status(status)
     healthy = status.get("up") and status.get("registry_running") and status.get("repo_running") and all(
-        n["running"] and n["ssh"] for n in status["nodes"])
+        n["running"] and n["ssh"] for n in status["nodes"]) and _kube_healthy(status.get("kubernetes", {}))
     from installer.errors import EXIT_OK, EXIT_VALIDATION
 
     return EXIT_OK if healthy or not status.get("up") else EXIT_VALIDATION  # a part of the lab is down
