@@ -6,7 +6,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -148,6 +153,35 @@ def test_apiserver_never_connects_to_hollow_node_ips(kubectl, namespace):
     assert time.monotonic() - t0 < 10
 
 
+def _listeners(netns: str | None = None) -> list[tuple[str, int]]:
+    """(local address, pid) of every listening TCP socket, in the host's or a namespace's view."""
+    cmd = ["ss", "-Hltnp"] if netns is None else ["ip", "netns", "exec", netns, "ss", "-Hltnp"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        for pid in re.findall(r"pid=(\d+)", line):
+            rows.append((parts[3], int(pid)))
+    return rows
+
+
+def test_everything_listens_on_loopback_only(control_plane):
+    state = json.loads(control_plane.state_path.read_text())
+    ours = {r["pid"] for r in state["processes"].values()}
+    host = [(addr, pid) for addr, pid in _listeners() if pid in ours]
+    assert host, "no listening socket of the control plane found"
+    assert all(addr.startswith("127.0.0.1:") for addr, _ in host), host
+    ns = state["netns"]
+    inside = _listeners(ns)
+    assert {pid for _, pid in inside} >= {state["processes"][f"node-{n['name']}"]["pid"] for n in NODES}
+    assert all(addr.startswith("127.0.0.1:") for addr, _ in inside), inside
+    # the nodes' namespace has no route anywhere: the fake IPs sit on lo
+    routes = subprocess.run(["ip", "-n", ns, "-4", "route", "show"], capture_output=True, text=True).stdout
+    assert routes.strip() == "", routes
+    links = subprocess.run(["ip", "-n", ns, "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert [ln.split(":")[1].strip() for ln in links.splitlines()] == ["lo"]
+
+
 def test_node_registration_is_validated(control_plane):
     from installer.errors import ConfigError
 
@@ -200,3 +234,29 @@ def test_down_leaves_nothing(kube_bin, tmp_path):
     assert not os.path.exists(f"/run/netns/{netns}")
     # down again is a no-op
     kube.ControlPlane(lab, progress=print).down()
+
+
+def test_down_after_a_crashed_up(kube_bin, tmp_path):
+    """`up` killed with SIGKILL half-way: down() from the state file alone stops what it started."""
+    lab = tmp_path / "lab"
+    repo = Path(kube.__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "installer.lab.kube", "up", "--lab-dir", str(lab), "--nodes", "1"],
+                            cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state_path = lab / "kube" / "state.json"
+
+    def started():
+        try:
+            return "kube-scheduler" in json.loads(state_path.read_text())["processes"]
+        except (OSError, ValueError):
+            return False
+
+    try:
+        wait_for("up to start the scheduler", started, timeout=120, interval=0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    records = list(json.loads(state_path.read_text())["processes"].values())
+    assert any(kube._alive(r) for r in records)  # the crash left processes behind
+    kube.ControlPlane(lab, progress=print).down()
+    assert not any(kube._alive(r) for r in records)
+    assert not (lab / "kube").exists()
