@@ -170,10 +170,26 @@ def bin_dir() -> Path:
     return cache_dir() / "kubernetes" / KUBE_VERSION / "bin"
 
 
+def _script_recipe() -> str | None:
+    """RECIPE=N of scripts/build-kubernetes (None when the script is not there)."""
+    try:
+        m = re.search(r"^RECIPE=(\S+)", BUILD_SCRIPT.read_text(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
 def find_binaries() -> Path | None:
-    """The cached build's bin dir if it holds every binary of the current build recipe."""
+    """The cached build's bin dir if it holds every binary (of the build script's current recipe)."""
     d = bin_dir()
-    if all(os.access(d / b, os.X_OK) for b in BINARIES) and (d / "BUILD-INFO").is_file():
+    try:
+        info = (d / "BUILD-INFO").read_text()
+    except OSError:
+        return None
+    recipe = _script_recipe()
+    if recipe is not None and f"recipe={recipe}" not in info.splitlines():
+        return None
+    if all(os.access(d / b, os.X_OK) for b in BINARIES):
         return d
     return None
 
@@ -199,9 +215,27 @@ def ensure_binaries(progress: Progress = print) -> Path:
         ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     assert proc.stdout is not None
+    import queue
+    import threading
+
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def reader() -> None:
+        for raw in proc.stdout:  # type: ignore[union-attr]
+            lines.put(raw.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=reader, daemon=True).start()
     tail: list[str] = []
-    for line in proc.stdout:
-        line = line.rstrip("\n")
+    t0 = time.monotonic()
+    while True:
+        try:
+            line = lines.get(timeout=60)
+        except queue.Empty:
+            progress(f"  build-kubernetes: still building ({time.monotonic() - t0:.0f}s)")
+            continue
+        if line is None:
+            break
         tail = (tail + [line])[-30:]
         if line.startswith("build-kubernetes:") and not found:
             progress("  " + line)
