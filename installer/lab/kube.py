@@ -806,6 +806,9 @@ class ControlPlane:
             rec = self.state["nodes"].get(name)
             if rec is None:
                 index = len(self.state["nodes"])
+                if FAKE_NODE_FIRST + index >= FAKE_NODE_NET.num_addresses - 1:
+                    raise ConfigError(f"too many lab nodes ({index + 1}): the fake node network "
+                                      f"{FAKE_NODE_NET} holds {FAKE_NODE_NET.num_addresses - 1 - FAKE_NODE_FIRST}")
                 rec = {
                     "index": index,
                     "fake_ip": str(FAKE_NODE_NET[FAKE_NODE_FIRST + index]),
