@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from typing import Sequence
 
@@ -40,6 +41,11 @@ def require_root_and_tools(names: Sequence[str] = tuple(BINARIES)) -> None:
         raise LabPrerequisite(
             "the lab needs root (network namespaces, overlay mounts, systemd-nspawn)",
             hint="run `sudo gpu-install lab ...`",
+        )
+    if not stat.S_ISCHR(os.stat("/dev/null").st_mode):  # systemd-nspawn refuses to boot then
+        raise LabPrerequisite(
+            "/dev/null on this machine is not a character device (something replaced it with a file)",
+            hint="restore it as root: rm /dev/null && mknod -m 666 /dev/null c 1 3",
         )
     missing = missing_binaries(names)
     if missing:
