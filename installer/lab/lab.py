@@ -306,6 +306,14 @@ class Lab:
                     st.forget(res["kind"], res["key"])
                 except (EnvironmentProblem, OSError) as exc:
                     errors.append(f"{res['kind']} {res['key']}: {getattr(exc, 'message', exc)}")
+            # Belt and braces: this lab's cgroups are ours by name even if the state missed one.
+            lid = st.settings.get("lab_id") or net.lab_id(self.dir)
+            for root in nodes.cgroup_roots():
+                for cg in (root / nodes.CGROUP_PARENT).glob(f"{lid}-*"):
+                    try:
+                        nodes.cgroup_remove(f"{nodes.CGROUP_PARENT}/{cg.name}")
+                    except OSError as exc:
+                        errors.append(f"cgroup {cg}: {exc}")
             if errors:
                 raise EnvironmentProblem("lab down left resources behind: " + "; ".join(errors),
                                          hint=f"fix the cause and run `lab down` again (state in {self.state_path})")
