@@ -8,8 +8,16 @@ from pathlib import Path
 
 
 def atomic_write(path: str | os.PathLike[str], text: str, mode: int | None = None) -> None:
-    """Write text to path atomically (temp file in the same directory + rename)."""
+    """Write text to path atomically (temp file in the same directory + rename).
+
+    A path that exists but is not a regular file (/dev/stdout, a FIFO, /dev/null) is written in
+    place: renaming over it would replace the device or pipe with a plain file.
+    """
     target = Path(path)
+    if target.exists() and not target.is_file():
+        with open(target, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -23,6 +25,21 @@ def test_catalog_list_show_diff(cli):
     assert "  - operator.defaultRuntime" in out and "  + driver.kernelModuleType" in out
     rc, _, err = cli("catalog", "show", "v9.9.9")
     assert rc == 2 and "not in the catalog" in err
+
+
+def test_output_to_a_device_or_fifo_is_written_in_place(cli, write_site, site_data, tmp_path):
+    """-o /dev/stdout or a FIFO must not be replaced by a regular file (atomic rename would)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    import threading
+
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    rc, _, _ = cli("render", "-s", write_site(site_data), "-o", fifo)
+    reader.join(timeout=10)
+    assert rc == 0 and got and got[0].startswith("# Helm values")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 def test_output_file_is_written(cli, write_site, site_data, tmp_path):
@@ -60,10 +77,10 @@ def test_cli_import_is_light():
     assert out.stdout.strip() == "[]", out.stdout
 
 
-def test_render_without_inventory_does_not_load_ansible(write_site, site_data):
+def test_render_without_inventory_does_not_load_ansible(write_site, site_data, tmp_path):
     path = write_site(site_data)
     code = (
-        "import sys; from installer.cli import main; rc = main(['render', '-s', sys.argv[1], '-o', '/dev/null']); "
+        f"import sys; from installer.cli import main; rc = main(['render', '-s', sys.argv[1], '-o', '{tmp_path}/v.yaml']); "
         "print(rc, [m for m in ('ansible', 'kubernetes', 'pyhelm3', 'paramiko') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, check=True)
