@@ -16,7 +16,6 @@ from installer.errors import EXIT_CANCELLED, EXIT_INTERNAL, EXIT_OK, GpuInstallE
 
 ENV_SITE = "GPU_INSTALL_SITE"
 ENV_INVENTORY = "GPU_INSTALL_INVENTORY"
-ENV_CATALOG = "GPU_INSTALL_CATALOG"
 
 
 def _site_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
