@@ -125,11 +125,12 @@ def cmd_catalog_show(args: argparse.Namespace) -> int:
 
     rel = Catalog.default().get(args.release)
     print(f"GPU Operator {rel.version}  (NFD chart {rel.nfd_chart_version})")
-    print(f"{'component':28} {'enabled':8} image")
+    print(f"{'component':28} {'enabled':8} {'also needs':30} image")
     for comp in rel.components.values():
-        enabled = {True: "yes", False: "no", None: "parent"}[comp.enabled]
+        enabled = {True: "yes", False: "no", None: "-"}[comp.enabled]
+        gates = ",".join(g.removesuffix(".enabled") for g in comp.gates) or "-"
         suffix = "  (+ -<osTag>)" if comp.os_suffix else ""
-        print(f"{comp.name:28} {enabled:8} {comp.image_ref or '(user supplied)'}{suffix}")
+        print(f"{comp.name:28} {enabled:8} {gates:30} {comp.image_ref or '(user supplied)'}{suffix}")
     return EXIT_OK
 
 
@@ -247,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cancelled", file=sys.stderr)
         return EXIT_CANCELLED
+    except BrokenPipeError:  # `gpu-install … | head`: the reader went away, not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are reported
         if args.debug:
             raise
