@@ -93,3 +93,13 @@ def test_every_catalog_release_renders_through_the_cli(cli, write_site, site_dat
         rc, out, err = cli("images", "-s", write_site(site_data), "--os", "ubuntu22.04", "--format", "json")
         assert rc == 0, (rel, err)
         assert all(d["destination"].startswith("registry.lab:5000/") for d in json.loads(out))
+
+
+def test_closed_pipe_is_not_an_internal_error():
+    exe = ROOT / ".venv" / "bin" / "gpu-install"
+    if not exe.exists():
+        pytest.skip("console script not installed (scripts/bootstrap)")
+    proc = subprocess.run(f"'{exe}' catalog diff v1.11.0 v26.7.0 | head -1", shell=True, capture_output=True,
+                          text=True, executable="/bin/bash")
+    assert proc.stdout.startswith("GPU Operator v1.11.0 → v26.7.0")
+    assert "internal error" not in proc.stderr
