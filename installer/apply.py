@@ -7,6 +7,7 @@ meta/argument_specs.yml; tests/unit/test_ansible_apply.py keeps it so).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from installer.ansible import RunResult, run_playbook
@@ -14,6 +15,7 @@ from installer.config import Site
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
 
 CERTS_D = "/etc/containerd/certs.d"
+DOCKER_CERTS_D = "/etc/docker/certs.d"
 VALIDATE_PREFIX = "Inventory |"
 
 
@@ -31,6 +33,13 @@ def role_vars(site: Site) -> dict[str, Any]:
         "containerd_runtime_enabled": site.runtime == "containerd" and host_toolkit,
         "containerd_runtime_set_default": nvidia_default,
         "containerd_runtime_registry_config_path": CERTS_D if trust else "",
+        "registry_trust_enabled": trust,
+        "registry_trust_host": site.registry.host,
+        # a path on the controller; relative paths are taken from the current directory
+        "registry_trust_ca_src": str(Path(site.registry.ca).expanduser().absolute()) if site.registry.ca else "",
+        "registry_trust_insecure": site.registry.insecure,
+        "registry_trust_docker_certs_d": DOCKER_CERTS_D if site.runtime == "docker" else "",
+        "registry_trust_containerd_config_path": CERTS_D if site.runtime == "containerd" else "",
     }
 
 

@@ -15,7 +15,7 @@ from installer.config import parse_site
 from installer.errors import ConfigError, HostsUnreachable, PreflightError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-ROLES = ["preflight", "docker_runtime", "containerd_runtime"]
+ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust"]
 
 
 def specs(role: str) -> dict:
@@ -57,6 +57,12 @@ def test_role_vars_mapping():
     assert ev["containerd_runtime_enabled"] and ev["containerd_runtime_set_default"] is False
     assert ev["containerd_runtime_registry_config_path"] == "/etc/containerd/certs.d"
     assert not apply.role_vars(site(toolkit={"mode": "operator"}))["docker_runtime_enabled"]
+    ev = apply.role_vars(site(runtime="containerd", registry={"host": "Reg.lab:5000", "ca": "ca.pem"}))
+    assert ev["registry_trust_enabled"] and ev["registry_trust_host"] == "reg.lab:5000"
+    assert Path(ev["registry_trust_ca_src"]).is_absolute() and ev["registry_trust_ca_src"].endswith("/ca.pem")
+    assert ev["registry_trust_containerd_config_path"] == "/etc/containerd/certs.d"
+    assert ev["registry_trust_docker_certs_d"] == ""
+    assert not apply.role_vars(site(registry={"host": "r:1"}))["registry_trust_enabled"]
 
 
 # ---------------------------------------------------------------- preflight probe (pure)
