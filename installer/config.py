@@ -176,6 +176,13 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
     for item in overrides or []:
         apply_set(data, item)
     site = parse_site(data, source=str(path))
+    # relative file references are relative to the site file, not to where the command runs
+    base = Path(path).resolve().parent
+    reg = site.registry
+    if reg.ca and not reg.ca.is_absolute():
+        reg.ca = base / reg.ca
+    if reg.pullSecret and reg.pullSecret.dockerConfigFile and not reg.pullSecret.dockerConfigFile.is_absolute():
+        reg.pullSecret.dockerConfigFile = base / reg.pullSecret.dockerConfigFile
     # the release must exist: normalise '24.9.2' to 'v24.9.2'
     from installer.catalog import Catalog
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from installer.lab.rootfs import LAB_USER
 
 # Facts Ansible will report for each flavour (the rhel9 flavour is a stand-in, see rootfs.py).
 OS_FAMILY = {"debian12": "Debian", "rhel9": "RedHat"}
+# os-release ID+VERSION_ID of each flavour: what `gpu-install images` uses for driver tags.
+OS_TAG = {"debian12": "debian12", "rhel9": "rocky9.5"}
 
 
 def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str, Any]],
@@ -19,7 +22,8 @@ def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str
     hosts: dict[str, Any] = {}
     by_flavour: dict[str, dict[str, Any]] = {}
     for name, node in sorted(nodes.items(), key=lambda kv: kv[1]["index"]):
-        hosts[name] = {"ansible_host": node["ip"], "lab_flavour": node["flavour"]}
+        hosts[name] = {"ansible_host": node["ip"], "lab_flavour": node["flavour"],
+                       "gpu_install_os": OS_TAG[node["flavour"]]}
         by_flavour.setdefault(f"lab_{node['flavour']}", {"hosts": {}})["hosts"][name] = {}
     registry = settings["registry"]
     lab_vars: dict[str, Any] = {
@@ -37,16 +41,20 @@ def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str
         "lab_repo_url": settings["repo_url"],
         "lab_apt_repo": f"{settings['repo_url']}/apt",
         "lab_rpm_repo": f"{settings['repo_url']}/rpm",
+        "preflight_require_gpu": False,  # lab nodes have no GPUs
     }
     if settings.get("registry_auth"):
         lab_vars["lab_registry_user"] = "lab"
         lab_vars["lab_registry_password_file"] = str(Path(lab_dir) / "registry" / "password")
     if kubeconfig is not None:
         lab_vars["lab_kubeconfig"] = str(kubeconfig)
+    # The lab's control plane runs on the bastion (this machine), reached with a local connection.
+    control_plane = {"bastion": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
     return {
         "all": {
             "children": {
                 "gpu_nodes": {"hosts": hosts, "vars": lab_vars, "children": by_flavour},
+                "kube_control_plane": {"hosts": control_plane},
             }
         }
     }

@@ -120,3 +120,13 @@ def test_secrets_are_never_inline(write_site, site_data):
         load_site(write_site(site_data))
     assert "pullSecret.password: unknown field" in str(exc.value)
     assert "hunter2" not in str(exc.value)
+
+
+def test_relative_files_are_relative_to_the_site_file(write_site, site_data, tmp_path, monkeypatch):
+    site_data["registry"]["ca"] = "pki/ca.crt"
+    site_data["registry"]["pullSecret"]["dockerConfigFile"] = "auth.json"
+    path = write_site(site_data)
+    monkeypatch.chdir("/")
+    site = load_site(path)
+    assert site.registry.ca == tmp_path / "pki" / "ca.crt"
+    assert site.registry.pullSecret.dockerConfigFile == tmp_path / "auth.json"

@@ -23,13 +23,15 @@ def test_inventory_groups_hosts_and_vars(tmp_path):
     inv = inventory.inventory(tmp_path, SETTINGS, NODES)
     g = inv["all"]["children"]["gpu_nodes"]
     assert list(g["hosts"]) == ["node1", "node2"]  # by index, not dict order
-    assert g["hosts"]["node2"] == {"ansible_host": "10.250.7.12", "lab_flavour": "rhel9"}
+    assert g["hosts"]["node2"] == {"ansible_host": "10.250.7.12", "lab_flavour": "rhel9", "gpu_install_os": "rocky9.5"}
+    assert inv["all"]["children"]["kube_control_plane"]["hosts"]["bastion"]["ansible_connection"] == "local"
     assert set(g["children"]) == {"lab_debian12", "lab_rhel9"}
     v = g["vars"]
     assert v["ansible_ssh_private_key_file"] == str(tmp_path / "ssh" / "id_ed25519")
     assert f"UserKnownHostsFile={tmp_path / 'ssh' / 'known_hosts'}" in v["ansible_ssh_common_args"]
     assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
     assert v["lab_rpm_repo"] == "http://10.250.7.1:8080/rpm"
+    assert v["preflight_require_gpu"] is False
     assert "lab_registry_password_file" not in v and "lab_kubeconfig" not in v
     auth = inventory.inventory(tmp_path, {**SETTINGS, "registry_auth": True}, NODES, tmp_path / "kube" / "kubeconfig")
     av = auth["all"]["children"]["gpu_nodes"]["vars"]
@@ -45,6 +47,16 @@ def test_rendered_inventory_parses_with_ansible(tmp_path):
     parsed = json.loads(out)
     assert parsed["lab_rhel9"]["hosts"] == ["node2"] and parsed["lab_debian12"]["hosts"] == ["node1"]
     assert parsed["_meta"]["hostvars"]["node1"]["ansible_host"] == "10.250.7.11"
+
+
+def test_lab_inventory_feeds_images(tmp_path):
+    """`gpu-install images -i <lab inventory>` expands driver tags with the lab nodes' OS."""
+    from installer.facts import node_facts
+
+    path = tmp_path / "hosts.yml"
+    path.write_text(inventory.render(tmp_path, SETTINGS, NODES))
+    tags = {n.name: n.os_tag("v26.7.0") for n in node_facts(str(path))}
+    assert tags == {"node1": "debian12", "node2": "rocky9"}
 
 
 def test_registry_config_tls_and_auth(tmp_path):
