@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _register_optional(sub, "installer.apply_cli")
     _register_optional(sub, "installer.lab.cli")
+    _register_optional(sub, "installer.operator_cli")
     return parser
 
 

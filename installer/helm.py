@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,15 @@ from installer.errors import GpuInstallError
 
 
 def client(kubeconfig: Path | None = None):
+    import logging
+
     from pyhelm3 import Client
 
     from installer.tools import ensure_helm
 
+    # pyhelm3 logs every failed helm call (also the expected "release: not found") as a warning; our
+    # errors carry helm's stderr instead.
+    logging.getLogger("pyhelm3").setLevel(logging.ERROR)
     return Client(executable=str(ensure_helm()), kubeconfig=kubeconfig)
 
 
@@ -33,3 +39,114 @@ def template(chart_ref: str | Path, values: dict[str, Any], release_name: str = 
             raise
         raise GpuInstallError(f"helm template {chart_ref} failed: {exc}",
                               hint="check the chart reference and the rendered values") from exc
+
+
+# ---------------------------------------------------------------- releases
+
+
+@dataclass
+class ReleaseState:
+    name: str
+    namespace: str
+    revision: int
+    status: str  # deployed, failed, pending-install, ...
+    chart: str  # name-version
+    changed: bool = False  # this call made a new revision
+    description: str = ""
+
+
+async def _state(rev, changed: bool = False) -> ReleaseState:
+    status = getattr(rev.status, "value", str(rev.status))
+    meta = await rev.chart_metadata()
+    chart = f"{meta.name}-{meta.version}" if meta else ""
+    return ReleaseState(rev.release.name, rev.release.namespace, int(rev.revision), status, chart,
+                        changed, rev.description or "")
+
+
+def _helm_error(action: str, exc: Exception, hint: str) -> GpuInstallError:
+    stderr = getattr(exc, "stderr", b"")
+    text = (stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr)).strip() or str(exc)
+    return GpuInstallError(f"{action} failed: {text[-1500:]}", hint=hint)
+
+
+def _timeout(seconds: float) -> str:
+    return f"{max(1, int(seconds))}s"
+
+
+def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str, values: dict[str, Any],
+                       kubeconfig: Path | None, timeout: float = 300, wait: bool = True) -> ReleaseState:
+    """`helm upgrade --install` (no --create-namespace) unless the deployed release already has this
+    chart and these values; then nothing is done and changed=False. A release left pending by an
+    interrupted run is made proceedable first (pyhelm3: uninstall pending-install, roll back
+    pending-upgrade). With wait, helm waits (up to timeout) for the release's Deployments,
+    DaemonSets, pods and Jobs to be ready."""
+    from pyhelm3 import errors as herr
+
+    async def run() -> ReleaseState:
+        c = client(kubeconfig)
+        try:
+            chart = await c.get_chart(chart_ref)
+        except herr.Error as exc:
+            raise _helm_error(f"helm show chart {chart_ref}", exc,
+                              "give a chart directory, a .tgz or an oci:// reference helm can reach") from None
+        current = await c.get_proceedable_revision(release_name, namespace=namespace, timeout=_timeout(timeout))
+        if not await c.should_install_or_upgrade_release(current, chart, values):
+            return await _state(await c.get_current_revision(release_name, namespace=namespace))
+        rev = await c.install_or_upgrade_release(
+            release_name, chart, values, namespace=namespace, create_namespace=False,
+            wait=wait, timeout=_timeout(timeout))
+        return await _state(rev, changed=True)
+
+    try:
+        return asyncio.run(asyncio.wait_for(run(), timeout + 120))
+    except GpuInstallError:
+        raise
+    except asyncio.TimeoutError:
+        raise GpuInstallError(f"helm upgrade --install {release_name} did not finish in {timeout + 120:.0f}s",
+                              hint="check the API server; re-running is safe") from None
+    except Exception as exc:  # pyhelm3's errors carry helm's stderr
+        text = str(getattr(exc, "stderr", b"") or exc)
+        hint = ("the release's workloads did not become ready in time: check their pods (image pulls, "
+                "pull Secret, node capacity); re-running is safe" if "timed out" in text or "deadline" in text
+                else "see helm's message; re-running is safe (a failed release is upgraded again)")
+        raise _helm_error(f"helm upgrade --install {release_name}", exc, hint) from None
+
+
+def release_state(release_name: str, namespace: str, kubeconfig: Path | None) -> ReleaseState | None:
+    """The current revision of a release, or None when there is none."""
+    from pyhelm3 import errors as herr
+
+    async def run() -> ReleaseState | None:
+        c = client(kubeconfig)
+        try:
+            return await _state(await c.get_current_revision(release_name, namespace=namespace))
+        except herr.ReleaseNotFoundError:
+            return None
+
+    try:
+        return asyncio.run(run())
+    except GpuInstallError:
+        raise
+    except Exception as exc:
+        raise _helm_error(f"helm status {release_name}", exc, "check the kubeconfig and the API server") from None
+
+
+def uninstall(release_name: str, namespace: str, kubeconfig: Path | None, timeout: float = 300) -> bool:
+    """`helm uninstall --wait`; True when there was a release to remove."""
+    async def run() -> bool:
+        c = client(kubeconfig)
+        from pyhelm3 import errors as herr
+
+        try:
+            await c.get_current_revision(release_name, namespace=namespace)
+        except herr.ReleaseNotFoundError:
+            return False
+        await c.uninstall_release(release_name, namespace=namespace, wait=True, timeout=_timeout(timeout))
+        return True
+
+    try:
+        return asyncio.run(run())
+    except GpuInstallError:
+        raise
+    except Exception as exc:
+        raise _helm_error(f"helm uninstall {release_name}", exc, "re-running is safe") from None

@@ -1,0 +1,306 @@
+"""The only module that imports the `kubernetes` client (the lab's own control plane aside).
+
+Kubeconfig resolution, the operator namespace and the image pull Secret. Registry credentials are
+read at run time from the environment variables or the docker config file that the site's
+`registry.pullSecret` names; they exist only in memory and in the API request that stores the
+Secret -- never in a message, a log line or a file of ours. Every ensure_* is create-or-update:
+running it again with the same input changes nothing and says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from installer.config import Registry
+from installer.errors import ConfigError, GpuInstallError
+
+ENV_KUBECONFIG = "KUBECONFIG"
+SECRET_TYPE = "kubernetes.io/dockerconfigjson"
+SECRET_KEY = ".dockerconfigjson"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "gpu-install"}
+TRANSIENT = {429, 500, 502, 503, 504}
+
+# ---------------------------------------------------------------- kubeconfig
+
+
+def resolve_kubeconfig(path: str | os.PathLike[str] | None = None,
+                       environ: Mapping[str, str] | None = None) -> Path:
+    """--kubeconfig, else $KUBECONFIG (first existing entry), else ~/.kube/config."""
+    env = os.environ if environ is None else environ
+    if path:
+        candidates, where = [Path(path)], "--kubeconfig"
+    elif env.get(ENV_KUBECONFIG):
+        candidates = [Path(p) for p in env[ENV_KUBECONFIG].split(os.pathsep) if p]
+        where = f"${ENV_KUBECONFIG}"
+    else:
+        candidates, where = [Path.home() / ".kube" / "config"], "default"
+    for c in candidates:
+        if c.is_file():
+            return c
+    shown = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"kubeconfig not found ({where}: {shown})",
+                      hint=f"pass --kubeconfig PATH or set {ENV_KUBECONFIG}")
+
+
+def api_client(kubeconfig: Path):
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    except (ConfigException, OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"kubeconfig {kubeconfig}: {exc}", hint="check the file (kubectl config view)") from None
+
+
+# ---------------------------------------------------------------- the pull secret (pure)
+
+
+def _auths_has(auths: Mapping[str, Any], host: str) -> bool:
+    return any(k.split("://", 1)[-1].rstrip("/").split("/", 1)[0] == host for k in auths)
+
+
+def docker_config_json(registry: Registry, environ: Mapping[str, str] | None = None) -> bytes:
+    """The `.dockerconfigjson` payload for registry.pullSecret (credentials resolved now)."""
+    ps = registry.pullSecret
+    if ps is None:
+        raise ConfigError("registry.pullSecret is not set: there is no pull Secret to create",
+                          hint="add registry.pullSecret (name + usernameEnv/passwordEnv or dockerConfigFile)")
+    if ps.dockerConfigFile:
+        return _from_file(Path(ps.dockerConfigFile), registry.host)
+    env = os.environ if environ is None else environ
+    assert ps.usernameEnv and ps.passwordEnv  # the model guarantees one source
+    for field, name in (("usernameEnv", ps.usernameEnv), ("passwordEnv", ps.passwordEnv)):
+        if not env.get(name):
+            raise ConfigError(
+                f"registry.pullSecret.{field}: environment variable {name} is not set (or empty)",
+                hint=f"export {name} with the registry {'user name' if field == 'usernameEnv' else 'password/token'} "
+                     "before running; it is read at run time and never stored by gpu-install")
+    user, password = env[ps.usernameEnv], env[ps.passwordEnv]
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    doc = {"auths": {registry.host: {"username": user, "password": password, "auth": auth}}}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _from_file(path: Path, host: str) -> bytes:
+    where = f"registry.pullSecret.dockerConfigFile {path}"
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it ({exc.strerror})", hint="check the path and permissions") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"{where}: not valid JSON", hint="give a docker config.json ({\"auths\": {...}})") from None
+    auths = doc.get("auths") if isinstance(doc, dict) else None
+    if not isinstance(auths, dict) or not auths:
+        raise ConfigError(f"{where}: no \"auths\" entries",
+                          hint="kubelets need inline credentials; credsStore/credHelpers cannot be used in a Secret")
+    if not _auths_has(auths, host):
+        raise ConfigError(f"{where}: no auths entry for the site registry {host} (entries: {', '.join(sorted(auths))})",
+                          hint=f"log in to {host} with that config file, or point registry.host at the right registry")
+    return raw
+
+
+def pull_secret_body(registry: Registry, namespace: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Secret object (a dict for the API): type kubernetes.io/dockerconfigjson."""
+    assert registry.pullSecret is not None
+    payload = docker_config_json(registry, environ)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": registry.pullSecret.name, "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "type": SECRET_TYPE,
+        "data": {SECRET_KEY: base64.b64encode(payload).decode()},
+    }
+
+
+# ---------------------------------------------------------------- API calls
+
+
+def _describe(exc: Exception) -> str:
+    """An ApiException as 'HTTP 403 Forbidden: <apiserver message>' (never the request body)."""
+    status, reason, body = getattr(exc, "status", None), getattr(exc, "reason", None), getattr(exc, "body", None)
+    message = ""
+    if body:
+        try:
+            message = json.loads(body).get("message", "")
+        except (ValueError, AttributeError):
+            message = ""
+    if status:
+        return f"HTTP {status} {reason or ''}".rstrip() + (f": {message}" if message else "")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _call(what: str, fn: Callable[[], Any], attempts: int = 10, delay: float = 1.0) -> Any:
+    """Run one API call; retry transient answers (a fresh namespace can give a 500 for a moment)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except ApiException as exc:
+            if exc.status in TRANSIENT and attempt < attempts:
+                time.sleep(delay)
+                continue
+            raise
+        except HTTPError as exc:  # connection refused / reset: the client already retried
+            raise GpuInstallError(f"{what}: cannot reach the Kubernetes API server ({type(exc).__name__})",
+                                  hint="check the kubeconfig's server and that the cluster is up") from None
+    raise AssertionError("unreachable")
+
+
+def _api_error(what: str, exc: Exception) -> GpuInstallError:
+    status = getattr(exc, "status", None)
+    hint = {401: "the kubeconfig's credentials were refused", 403: "the kubeconfig's user lacks the permission"}.get(
+        status or 0, "see the API server's message")
+    return GpuInstallError(f"{what}: {_describe(exc)}", hint=hint)
+
+
+def ensure_namespace(client, name: str, timeout: float = 120) -> str:
+    """Create the namespace if missing (waiting out one that is being deleted). 'created'|'unchanged'."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    core = k.CoreV1Api(client)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ns = _call(f"read namespace {name}", lambda: core.read_namespace(name))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _api_error(f"read namespace {name}", exc) from None
+            ns = None
+        if ns is not None and ns.status and ns.status.phase == "Terminating":
+            if time.monotonic() > deadline:
+                raise GpuInstallError(f"namespace {name} is still being deleted after {timeout:.0f}s",
+                                      hint="wait for the deletion to finish, then re-run")
+            time.sleep(1)
+            continue
+        if ns is not None:
+            return "unchanged"
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(MANAGED_BY)}}
+        try:
+            _call(f"create namespace {name}", lambda: core.create_namespace(body))
+            return "created"
+        except ApiException as exc:
+            if exc.status == 409:  # created meanwhile (or terminating): look again
+                continue
+            raise _api_error(f"create namespace {name}", exc) from None
+
+
+def ensure_pull_secret(client, namespace: str, registry: Registry,
+                       environ: Mapping[str, str] | None = None) -> str:
+    """Create or update the pull Secret. 'created' | 'updated' | 'unchanged'."""
+    return ensure_secret(client, pull_secret_body(registry, namespace, environ))
+
+
+def ensure_secret(client, body: dict[str, Any]) -> str:
+    """Create or update a Secret from its full body. 'created' | 'updated' | 'unchanged'."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    namespace = body["metadata"]["namespace"]
+    name = body["metadata"]["name"]
+    core = k.CoreV1Api(client)
+    what = f"Secret {namespace}/{name}"
+    for _ in range(5):
+        try:
+            cur = _call(f"read {what}", lambda: core.read_namespaced_secret(name, namespace))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _api_error(f"read {what}", exc) from None
+            cur = None
+        try:
+            if cur is None:
+                _call(f"create {what}", lambda: core.create_namespaced_secret(namespace, body))
+                return "created"
+            labels = dict(cur.metadata.labels or {})
+            same = (cur.type == body["type"] and (cur.data or {}) == body["data"]
+                    and all(labels.get(key) == v for key, v in MANAGED_BY.items()))
+            if same:
+                return "unchanged"
+            if cur.type != body["type"]:  # the type of a Secret is immutable
+                _call(f"delete {what}", lambda: core.delete_namespaced_secret(name, namespace))
+                _call(f"create {what}", lambda: core.create_namespaced_secret(namespace, body))
+                return "updated"
+            body["metadata"]["labels"] = {**labels, **MANAGED_BY}
+            body["metadata"]["resourceVersion"] = cur.metadata.resource_version
+            _call(f"update {what}", lambda: core.replace_namespaced_secret(name, namespace, body))
+            return "updated"
+        except ApiException as exc:
+            if exc.status in (404, 409):  # raced with someone else: read again
+                body["metadata"].pop("resourceVersion", None)
+                continue
+            raise _api_error(f"write {what}", exc) from None
+    raise GpuInstallError(f"{what}: kept changing under us", hint="something else is writing it; re-run")
+
+
+def secret_info(client, namespace: str, name: str) -> dict[str, Any] | None:
+    """Type, labels and registry hosts of a Secret -- never its credentials. None when absent."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        s = _call(f"read Secret {namespace}/{name}", lambda: k.CoreV1Api(client).read_namespaced_secret(name, namespace))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise _api_error(f"read Secret {namespace}/{name}", exc) from None
+    hosts: list[str] = []
+    raw = (s.data or {}).get(SECRET_KEY)
+    if raw:
+        try:
+            hosts = sorted(json.loads(base64.b64decode(raw)).get("auths", {}))
+        except ValueError:
+            hosts = []
+    return {"type": s.type, "labels": dict(s.metadata.labels or {}), "registries": hosts}
+
+
+def namespace_phase(client, name: str) -> str | None:
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        ns = _call(f"read namespace {name}", lambda: k.CoreV1Api(client).read_namespace(name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise _api_error(f"read namespace {name}", exc) from None
+    return ns.status.phase if ns.status else None
+
+
+def delete_secret_if_ours(client, namespace: str, name: str) -> bool:
+    """Delete the pull Secret when gpu-install made it (label). True when deleted."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    info = secret_info(client, namespace, name)
+    if info is None or any(info["labels"].get(key) != v for key, v in MANAGED_BY.items()):
+        return False
+    try:
+        _call(f"delete Secret {namespace}/{name}", lambda: k.CoreV1Api(client).delete_namespaced_secret(name, namespace))
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise _api_error(f"delete Secret {namespace}/{name}", exc) from None
+    return True
+
+
+def delete_namespace(client, name: str) -> bool:
+    """Start deleting the namespace (the API server finishes it). True when it existed."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        _call(f"delete namespace {name}", lambda: k.CoreV1Api(client).delete_namespace(name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise _api_error(f"delete namespace {name}", exc) from None
+    return True

@@ -1,0 +1,167 @@
+"""Install, inspect and remove the GPU Operator Helm release (apply step "operator install").
+
+install(): namespace → pull Secret → `helm upgrade --install` of the chart with the rendered values
+(installer.render.values.render_values, the same values `gpu-install render` prints), waiting up to
+a timeout for the release's workloads. Kubernetes API calls go through installer.kube, Helm through
+installer.helm. A second install with the same chart and values changes nothing and reports so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from installer import helm, kube
+from installer.config import Site
+from installer.errors import ConfigError
+
+ENV_CHART = "GPU_INSTALL_CHART"
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def check_chart_ref(chart_ref: str | os.PathLike[str] | None) -> str:
+    """A chart directory, a .tgz or an oci:// reference (helm pulls it from the registry)."""
+    if not chart_ref:
+        raise ConfigError("no GPU Operator chart given",
+                          hint=f"pass --chart PATH.tgz|DIR|oci://REGISTRY/PATH/gpu-operator (or set {ENV_CHART})")
+    ref = str(chart_ref)
+    if ref.startswith("oci://"):
+        return ref
+    path = Path(ref)
+    if path.is_dir():
+        if not (path / "Chart.yaml").is_file():
+            raise ConfigError(f"chart {ref}: a directory without Chart.yaml", hint="point at the chart's directory")
+        return str(path.resolve())
+    if path.is_file():
+        return str(path.resolve())
+    raise ConfigError(f"chart {ref} not found", hint="give a chart directory, a .tgz, or an oci:// reference")
+
+
+@dataclass
+class InstallReport:
+    release: helm.ReleaseState
+    namespace: str
+    namespace_action: str  # created | unchanged
+    secret: str | None  # pull Secret name
+    secret_action: str  # created | updated | unchanged | none
+    seconds: float
+
+    @property
+    def changed(self) -> bool:
+        return self.release.changed or self.namespace_action != "unchanged" or self.secret_action in ("created", "updated")
+
+    def lines(self) -> list[str]:
+        r = self.release
+        helm_part = (f"revision {r.revision} {r.status}" if r.changed
+                     else f"unchanged at revision {r.revision} ({r.status}; same chart and values)")
+        out = [f"namespace {self.namespace}: {self.namespace_action}"]
+        if self.secret:
+            out.append(f"pull secret {self.namespace}/{self.secret}: {self.secret_action}")
+        out.append(f"release {r.name} ({r.chart}): {helm_part}")
+        out.append(f"operator install ok in {self.seconds:.1f}s: {'changed' if self.changed else 'no change'}")
+        return out
+
+
+def install(site: Site, kubeconfig: str | os.PathLike[str] | None, chart_ref: str | os.PathLike[str] | None,
+            timeout: float = 300, progress: Progress | None = None, wait: bool = True) -> InstallReport:
+    from installer.render.values import render_values
+
+    say = progress or _quiet
+    t0 = time.monotonic()
+    ref = check_chart_ref(chart_ref)
+    values = render_values(site)  # validated against the release's keys before touching the cluster
+    ns = site.operator.namespace
+    ps = site.registry.pullSecret
+    # credentials resolved before anything is touched: a missing env var changes nothing
+    secret_body = kube.pull_secret_body(site.registry, ns) if ps else None
+    kc = kube.resolve_kubeconfig(kubeconfig)
+    client = kube.api_client(kc)
+    ns_action = kube.ensure_namespace(client, ns, timeout=timeout)
+    say(f"namespace {ns}: {ns_action}")
+    secret_action = "none"
+    if ps and secret_body:
+        secret_action = kube.ensure_secret(client, secret_body)
+        say(f"pull secret {ns}/{ps.name}: {secret_action}")
+    say(f"helm upgrade --install {site.operator.releaseName} {ref} -n {ns}"
+        f"{f' (wait up to {timeout:.0f}s)' if wait else ''}")
+    remaining = max(30.0, timeout - (time.monotonic() - t0))
+    state = helm.install_or_upgrade(ref, site.operator.releaseName, ns, values, kc, timeout=remaining, wait=wait)
+    return InstallReport(state, ns, ns_action, ps.name if ps else None, secret_action, time.monotonic() - t0)
+
+
+@dataclass
+class StatusReport:
+    namespace: str
+    namespace_phase: str | None
+    secret: str | None
+    secret_info: dict | None
+    release: helm.ReleaseState | None
+    release_name: str
+
+    @property
+    def installed(self) -> bool:
+        return self.release is not None and self.release.status == "deployed"
+
+    def lines(self) -> list[str]:
+        out = [f"namespace {self.namespace}: {self.namespace_phase or 'absent'}"]
+        if self.secret:
+            i = self.secret_info
+            out.append(f"pull secret {self.namespace}/{self.secret}: "
+                       + (f"{i['type']}, registries {', '.join(i['registries']) or '-'}" if i else "absent"))
+        r = self.release
+        out.append(f"release {self.release_name}: "
+                   + (f"revision {r.revision} {r.status} ({r.chart})" if r else "not installed"))
+        return out
+
+
+def status(site: Site, kubeconfig: str | os.PathLike[str] | None) -> StatusReport:
+    kc = kube.resolve_kubeconfig(kubeconfig)
+    client = kube.api_client(kc)
+    ns = site.operator.namespace
+    ps = site.registry.pullSecret
+    phase = kube.namespace_phase(client, ns)
+    info = kube.secret_info(client, ns, ps.name) if ps and phase else None
+    rel = helm.release_state(site.operator.releaseName, ns, kc) if phase else None
+    return StatusReport(ns, phase, ps.name if ps else None, info, rel, site.operator.releaseName)
+
+
+@dataclass
+class UninstallReport:
+    release: str
+    namespace: str
+    release_removed: bool
+    secret_removed: bool
+    namespace_deleted: bool
+
+    def lines(self) -> list[str]:
+        out = [f"release {self.release}: {'uninstalled' if self.release_removed else 'was not installed'}"]
+        out.append(f"pull secret: {'deleted' if self.secret_removed else 'none of ours'}")
+        out.append(f"namespace {self.namespace}: {'deletion started' if self.namespace_deleted else 'kept'}")
+        return out
+
+
+def uninstall(site: Site, kubeconfig: str | os.PathLike[str] | None, yes: bool, delete_namespace: bool = False,
+              timeout: float = 300, progress: Progress | None = None) -> UninstallReport:
+    """Reverse install(): helm uninstall, delete the pull Secret gpu-install made; the namespace
+    only with delete_namespace. Refuses without yes (nothing is touched)."""
+    ns, name = site.operator.namespace, site.operator.releaseName
+    if not yes:
+        what = f"Helm release {name} and its resources in namespace {ns}" + (" and the namespace" if delete_namespace else "")
+        raise ConfigError(f"operator uninstall removes the {what}; not confirmed",
+                          hint="re-run with --yes to confirm")
+    say = progress or _quiet
+    kc = kube.resolve_kubeconfig(kubeconfig)
+    client = kube.api_client(kc)
+    say(f"helm uninstall {name} -n {ns}")
+    removed = helm.uninstall(name, ns, kc, timeout=timeout) if kube.namespace_phase(client, ns) else False
+    ps = site.registry.pullSecret
+    secret_removed = kube.delete_secret_if_ours(client, ns, ps.name) if ps else False
+    ns_deleted = kube.delete_namespace(client, ns) if delete_namespace else False
+    return UninstallReport(name, ns, removed, secret_removed, ns_deleted)

@@ -1,0 +1,216 @@
+"""`gpu-install operator install|status|uninstall` against the lab's real kube-apiserver and real helm.
+
+The chart is tests/fixtures/charts/gpu-operator-fixture (a STAND-IN with the GPU Operator's values
+shape and a minimal ClusterPolicy CRD), packaged to a .tgz with the real helm. The lab's nodes are
+kubemark hollow nodes: pods are admitted and reported Running/Ready without running anything, so
+helm's --wait returns once the Deployment/DaemonSet are reported available -- the same condition it
+checks on a real cluster.
+
+The CLI runs as a subprocess (the installed `gpu-install` entry point); its stdout/stderr, the
+release as Helm stored it and the control plane's logs are searched for the registry password.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
+
+CHART = ROOT / "tests" / "fixtures" / "charts" / "gpu-operator-fixture"
+GPU_INSTALL = Path(sys.executable).parent / "gpu-install"
+REGISTRY = "registry.lab:5000"
+
+
+def apiserver_serves_custom_resources() -> bool:
+    """kube-apiserver 1.20 vendors reflect2 1.0.1, which corrupts memory under Go >= 1.18: the lab's
+    apiserver (built with Debian's Go 1.19) dies on the first custom resource it is sent. A build
+    with reflect2 >= 1.0.2 carries its go_above_118.go; only then may the ClusterPolicy be created."""
+    from installer.lab import kube as labkube
+
+    binary = labkube.bin_dir() / "kube-apiserver"
+    return b"modern-go/reflect2/go_above_118.go" in binary.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def env(lab_kubernetes, tmp_path_factory):
+    """kubeconfig, packaged chart, site file, and an environment holding the registry credentials."""
+    from installer.tools import ensure_helm
+
+    tmp = tmp_path_factory.mktemp("operator")
+    kubeconfig = lab_kubernetes.status["kubernetes"]["kubeconfig"]
+    src = CHART
+    crs = apiserver_serves_custom_resources()
+    if not crs:  # keep the shared lab apiserver alive: drop the ClusterPolicy template, keep its CRD
+        print("lab kube-apiserver cannot take custom resources (reflect2 1.0.1 under Go 1.19): "
+              "installing the fixture chart without its ClusterPolicy")
+        src = tmp / "chart-src" / CHART.name
+        shutil.copytree(CHART, src)
+        (src / "templates" / "clusterpolicy.yaml").unlink()
+    subprocess.run([str(ensure_helm()), "package", str(src), "-d", str(tmp)], capture_output=True, check=True)
+    tgz = next(tmp.glob("gpu-operator-fixture-*.tgz"))
+    site = tmp / "site.yaml"
+    site.write_text(yaml.safe_dump({
+        "operator": {"version": "v24.9.2", "namespace": "gpu-op-test", "releaseName": "gpu-operator"},
+        "registry": {"host": REGISTRY, "prefix": "mirror",
+                     "pullSecret": {"name": "gpu-registry", "usernameEnv": "T_GI_REG_USER",
+                                    "passwordEnv": "T_GI_REG_PASSWORD"}},
+    }))
+    password = "pw-" + secrets.token_hex(12)
+    run_env = {**os.environ, "T_GI_REG_USER": "mirror-user", "T_GI_REG_PASSWORD": password,
+               "KUBECONFIG": kubeconfig, "GPU_INSTALL_CHART": str(tgz)}
+    return {"kubeconfig": kubeconfig, "chart": tgz, "site": site, "password": password, "env": run_env,
+            "crs": crs, "lab_dir": lab_kubernetes.dir}
+
+
+def gi(env, *args, **overrides):
+    e = {**env["env"], **overrides}
+    proc = subprocess.run([str(GPU_INSTALL), "operator", *args, "-s", str(env["site"])],
+                          capture_output=True, text=True, env=e, timeout=600)
+    env.setdefault("captured", []).append(proc.stdout + proc.stderr)
+    return proc
+
+
+def api(env):
+    from kubernetes import client, config
+
+    return config.new_client_from_config(config_file=env["kubeconfig"])
+
+
+def helm_get_all(env) -> str:
+    from installer.tools import ensure_helm
+
+    proc = subprocess.run([str(ensure_helm()), "get", "all", "gpu-operator", "-n", "gpu-op-test",
+                           "--kubeconfig", env["kubeconfig"]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_missing_credentials_change_nothing(env):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    proc = gi(env, "install", "--set", "operator.namespace=gpu-op-nocreds", T_GI_REG_PASSWORD="")
+    assert proc.returncode == 2, proc.stderr
+    assert "environment variable T_GI_REG_PASSWORD is not set" in proc.stderr
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(api(env)).read_namespace("gpu-op-nocreds")
+    assert err.value.status == 404
+
+
+def test_install_status_reinstall_uninstall(env):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    k = api(env)
+    core, apps = client.CoreV1Api(k), client.AppsV1Api(k)
+
+    # status before: not installed -> exit 6
+    proc = gi(env, "status")
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+
+    proc = gi(env, "install", "--timeout", "180")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "namespace gpu-op-test: created" in proc.stdout
+    assert "pull secret gpu-op-test/gpu-registry: created" in proc.stdout
+    assert "release gpu-operator (gpu-operator-fixture-0.1.0): revision 1 deployed" in proc.stdout
+
+    # the namespace and the pull Secret
+    assert core.read_namespace("gpu-op-test").status.phase == "Active"
+    secret = core.read_namespaced_secret("gpu-registry", "gpu-op-test")
+    assert secret.type == "kubernetes.io/dockerconfigjson"
+    auths = json.loads(base64.b64decode(secret.data[".dockerconfigjson"]))["auths"]
+    assert list(auths) == [REGISTRY]
+    assert auths[REGISTRY]["username"] == "mirror-user"
+    assert auths[REGISTRY]["password"] == env["password"]  # it reached the API server, and only there
+
+    # the operator Deployment: image in the private registry, pull secret, reported available by the
+    # hollow kubelet (helm --wait returned only after that)
+    dep = apps.read_namespaced_deployment("gpu-operator", "gpu-op-test")
+    spec = dep.spec.template.spec
+    assert spec.containers[0].image == f"{REGISTRY}/mirror/nvidia/gpu-operator:v24.9.2"
+    assert [s.name for s in spec.image_pull_secrets] == ["gpu-registry"]
+    assert dep.status.available_replicas == 1
+    ds = apps.read_namespaced_daemon_set("nfd-worker", "gpu-op-test")
+    assert ds.spec.template.spec.containers[0].image.startswith(f"{REGISTRY}/mirror/")
+    # one pod per lab node; helm's DaemonSet wait tolerates maxUnavailable (1) pods not yet ready
+    assert ds.status.desired_number_scheduled == ds.status.current_number_scheduled == 2
+    assert ds.status.number_ready >= 1
+
+    # the CRD from the chart's crds/ (stand-in) and, where the lab apiserver can take it, the ClusterPolicy
+    ext = client.ApiextensionsV1Api(k)
+    assert ext.read_custom_resource_definition("clusterpolicies.nvidia.com").spec.scope == "Cluster"
+    if env["crs"]:
+        cp = client.CustomObjectsApi(k).get_cluster_custom_object("nvidia.com", "v1", "clusterpolicies",
+                                                                  "cluster-policy")
+        for name, entry in cp["spec"].items():
+            assert entry["image"].startswith(f"{REGISTRY}/mirror/"), name
+            assert entry["imagePullSecrets"] == ["gpu-registry"], name
+
+    proc = gi(env, "status")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"kubernetes.io/dockerconfigjson, registries {REGISTRY}" in proc.stdout
+    assert "release gpu-operator: revision 1 deployed (gpu-operator-fixture-0.1.0)" in proc.stdout
+
+    # second install, same chart and values: nothing changes
+    rv = secret.metadata.resource_version
+    proc = gi(env, "install", "--timeout", "180")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "unchanged at revision 1" in proc.stdout and "no change" in proc.stdout, proc.stdout
+    assert "pull secret gpu-op-test/gpu-registry: unchanged" in proc.stdout
+    assert core.read_namespaced_secret("gpu-registry", "gpu-op-test").metadata.resource_version == rv
+
+    # a changed credential is an update of the Secret, not of the release
+    proc = gi(env, "install", T_GI_REG_USER="other-user")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pull secret gpu-op-test/gpu-registry: updated" in proc.stdout
+    assert "unchanged at revision 1" in proc.stdout
+    proc = gi(env, "install")  # and back
+    assert "pull secret gpu-op-test/gpu-registry: updated" in proc.stdout
+
+    stored = helm_get_all(env)
+    assert "gpu-registry" in stored  # the secret's name is in the values ...
+    env["captured"].append(stored)
+
+    # uninstall without --yes: exit 2, nothing removed
+    proc = gi(env, "uninstall")
+    assert proc.returncode == 2
+    assert "--yes" in proc.stderr
+    assert apps.read_namespaced_deployment("gpu-operator", "gpu-op-test")
+    assert core.read_namespaced_secret("gpu-registry", "gpu-op-test")
+    assert "revision 1 deployed" in gi(env, "status").stdout
+
+    proc = gi(env, "uninstall", "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "release gpu-operator: uninstalled" in proc.stdout
+    proc = gi(env, "status")
+    assert proc.returncode == 6 and "release gpu-operator: not installed" in proc.stdout
+    for read in (lambda: apps.read_namespaced_deployment("gpu-operator", "gpu-op-test"),
+                 lambda: core.read_namespaced_secret("gpu-registry", "gpu-op-test")):
+        with pytest.raises(ApiException) as err:
+            read()
+        assert err.value.status == 404
+    assert core.read_namespace("gpu-op-test").status.phase == "Active"  # kept unless asked
+
+    proc = gi(env, "uninstall", "--yes", "--delete-namespace")
+    assert proc.returncode == 0 and "release gpu-operator: was not installed" in proc.stdout
+    assert "namespace gpu-op-test: deletion started" in proc.stdout
+
+    # ... and the password in none of what was printed, stored by Helm, or logged by the control plane
+    logs = [p.read_text(errors="replace") for p in (Path(env["lab_dir"]) / "kube" / "logs").glob("*.log")]
+    assert logs
+    for text in env["captured"] + logs:
+        assert env["password"] not in text
+        assert base64.b64encode(f"mirror-user:{env['password']}".encode()).decode() not in text
+
