@@ -16,7 +16,6 @@ import base64
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,16 +32,6 @@ GPU_INSTALL = Path(sys.executable).parent / "gpu-install"
 REGISTRY = "registry.lab:5000"
 
 
-def apiserver_serves_custom_resources() -> bool:
-    """kube-apiserver 1.20 vendors reflect2 1.0.1, which corrupts memory under Go >= 1.18: the lab's
-    apiserver (built with Debian's Go 1.19) dies on the first custom resource it is sent. A build
-    with reflect2 >= 1.0.2 carries its go_above_118.go; only then may the ClusterPolicy be created."""
-    from installer.lab import kube as labkube
-
-    binary = labkube.bin_dir() / "kube-apiserver"
-    return b"modern-go/reflect2/go_above_118.go" in binary.read_bytes()
-
-
 @pytest.fixture(scope="module")
 def env(lab_kubernetes, tmp_path_factory):
     """kubeconfig, packaged chart, site file, and an environment holding the registry credentials."""
@@ -50,15 +39,9 @@ def env(lab_kubernetes, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("operator")
     kubeconfig = lab_kubernetes.status["kubernetes"]["kubeconfig"]
-    src = CHART
-    crs = apiserver_serves_custom_resources()
-    if not crs:  # keep the shared lab apiserver alive: drop the ClusterPolicy template, keep its CRD
-        print("lab kube-apiserver cannot take custom resources (reflect2 1.0.1 under Go 1.19): "
-              "installing the fixture chart without its ClusterPolicy")
-        src = tmp / "chart-src" / CHART.name
-        shutil.copytree(CHART, src)
-        (src / "templates" / "clusterpolicy.yaml").unlink()
-    subprocess.run([str(ensure_helm()), "package", str(src), "-d", str(tmp)], capture_output=True, check=True)
+    # scripts/build-kubernetes (recipe 3) vendors reflect2 1.0.2, so the lab apiserver stores custom
+    # resources (with 1.0.1 under Go >= 1.18 it died on the first one): the whole chart is installed.
+    subprocess.run([str(ensure_helm()), "package", str(CHART), "-d", str(tmp)], capture_output=True, check=True)
     tgz = next(tmp.glob("gpu-operator-fixture-*.tgz"))
     site = tmp / "site.yaml"
     site.write_text(yaml.safe_dump({
@@ -71,7 +54,7 @@ def env(lab_kubernetes, tmp_path_factory):
     run_env = {**os.environ, "T_GI_REG_USER": "mirror-user", "T_GI_REG_PASSWORD": password,
                "KUBECONFIG": kubeconfig, "GPU_INSTALL_CHART": str(tgz)}
     return {"kubeconfig": kubeconfig, "chart": tgz, "site": site, "password": password, "env": run_env,
-            "crs": crs, "lab_dir": lab_kubernetes.dir}
+            "lab_dir": lab_kubernetes.dir}
 
 
 def gi(env, *args, **overrides):
@@ -148,15 +131,15 @@ def test_install_status_reinstall_uninstall(env):
     assert ds.status.desired_number_scheduled == ds.status.current_number_scheduled == 2
     assert ds.status.number_ready >= 1
 
-    # the CRD from the chart's crds/ (stand-in) and, where the lab apiserver can take it, the ClusterPolicy
+    # the CRD from the chart's crds/ (stand-in) and the ClusterPolicy rendered from our values
     ext = client.ApiextensionsV1Api(k)
     assert ext.read_custom_resource_definition("clusterpolicies.nvidia.com").spec.scope == "Cluster"
-    if env["crs"]:
-        cp = client.CustomObjectsApi(k).get_cluster_custom_object("nvidia.com", "v1", "clusterpolicies",
-                                                                  "cluster-policy")
-        for name, entry in cp["spec"].items():
-            assert entry["image"].startswith(f"{REGISTRY}/mirror/"), name
-            assert entry["imagePullSecrets"] == ["gpu-registry"], name
+    cp = client.CustomObjectsApi(k).get_cluster_custom_object("nvidia.com", "v1", "clusterpolicies",
+                                                              "cluster-policy")
+    assert len(cp["spec"]) >= 10
+    for name, entry in cp["spec"].items():
+        assert entry["image"].startswith(f"{REGISTRY}/mirror/"), name
+        assert entry["imagePullSecrets"] == ["gpu-registry"], name
 
     proc = gi(env, "status")
     assert proc.returncode == 0, proc.stdout + proc.stderr
