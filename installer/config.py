@@ -25,6 +25,10 @@ class Operator(_Model):
     version: str = Field(description="GPU Operator release from the catalog, e.g. v24.9.2")
     namespace: str = Field("gpu-operator", description="namespace the operator is installed into")
     releaseName: str = Field("gpu-operator", description="Helm release name")
+    chart: str | None = Field(
+        None, description="GPU Operator chart: directory, .tgz or oci://<registry>/<path>/gpu-operator "
+        "(--chart / GPU_INSTALL_CHART override it); a relative path is relative to the site file"
+    )
 
     @field_validator("namespace", "releaseName")
     @classmethod
@@ -181,6 +185,9 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
     reg = site.registry
     if reg.ca and not reg.ca.is_absolute():
         reg.ca = base / reg.ca
+    chart = site.operator.chart
+    if chart and "://" not in chart and not Path(chart).is_absolute():
+        site.operator.chart = str(base / chart)
     if reg.pullSecret and reg.pullSecret.dockerConfigFile and not reg.pullSecret.dockerConfigFile.is_absolute():
         reg.pullSecret.dockerConfigFile = base / reg.pullSecret.dockerConfigFile
     # the release must exist: normalise '24.9.2' to 'v24.9.2'
@@ -285,6 +292,7 @@ operator:
   version: v24.9.2          # a release from `gpu-install catalog list`
   namespace: gpu-operator
   releaseName: gpu-operator
+  chart: null               # chart .tgz/dir or oci://registry.example.com:5000/charts/gpu-operator
 
 registry:
   host: registry.example.com:5000   # host[:port] of the private registry

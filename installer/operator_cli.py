@@ -30,7 +30,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     from installer.config import load_site
 
     site = load_site(args.site, args.set)
-    report = operator.install(site, args.kubeconfig, args.chart, timeout=args.timeout,
+    report = operator.install(site, args.kubeconfig, args.chart or site.operator.chart, timeout=args.timeout,
                               progress=_progress(args), wait=not args.no_wait)
     print("\n".join(report.lines()))
     return 0

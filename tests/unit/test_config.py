@@ -125,8 +125,12 @@ def test_secrets_are_never_inline(write_site, site_data):
 def test_relative_files_are_relative_to_the_site_file(write_site, site_data, tmp_path, monkeypatch):
     site_data["registry"]["ca"] = "pki/ca.crt"
     site_data["registry"]["pullSecret"]["dockerConfigFile"] = "auth.json"
+    site_data["operator"]["chart"] = "charts/gpu-operator-v24.9.2.tgz"
     path = write_site(site_data)
     monkeypatch.chdir("/")
     site = load_site(path)
     assert site.registry.ca == tmp_path / "pki" / "ca.crt"
     assert site.registry.pullSecret.dockerConfigFile == tmp_path / "auth.json"
+    assert site.operator.chart == str(tmp_path / "charts" / "gpu-operator-v24.9.2.tgz")
+    site_data["operator"]["chart"] = "oci://registry.lab:5000/charts/gpu-operator"
+    assert load_site(write_site(site_data)).operator.chart == "oci://registry.lab:5000/charts/gpu-operator"
