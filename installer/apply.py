@@ -6,17 +6,42 @@ meta/argument_specs.yml; tests/unit/test_ansible_apply.py keeps it so).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from installer.ansible import RunResult, run_playbook
+from installer.catalog import Catalog
 from installer.config import Site
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
 
 CERTS_D = "/etc/containerd/certs.d"
 DOCKER_CERTS_D = "/etc/docker/certs.d"
 VALIDATE_PREFIX = "Inventory |"
+
+
+_PKG_VERSION = re.compile(r"^v?(\d+(?:\.\d+)+(?:-\d[0-9A-Za-z.+~]*)?)(?:-[A-Za-z][0-9A-Za-z.+~-]*)?$")
+
+
+def toolkit_package_version(tag: str) -> str:
+    """The toolkit's package version from an image tag or version: v1.17.4-ubuntu20.04 -> 1.17.4, v1.18.0 -> 1.18.0,
+    1.17.4-1 (a package revision) stays."""
+    m = _PKG_VERSION.match(tag.strip())
+    if not m:
+        raise ConfigError(f"toolkit.version {tag!r} is not a toolkit version",
+                          hint="use the toolkit release, e.g. 1.17.4 or v1.17.4-ubuntu20.04")
+    return m.group(1)
+
+
+def _toolkit_version(site: Site) -> str:
+    if site.toolkit.version:
+        return toolkit_package_version(site.toolkit.version)
+    comp = Catalog.default().get(site.operator.version).components.get("toolkit")
+    if not comp or not comp.version:
+        raise ConfigError(f"operator {site.operator.version}: the catalog pins no toolkit version",
+                          hint="set toolkit.version in the site file")
+    return toolkit_package_version(comp.version)
 
 
 def role_vars(site: Site) -> dict[str, Any]:
@@ -40,6 +65,12 @@ def role_vars(site: Site) -> dict[str, Any]:
         "registry_trust_insecure": site.registry.insecure,
         "registry_trust_docker_certs_d": DOCKER_CERTS_D if site.runtime == "docker" else "",
         "registry_trust_containerd_config_path": CERTS_D if site.runtime == "containerd" else "",
+        # every mode: host installs; operator/precompiled refuse host driver packages; preinstalled checks nvidia-smi
+        "nvidia_driver_mode": site.driver.mode,
+        # site driver.version, else the role's default branch (the catalog's driver is the operator's container)
+        **({"nvidia_driver_package_version": site.driver.version} if site.driver.version else {}),
+        "nvidia_container_toolkit_enabled": host_toolkit,
+        **({"nvidia_container_toolkit_version": _toolkit_version(site)} if host_toolkit else {}),
     }
 
 

@@ -20,6 +20,7 @@ options:
   min_free_gb: {type: float, default: 10}
   require_gpu: {type: bool, default: true}
   allow_secure_boot: {type: bool, default: false}
+  require_kernel_headers: {type: bool, default: true, description: with driver_mode host; false only where the module cannot be built anyway (the lab)}
 author: gpu-install
 """
 
@@ -114,7 +115,8 @@ def probe(root, run, kernel=None, arch=None, check_headers=False):
     return facts
 
 
-def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu, allow_secure_boot):
+def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu, allow_secure_boot,
+             require_kernel_headers=True):
     out = []
     versions = [str(v) for v in supported_os.get(f["os_id"], [])]
     ver = f["os_version"]
@@ -126,7 +128,7 @@ def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, 
     if f["disk_free_gb"] < min_free_gb:
         out.append("only %.1f GiB free under %s, need %s GiB: free space or set preflight_min_free_gb"
                    % (f["disk_free_gb"], f["disk_path"], min_free_gb))
-    if driver_mode == "host" and f["kernel_headers"] == "missing":
+    if driver_mode == "host" and f["kernel_headers"] == "missing" and require_kernel_headers:
         out.append("kernel headers for the running kernel %s are not installed nor available from the configured "
                    "repositories: add them to the (mirrored) repository or boot a kernel that has them" % f["kernel"])
     if driver_mode in ("host", "operator") and f["secure_boot"] and not allow_secure_boot:
@@ -164,6 +166,7 @@ def main():
             min_free_gb=dict(type="float", default=10),
             require_gpu=dict(type="bool", default=True),
             allow_secure_boot=dict(type="bool", default=False),
+            require_kernel_headers=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
@@ -171,7 +174,7 @@ def main():
     facts = probe(p["root"], module.run_command, check_headers=p["driver_mode"] == "host")
     facts["disk_path"], facts["disk_free_gb"] = p["disk_path"], free_gb(p["root"], p["disk_path"])
     found = problems(facts, p["runtime"], p["driver_mode"], p["supported_os"], p["architectures"], p["min_free_gb"],
-                     p["require_gpu"], p["allow_secure_boot"])
+                     p["require_gpu"], p["allow_secure_boot"], p["require_kernel_headers"])
     module.exit_json(changed=False, facts=facts, problems=found)
 
 

@@ -12,10 +12,10 @@ import yaml
 
 from installer import apply
 from installer.config import parse_site
-from installer.errors import ConfigError, HostsUnreachable, PreflightError
+from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust"]
+ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "nvidia_driver", "nvidia_container_toolkit"]
 
 
 def specs(role: str) -> dict:
@@ -41,7 +41,9 @@ def site(**over):
 
 
 @pytest.mark.parametrize("over", [{}, {"runtime": "containerd"}, {"toolkit": {"mode": "operator"}},
-                                  {"cdi": {"enabled": True}}, {"registry": {"host": "r:1"}}])
+                                  {"cdi": {"enabled": True}}, {"registry": {"host": "r:1"}},
+                                  {"driver": {"mode": "host", "version": "535.309.01"}},
+                                  {"toolkit": {"mode": "host", "version": "v1.17.8-ubuntu20.04"}}])
 def test_role_vars_only_declared_variables(over):
     declared = {k for r in ROLES for k in specs(r)} | {"gpu_install_action"}
     ev = apply.role_vars(site(**over))
@@ -63,6 +65,40 @@ def test_role_vars_mapping():
     assert ev["registry_trust_containerd_config_path"] == "/etc/containerd/certs.d"
     assert ev["registry_trust_docker_certs_d"] == ""
     assert not apply.role_vars(site(registry={"host": "r:1"}))["registry_trust_enabled"]
+
+
+def test_role_vars_driver_and_toolkit():
+    ev = apply.role_vars(site())
+    assert ev["nvidia_driver_mode"] == "host" and "nvidia_driver_package_version" not in ev  # the role's default branch
+    assert ev["nvidia_container_toolkit_enabled"] and ev["nvidia_container_toolkit_version"] == "1.17.4"  # v24.9.2
+    ev = apply.role_vars(site(driver={"mode": "precompiled", "version": "550"}, toolkit={"mode": "host", "version": "1.17.8"}))
+    assert ev["nvidia_driver_mode"] == "precompiled" and ev["nvidia_driver_package_version"] == "550"
+    assert ev["nvidia_container_toolkit_version"] == "1.17.8"
+    ev = apply.role_vars(site(toolkit={"mode": "operator"}))
+    assert ev["nvidia_container_toolkit_enabled"] is False and "nvidia_container_toolkit_version" not in ev
+    with pytest.raises(ConfigError, match="not a toolkit version"):
+        apply.role_vars(site(toolkit={"mode": "host", "version": "latest"}))
+
+
+@pytest.mark.parametrize("tag,want", [("v1.17.4-ubuntu20.04", "1.17.4"), ("v1.18.0", "1.18.0"), ("1.17.4", "1.17.4"),
+                                      ("v1.14.6-ubi8", "1.14.6"), ("1.17.4-1", "1.17.4-1"), (" v1.20.0 ", "1.20.0")])
+def test_toolkit_package_version(tag, want):
+    assert apply.toolkit_package_version(tag) == want
+
+
+@pytest.mark.parametrize("tag", ["latest", "v1", "1.17.4-", "sha256:abc", "1.x.4"])
+def test_toolkit_package_version_refuses(tag):
+    with pytest.raises(ConfigError):
+        apply.toolkit_package_version(tag)
+
+
+@pytest.mark.parametrize("role,os_files", [("nvidia_driver", ["Debian", "Ubuntu", "RedHat"]),
+                                           ("nvidia_container_toolkit", ["Debian", "Ubuntu", "RedHat"])])
+def test_os_maps_have_the_same_keys(role, os_files):
+    maps = [yaml.safe_load((ROOT / "roles" / role / "vars" / f"{f}.yml").read_text()) for f in os_files]
+    assert all(set(m) == {f"{role}_os"} for m in maps)
+    keys = [set(m[f"{role}_os"]) for m in maps]
+    assert all(k == keys[0] for k in keys), keys
 
 
 # ---------------------------------------------------------------- preflight probe (pure)
@@ -124,6 +160,13 @@ def test_probe_problems_name_the_fix(tmp_path, node, kw, expect):
     assert len(problems) == 1 and expect in problems[0], problems
 
 
+def test_probe_kernel_headers_requirement_can_be_lifted(tmp_path):
+    f, problems = check(fake_node(tmp_path), mode="host")
+    assert f["kernel_headers"] == "missing" and len(problems) == 1
+    assert probe.problems(f, "docker", "host", SUPPORTED, ["x86_64", "aarch64"], 10, True, False,
+                          require_kernel_headers=False) == []
+
+
 def test_probe_rocky_major_version_matches(tmp_path):
     _, problems = check(fake_node(tmp_path, os_id="rocky", version="9.5"))
     assert problems == []
@@ -150,8 +193,11 @@ def inventory(tmp_path: Path, gpu_hosts: dict, groups=("kube_control_plane",)) -
 
 def options(tmp_path, inv, node_root, **kw):
     daemon = tmp_path / "daemon.json"
+    # the driver/toolkit roles would install packages on this machine: tested on lab nodes
+    # (tests/integration/test_driver_toolkit_roles.py); here only their install-nothing modes run
     extra = {"preflight_root": str(node_root), "preflight_min_free_gb": 0.001, "docker_runtime_daemon_json": str(daemon),
-             "docker_runtime_restart": False, "docker_runtime_options": {"iptables": False}}
+             "docker_runtime_restart": False, "docker_runtime_options": {"iptables": False},
+             "nvidia_driver_enabled": False, "nvidia_container_toolkit_enabled": False}
     return apply.Options(inventory=inv, extra=extra, **kw), daemon
 
 
@@ -166,6 +212,29 @@ def test_apply_end_to_end_then_changed_0(tmp_path):
     assert doc["log-level"] == "warn" and doc["default-runtime"] == "nvidia" and doc["iptables"] is False
     _, again = apply.apply(site(), opts)
     assert all(s.changed == 0 for s in again.hosts.values())
+
+
+def test_driver_mode_preinstalled_without_nvidia_smi_fails_that_host(tmp_path):
+    """The driver role's install-nothing mode on this machine (no nvidia-smi here): exit 4 naming host and cause."""
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    node = fake_node(tmp_path / "node", driver="NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.309.01")
+    opts, _ = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node)
+    opts.extra["nvidia_driver_enabled"] = True
+    with pytest.raises(HostFailures, match="gpu1: driver.mode is preinstalled but nvidia-smi failed") as exc:
+        apply.apply(site(driver={"mode": "preinstalled"}, toolkit={"mode": "operator"}), opts)
+    assert exc.value.exit_code == 4
+
+
+def test_driver_mode_operator_on_a_clean_machine_passes(tmp_path):
+    """operator mode: package facts of this machine (no NVIDIA driver packages) -> ok, nothing changed."""
+    node = fake_node(tmp_path / "node")
+    opts, _ = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node)
+    opts.extra["nvidia_driver_enabled"] = True
+    _, res = apply.apply(site(driver={"mode": "operator"}, toolkit={"mode": "operator"}), opts)
+    assert res.hosts["gpu1"].changed == 0 and res.hosts["gpu1"].ok >= 3
 
 
 def test_apply_check_mode_changes_nothing(tmp_path):
