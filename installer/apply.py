@@ -60,13 +60,15 @@ def role_vars(site: Site) -> dict[str, Any]:
         "containerd_runtime_registry_config_path": CERTS_D if trust else "",
         "registry_trust_enabled": trust,
         "registry_trust_host": site.registry.host,
-        # a path on the controller; relative paths are taken from the current directory
+        # a path on the controller (load_site made a relative one relative to the site file)
         "registry_trust_ca_src": str(Path(site.registry.ca).expanduser().absolute()) if site.registry.ca else "",
         "registry_trust_insecure": site.registry.insecure,
         "registry_trust_docker_certs_d": DOCKER_CERTS_D if site.runtime == "docker" else "",
         "registry_trust_containerd_config_path": CERTS_D if site.runtime == "containerd" else "",
         # every mode: host installs; operator/precompiled refuse host driver packages; preinstalled checks nvidia-smi
         "nvidia_driver_mode": site.driver.mode,
+        "nvidia_driver_reboot": site.driver.rebootPolicy,
+        "nvidia_driver_serial": str(site.driver.serial),
         # site driver.version, else the role's default branch (the catalog's driver is the operator's container)
         **({"nvidia_driver_package_version": site.driver.version} if site.driver.version else {}),
         "nvidia_container_toolkit_enabled": host_toolkit,

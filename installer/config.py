@@ -103,6 +103,21 @@ class Driver(_Model):
     kernelModuleType: Literal["auto", "open", "proprietary"] | None = Field(
         None, description="kernel modules flavour; default: the release's default"
     )
+    rebootPolicy: Literal["never", "if-needed", "always"] = Field(
+        "never", description="host mode: reboot nodes after a driver install (never: report 'reboot required')"
+    )
+    serial: str | int = Field("100%", description="host mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%")
+
+    @field_validator("serial")
+    @classmethod
+    def _serial(cls, v: str | int) -> str | int:
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError("must be at least 1")
+            return v
+        if not re.fullmatch(r"(100|[1-9]\d?)%|[1-9]\d*", v):
+            raise ValueError(f"{v!r} is neither a host count nor a percentage such as 25%")
+        return int(v) if v.isdigit() else v
 
 
 class Toolkit(_Model):
@@ -311,6 +326,8 @@ driver:
   mode: operator            # host | operator | precompiled | preinstalled
   version: null             # default: the release's pinned driver (precompiled: a branch such as "550")
   kernelModuleType: null    # auto | open | proprietary (null: release default)
+  rebootPolicy: never       # host mode: never (report "reboot required") | if-needed | always
+  serial: 100%              # host mode: nodes per driver batch, e.g. 1 or 25%
 
 toolkit:
   mode: operator            # host | operator

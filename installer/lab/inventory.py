@@ -42,6 +42,11 @@ def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str
         "lab_apt_repo": f"{settings['repo_url']}/apt",
         "lab_rpm_repo": f"{settings['repo_url']}/rpm",
         "preflight_require_gpu": False,  # lab nodes have no GPUs
+        # lab nodes share the host's kernel: its exact headers are not in any repo and there is no
+        # initramfs of their own to regenerate; the driver role reports both instead of failing
+        "preflight_require_kernel_headers": False,
+        "nvidia_driver_require_kernel_headers": False,
+        "nvidia_driver_require_initramfs_tool": False,
     }
     if settings.get("registry_auth"):
         lab_vars["lab_registry_user"] = "lab"

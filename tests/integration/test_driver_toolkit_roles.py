@@ -129,7 +129,9 @@ def test_missing_kernel_headers_fail_with_the_fix(drv):
     """Without the lab's override the driver role refuses: the running kernel's headers are not in the repo."""
     handle, _, work = drv
     (work / "strict").mkdir(exist_ok=True)
-    strict = Applier(lab_inventory(handle, work / "strict", {"preflight_require_kernel_headers": False}),
+    # the lab inventory lifts the driver's headers requirement; put it back for this node
+    strict = Applier(lab_inventory(handle, work / "strict", {"preflight_require_kernel_headers": False,
+                                                             "nvidia_driver_require_kernel_headers": True}),
                      work / "state-strict")
     site = write_site(work, "host", {"mode": "host", "version": DRIVER}, {"mode": "host", "version": "1.17.4"})
     proc = strict(site)

@@ -134,3 +134,13 @@ def test_relative_files_are_relative_to_the_site_file(write_site, site_data, tmp
     assert site.operator.chart == str(tmp_path / "charts" / "gpu-operator-v24.9.2.tgz")
     site_data["operator"]["chart"] = "oci://registry.lab:5000/charts/gpu-operator"
     assert load_site(write_site(site_data)).operator.chart == "oci://registry.lab:5000/charts/gpu-operator"
+
+
+@pytest.mark.parametrize("serial, ok", [("25%", True), (1, True), ("3", True), ("0", False), ("101%", False), ("x", False)])
+def test_driver_serial(write_site, site_data, serial, ok):
+    site_data["driver"] = {"mode": "host", "serial": serial, "rebootPolicy": "if-needed"}
+    if ok:
+        assert load_site(write_site(site_data)).driver.serial in (serial, int(serial) if str(serial).isdigit() else serial)
+    else:
+        with pytest.raises(ConfigError, match="driver.serial"):
+            load_site(write_site(site_data))

@@ -32,6 +32,7 @@ def test_inventory_groups_hosts_and_vars(tmp_path):
     assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
     assert v["lab_rpm_repo"] == "http://10.250.7.1:8080/rpm"
     assert v["preflight_require_gpu"] is False
+    assert v["nvidia_driver_require_kernel_headers"] is False and v["preflight_require_kernel_headers"] is False
     assert "lab_registry_password_file" not in v and "lab_kubeconfig" not in v
     auth = inventory.inventory(tmp_path, {**SETTINGS, "registry_auth": True}, NODES, tmp_path / "kube" / "kubeconfig")
     av = auth["all"]["children"]["gpu_nodes"]["vars"]
