@@ -160,9 +160,10 @@ def closure(flavour: str = "debian12", packages: tuple[str, ...] = RUNTIME_PACKA
     return sorted(out.glob("*.deb"))
 
 
-def standin_nvidia_container_runtime() -> Path:
-    """The stand-in .deb (built once with dpkg-deb, cached)."""
-    out = cache_dir() / "lab-debs" / f"{STANDIN_NCR}_{STANDIN_NCR_VERSION}_all.deb"
+def _standin_deb(name: str, version: str, control: str, files: dict[str, str]) -> Path:
+    """Build a stand-in .deb once with dpkg-deb (cached): `control` holds the fields after
+    Package/Version/Architecture, `files` maps /usr/bin names to executable script text."""
+    out = cache_dir() / "lab-debs" / f"{name}_{version}_all.deb"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -170,20 +171,27 @@ def standin_nvidia_container_runtime() -> Path:
         root = Path(tmp)
         (root / "DEBIAN").mkdir()
         (root / "DEBIAN" / "control").write_text(
-            f"Package: {STANDIN_NCR}\nVersion: {STANDIN_NCR_VERSION}\nArchitecture: all\nDepends: runc\n"
-            f"Provides: nvidia-container-runtime\nConflicts: nvidia-container-runtime\n"
-            "Maintainer: gpu-install lab <lab@gpu-install.invalid>\nSection: misc\nPriority: optional\n"
-            "Description: gpu-install lab STAND-IN for nvidia-container-runtime\n"
-            " /usr/bin/nvidia-container-runtime execs runc. Lab tests only: it injects no GPU.\n"
-        )
+            f"Package: {name}\nVersion: {version}\nArchitecture: all\n{control}"
+            "Maintainer: gpu-install lab <lab@gpu-install.invalid>\nSection: misc\nPriority: optional\n")
         bin_dir = root / "usr" / "bin"
         bin_dir.mkdir(parents=True)
-        (bin_dir / "nvidia-container-runtime").write_text(_WRAPPER)
-        (bin_dir / "nvidia-container-runtime").chmod(0o755)
+        for fname, text in files.items():
+            (bin_dir / fname).write_text(text)
+            (bin_dir / fname).chmod(0o755)
         tmp_out = out.with_name(out.name + f".tmp-{os.getpid()}")
         run(["dpkg-deb", "--root-owner-group", "--build", root, tmp_out])
         os.replace(tmp_out, out)
     return out
+
+
+def standin_nvidia_container_runtime() -> Path:
+    """The stand-in .deb (built once with dpkg-deb, cached)."""
+    return _standin_deb(
+        STANDIN_NCR, STANDIN_NCR_VERSION,
+        "Depends: runc\nProvides: nvidia-container-runtime\nConflicts: nvidia-container-runtime\n"
+        "Description: gpu-install lab STAND-IN for nvidia-container-runtime\n"
+        " /usr/bin/nvidia-container-runtime execs runc. Lab tests only: it injects no GPU.\n",
+        {"nvidia-container-runtime": _WRAPPER})
 
 
 def runtime_debs(progress=print) -> list[Path]:
@@ -201,29 +209,13 @@ def nvidia_debs(progress=print) -> list[Path]:
 
 def standin_nvidia_container_toolkit() -> Path:
     """The STAND-IN nvidia-container-toolkit .deb (depends on the runtime stand-in; built once, cached)."""
-    out = cache_dir() / "lab-debs" / f"{STANDIN_NCT}_{STANDIN_NCT_VERSION}_all.deb"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "DEBIAN").mkdir()
-        (root / "DEBIAN" / "control").write_text(
-            f"Package: {STANDIN_NCT}\nVersion: {STANDIN_NCT_VERSION}\nArchitecture: all\n"
-            f"Depends: {STANDIN_NCR} (>= {STANDIN_NCR_VERSION})\n"
-            "Maintainer: gpu-install lab <lab@gpu-install.invalid>\nSection: misc\nPriority: optional\n"
-            "Description: gpu-install lab STAND-IN for NVIDIA's nvidia-container-toolkit\n"
-            " Not NVIDIA's package: /usr/bin/nvidia-ctk only prints a version. The runtime binary comes\n"
-            f" from {STANDIN_NCR}. Lab tests only.\n"
-        )
-        bin_dir = root / "usr" / "bin"
-        bin_dir.mkdir(parents=True)
-        (bin_dir / "nvidia-ctk").write_text(_CTK)
-        (bin_dir / "nvidia-ctk").chmod(0o755)
-        tmp_out = out.with_name(out.name + f".tmp-{os.getpid()}")
-        run(["dpkg-deb", "--root-owner-group", "--build", root, tmp_out])
-        os.replace(tmp_out, out)
-    return out
+    return _standin_deb(
+        STANDIN_NCT, STANDIN_NCT_VERSION,
+        f"Depends: {STANDIN_NCR} (>= {STANDIN_NCR_VERSION})\n"
+        "Description: gpu-install lab STAND-IN for NVIDIA's nvidia-container-toolkit\n"
+        " Not NVIDIA's package: /usr/bin/nvidia-ctk only prints a version. The runtime binary comes\n"
+        f" from {STANDIN_NCR}. Lab tests only.\n",
+        {"nvidia-ctk": _CTK})
 
 
 def standin_nvidia_container_toolkit_rpm() -> Path:
