@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-ENV_SITE = "GPU_INSTALL_SITE"
-ENV_INVENTORY = "GPU_INSTALL_INVENTORY"
+from installer.cliargs import inventory_arg, site_args
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-s", "--site", default=os.environ.get(ENV_SITE), required=not os.environ.get(ENV_SITE),
-                   help=f"site file (site.yaml); env {ENV_SITE}")
-    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a site field")
-    p.add_argument("-i", "--inventory", default=os.environ.get(ENV_INVENTORY),
-                   required=not os.environ.get(ENV_INVENTORY), help=f"Ansible inventory; env {ENV_INVENTORY}")
+    site_args(p)
+    inventory_arg(p, required=True)
     p.add_argument("--limit", help="only these hosts (Ansible pattern)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-task progress lines")
 

@@ -12,37 +12,8 @@ import sys
 from typing import Callable
 
 from installer import __version__
+from installer.cliargs import inventory_arg, site_args
 from installer.errors import EXIT_CANCELLED, EXIT_INTERNAL, EXIT_OK, GpuInstallError
-
-ENV_SITE = "GPU_INSTALL_SITE"
-ENV_INVENTORY = "GPU_INSTALL_INVENTORY"
-
-
-def _site_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument(
-        "-s",
-        "--site",
-        default=os.environ.get(ENV_SITE),
-        required=required and not os.environ.get(ENV_SITE),
-        help=f"site file (site.yaml); env {ENV_SITE}",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a site field, e.g. --set registry.host=reg.local:5000 (repeatable; value is YAML)",
-    )
-
-
-def _inventory_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-i",
-        "--inventory",
-        default=os.environ.get(ENV_INVENTORY),
-        help=f"Ansible inventory (file or directory); env {ENV_INVENTORY}",
-    )
-
 
 def _output(text: str, path: str | None) -> None:
     if path and path != "-":
@@ -162,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def node_args(p: argparse.ArgumentParser) -> None:
-        _inventory_arg(p)
+        inventory_arg(p)
         p.add_argument(
             "--os",
             action="append",
@@ -180,12 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-o", "--output", help="write here instead of stdout")
 
     p = sub.add_parser("render", help="render Helm values for the pinned GPU Operator release")
-    _site_arg(p)
+    site_args(p)
     node_args(p)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("images", help="list every image the install will pull: source → destination")
-    _site_arg(p)
+    site_args(p)
     node_args(p)
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_images)
@@ -200,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("-o", "--output")
     q.set_defaults(func=cmd_config_sample)
     q = csub.add_parser("check", help="validate a site file")
-    _site_arg(q)
+    site_args(q)
     q.set_defaults(func=cmd_config_check)
 
     p = sub.add_parser("catalog", help="pinned GPU Operator releases")

@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-ENV_SITE = "GPU_INSTALL_SITE"
+from installer.cliargs import site_args
+
 ENV_CHART = "GPU_INSTALL_CHART"
 ENV_KUBECONFIG = "KUBECONFIG"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-s", "--site", default=os.environ.get(ENV_SITE), required=not os.environ.get(ENV_SITE),
-                   help=f"site file (site.yaml); env {ENV_SITE}")
-    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a site field")
+    site_args(p)
     p.add_argument("--kubeconfig", default=None,
                    help=f"kubeconfig of the cluster; env {ENV_KUBECONFIG} (first existing entry), else ~/.kube/config")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
