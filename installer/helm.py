@@ -32,13 +32,7 @@ def template(chart_ref: str | Path, values: dict[str, Any], release_name: str = 
         chart = await c.get_chart(chart_ref)
         return list(await c.template_resources(chart, release_name, values, namespace=namespace))
 
-    try:
-        return asyncio.run(run())
-    except Exception as exc:  # pyhelm3 raises its own error types carrying helm's stderr
-        if isinstance(exc, GpuInstallError):
-            raise
-        raise GpuInstallError(f"helm template {chart_ref} failed: {exc}",
-                              hint="check the chart reference and the rendered values") from exc
+    return _run(run(), f"helm template {chart_ref}", "check the chart reference and the rendered values")
 
 
 # ---------------------------------------------------------------- releases
@@ -67,6 +61,16 @@ def _helm_error(action: str, exc: Exception, hint: str) -> GpuInstallError:
     stderr = getattr(exc, "stderr", b"")
     text = (stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr)).strip() or str(exc)
     return GpuInstallError(f"{action} failed: {text[-1500:]}", hint=hint)
+
+
+def _run(coro, action: str, hint: str):
+    """Run one pyhelm3 coroutine; its errors (carrying helm's stderr) become GpuInstallError."""
+    try:
+        return asyncio.run(coro)
+    except GpuInstallError:
+        raise
+    except Exception as exc:
+        raise _helm_error(action, exc, hint) from None
 
 
 def _timeout(seconds: float) -> str:
@@ -123,12 +127,7 @@ def release_state(release_name: str, namespace: str, kubeconfig: Path | None) ->
         except herr.ReleaseNotFoundError:
             return None
 
-    try:
-        return asyncio.run(run())
-    except GpuInstallError:
-        raise
-    except Exception as exc:
-        raise _helm_error(f"helm status {release_name}", exc, "check the kubeconfig and the API server") from None
+    return _run(run(), f"helm status {release_name}", "check the kubeconfig and the API server")
 
 
 def uninstall(release_name: str, namespace: str, kubeconfig: Path | None, timeout: float = 300) -> bool:
@@ -144,9 +143,4 @@ def uninstall(release_name: str, namespace: str, kubeconfig: Path | None, timeou
         await c.uninstall_release(release_name, namespace=namespace, wait=True, timeout=_timeout(timeout))
         return True
 
-    try:
-        return asyncio.run(run())
-    except GpuInstallError:
-        raise
-    except Exception as exc:
-        raise _helm_error(f"helm uninstall {release_name}", exc, "re-running is safe") from None
+    return _run(run(), f"helm uninstall {release_name}", "re-running is safe")
