@@ -792,6 +792,7 @@ class ControlPlane:
         (installer/lab/staticpods.py). An existing manifest is kept (gpu-install's scheduler_policy
         role may have patched it) unless it serves on another port than the recorded one."""
         port = self._port("kube-scheduler", STANDIN)
+        self._port("kube-scheduler-insecure", STANDIN)  # for a KubeSchedulerConfiguration (lab inventory)
         kc = self.dir / "kube-scheduler.kubeconfig"
         self._write_kubeconfig(kc, server, "system:kube-scheduler", self._token("kube-scheduler"))
         for sub in ("manifests", "etc-kubernetes", "backups", "logs/pods"):
