@@ -390,6 +390,9 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         if getattr(ann, "__origin__", None) is dict:
             model, skip_key = args[1], True
             continue
+        if getattr(ann, "__origin__", None) is list:  # e.g. scheduler.extenders.<index>
+            model, skip_key = args[0], True
+            continue
         model = next((c for c in (ann, *args) if isinstance(c, type) and issubclass(c, BaseModel)), None)
     return model if isinstance(model, type) and issubclass(model, BaseModel) and not skip_key else None
 

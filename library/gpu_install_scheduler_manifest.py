@@ -76,8 +76,8 @@ def _container(doc):
 
 
 def _arg_list(c):
-    """The list our flags go into: command (kubeadm puts everything there) unless only args is used."""
-    if c.get("args") and not c.get("command"):
+    """The list our flags go into: args when the manifest uses args, else command (kubeadm: everything there)."""
+    if c.get("args"):
         return c["args"]
     return c.setdefault("command", [])
 
