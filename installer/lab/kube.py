@@ -3,7 +3,10 @@ kube-controller-manager on 127.0.0.1, and one kubemark hollow kubelet per lab no
 
 Binaries: kubernetes 1.20.2 built from Debian's `kubernetes` source package by
 scripts/build-kubernetes into <cache>/kubernetes/1.20.2/bin (built once, then cached);
-etcd 3.4 is Debian's etcd-server.
+etcd 3.4 is Debian's etcd-server. kube-scheduler runs as a kubeadm-like static pod
+(<lab_dir>/kube/manifests/kube-scheduler.yaml) under the lab's kubelet stand-in
+(installer/lab/staticpods.py, process "kubelet-standin"), so that gpu-install's scheduler_policy role
+edits a real static-pod manifest; the stand-in's pods are stopped by recorded identity too.
 
 Nodes are kubemark hollow kubelets (`kubemark --morph=kubelet`): the real kubelet code with a fake
 container runtime. They register a Node, renew its lease, report status, admit pods and report
