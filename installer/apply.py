@@ -73,6 +73,11 @@ def role_vars(site: Site) -> dict[str, Any]:
         **({"nvidia_driver_package_version": site.driver.version} if site.driver.version else {}),
         "nvidia_container_toolkit_enabled": host_toolkit,
         **({"nvidia_container_toolkit_version": _toolkit_version(site)} if host_toolkit else {}),
+        # control plane: no extenders -> the role does nothing
+        "scheduler_policy_extenders": [e.model_dump(exclude_none=True, exclude_defaults=True) | {"urlPrefix": e.urlPrefix}
+                                       for e in site.scheduler.extenders],
+        "scheduler_policy_format": site.scheduler.format,
+        "scheduler_policy_kubernetes_version": site.scheduler.kubernetesVersion or "",
     }
 
 

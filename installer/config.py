@@ -155,6 +155,98 @@ class ComponentOverride(_Model):
     enabled: bool | None = None
 
 
+class ManagedResource(_Model):
+    name: str = Field(description="extended resource the extender manages, e.g. nvidia.com/gpu")
+    ignoredByScheduler: bool = Field(False, description="the scheduler skips its own fit check for it")
+
+    @field_validator("name")
+    @classmethod
+    def _extended(cls, v: str) -> str:
+        prefix, _, rest = v.partition("/")
+        if not rest or prefix.endswith("kubernetes.io") or not re.fullmatch(
+                r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", prefix) \
+                or not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", rest):
+            raise ValueError(f"{v!r} is not an extended resource name (domain/name outside kubernetes.io, "
+                             "e.g. nvidia.com/gpu)")
+        return v
+
+
+class Extender(_Model):
+    """A kube-scheduler extender (the fields Kubernetes' extender config has, same names)."""
+
+    urlPrefix: str = Field(description="http(s) URL of the extender, e.g. http://127.0.0.1:3456/scheduler")
+    filterVerb: str | None = Field(None, description="verb appended to urlPrefix for filter calls")
+    preemptVerb: str | None = Field(None, description="verb for preempt calls")
+    prioritizeVerb: str | None = Field(None, description="verb for prioritize calls (needs a positive weight)")
+    weight: int | None = Field(None, validate_default=True, description="multiplier of the prioritize scores; > 0 with prioritizeVerb")
+    bindVerb: str | None = Field(None, description="verb for bind calls (at most one extender may bind)")
+    enableHTTPS: bool = Field(False, description="use TLS settings for the extender (no CA given: unverified)")
+    httpTimeout: str | None = Field(None, description="timeout of a call, a duration such as 30s (default 30s)")
+    nodeCacheCapable: bool = Field(False, description="the extender caches nodes: only node names are sent")
+    ignorable: bool = Field(False, description="scheduling goes on when the extender fails or is unreachable")
+    managedResources: list[ManagedResource] = Field(
+        default_factory=list, description="extended resources for which pods are sent to this extender")
+
+    @field_validator("urlPrefix")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", v):
+            raise ValueError(f"{v!r} is not an http(s) URL such as http://127.0.0.1:3456/scheduler")
+        return v
+
+    @field_validator("weight", mode="after")
+    @classmethod
+    def _weight(cls, v: int | None, info: Any) -> int | None:
+        if info.data.get("prioritizeVerb") and (v is None or v <= 0):
+            raise ValueError("must be a positive integer when prioritizeVerb is set "
+                             "(kube-scheduler rejects the configuration otherwise)")
+        if v is not None and v < 0:
+            raise ValueError("must not be negative")
+        return v
+
+    @field_validator("httpTimeout")
+    @classmethod
+    def _duration(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"(\d+(\.\d+)?(ns|us|ms|s|m|h))+", v):
+            raise ValueError(f"{v!r} is not a duration such as 30s, 1m30s or 500ms")
+        return v
+
+    @field_validator("managedResources")
+    @classmethod
+    def _unique(cls, v: list[ManagedResource]) -> list[ManagedResource]:
+        names = [r.name for r in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate managed resource {', '.join(dup)}")
+        return v
+
+
+class Scheduler(_Model):
+    extenders: list[Extender] = Field(
+        default_factory=list, description="kube-scheduler extenders (scheduler_policy role); empty: role does nothing")
+    format: Literal["auto", "policy", "config"] = Field(
+        "auto", description="auto: legacy Policy below Kubernetes 1.23, KubeSchedulerConfiguration from 1.23")
+    kubernetesVersion: str | None = Field(
+        None, description="Kubernetes version of the control plane; default: the kube-scheduler image tag")
+
+    @field_validator("kubernetesVersion")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"v?\d+\.\d+(\.\d+)?([-+][0-9A-Za-z.-]+)?", v):
+            raise ValueError(f"{v!r} is not a Kubernetes version such as v1.20.2")
+        return v
+
+    @model_validator(mode="after")
+    def _one_binder(self) -> "Scheduler":
+        binders = [str(i) for i, e in enumerate(self.extenders) if e.bindVerb]
+        if len(binders) > 1:
+            raise ValueError(f"extenders: at most one extender may set bindVerb (extenders {', '.join(binders)} do)")
+        v = self.kubernetesVersion
+        if v and self.format == "policy" and tuple(map(int, v.lstrip("v").split("-")[0].split(".")[:2])) >= (1, 23):
+            raise ValueError(f"format: policy is gone from Kubernetes 1.23 (kubernetesVersion {v}); use auto or config")
+        return self
+
+
 class Site(_Model):
     operator: Operator
     registry: Registry
@@ -171,6 +263,7 @@ class Site(_Model):
     values: dict[str, Any] = Field(
         default_factory=dict, description="extra Helm values merged last (checked against the release's keys)"
     )
+    scheduler: Scheduler = Field(default_factory=Scheduler, description="kube-scheduler extenders (control plane)")
 
 
 # ---------------------------------------------------------------- loading
@@ -297,6 +390,9 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         if getattr(ann, "__origin__", None) is dict:
             model, skip_key = args[1], True
             continue
+        if getattr(ann, "__origin__", None) is list:  # e.g. scheduler.extenders.<index>
+            model, skip_key = args[0], True
+            continue
         model = next((c for c in (ann, *args) if isinstance(c, type) and issubclass(c, BaseModel)), None)
     return model if isinstance(model, type) and issubclass(model, BaseModel) and not skip_key else None
 
@@ -348,6 +444,21 @@ sandboxWorkloads:
 
 components: {}              # e.g. dcgm: {enabled: true}; dcgmExporter: {version: 3.3.9-3.6.1-ubuntu22.04}
 values: {}                  # extra Helm values, merged last and checked against the release's keys
+
+scheduler:                  # kube-scheduler extenders, patched into its static pod (hosts kube_control_plane)
+  extenders: []             # empty: nothing is done. An entry, e.g. for a GPU-sharing extender:
+  #  - urlPrefix: http://127.0.0.1:3456/scheduler
+  #    filterVerb: filter
+  #    prioritizeVerb: prioritize     # needs weight > 0
+  #    weight: 1
+  #    bindVerb: null                 # at most one extender may bind
+  #    nodeCacheCapable: true
+  #    ignorable: false
+  #    httpTimeout: 30s
+  #    enableHTTPS: false
+  #    managedResources: [{name: nvidia.com/gpu, ignoredByScheduler: false}]
+  format: auto              # auto (Policy below 1.23, KubeSchedulerConfiguration from 1.23) | policy | config
+  kubernetesVersion: null   # null: read from the kube-scheduler image tag in the manifest
 """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str
         lab_vars["lab_kubeconfig"] = str(kubeconfig)
     # The lab's control plane runs on the bastion (this machine), reached with a local connection.
     control_plane = {"bastion": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
+    if kubeconfig is not None:
+        control_plane["bastion"].update(scheduler_policy_vars(Path(lab_dir)))
     return {
         "all": {
             "children": {
@@ -63,6 +66,26 @@ def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str
             }
         }
     }
+
+
+def scheduler_policy_vars(lab_dir: Path) -> dict[str, Any]:
+    """Where the lab keeps what a kubeadm control plane keeps in /etc/kubernetes (installer/lab/kube.py):
+    the kube-scheduler static pod run by the lab's kubelet stand-in, and short waits."""
+    kube = lab_dir / "kube"
+    out: dict[str, Any] = {
+        "scheduler_policy_manifest": str(kube / "manifests" / "kube-scheduler.yaml"),
+        "scheduler_policy_config_dir": str(kube / "etc-kubernetes"),
+        "scheduler_policy_backup_dir": str(kube / "backups"),
+        "scheduler_policy_log_glob": str(kube / "logs" / "pods" / "kube-scheduler.log"),
+        "scheduler_policy_wait_timeout": 60,
+        "scheduler_policy_stable_seconds": 5,
+    }
+    try:  # a loopback port of the lab's own for a 1.20 KubeSchedulerConfiguration's insecure healthz
+        port = json.loads((kube / "state.json").read_text())["ports"]["kube-scheduler-insecure"]
+        out["scheduler_policy_insecure_bind_address"] = f"127.0.0.1:{port}"
+    except (OSError, ValueError, KeyError):
+        pass
+    return out
 
 
 def render(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str, Any]],

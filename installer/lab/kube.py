@@ -3,7 +3,10 @@ kube-controller-manager on 127.0.0.1, and one kubemark hollow kubelet per lab no
 
 Binaries: kubernetes 1.20.2 built from Debian's `kubernetes` source package by
 scripts/build-kubernetes into <cache>/kubernetes/1.20.2/bin (built once, then cached);
-etcd 3.4 is Debian's etcd-server.
+etcd 3.4 is Debian's etcd-server. kube-scheduler runs as a kubeadm-like static pod
+(<lab_dir>/kube/manifests/kube-scheduler.yaml) under the lab's kubelet stand-in
+(installer/lab/staticpods.py, process "kubelet-standin"), so that gpu-install's scheduler_policy role
+edits a real static-pod manifest; the stand-in's pods are stopped by recorded identity too.
 
 Nodes are kubemark hollow kubelets (`kubemark --morph=kubelet`): the real kubelet code with a fake
 container runtime. They register a Node, renew its lease, report status, admit pods and report
@@ -65,6 +68,8 @@ FAKE_NODE_FIRST = 10
 NETNS_APISERVER_PORT = 6443  # where the forwarder listens inside the nodes' namespace
 KUBELET_PORT_BASE = 10250  # inside the nodes' namespace (ours alone), one port per node
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+STANDIN = "kubelet-standin"  # installer/lab/staticpods.py: runs the static pods (kube-scheduler)
+SCHEDULER_IMAGE = f"registry.k8s.io/kube-scheduler:v{KUBE_VERSION}"
 DEFAULT_GPU_PRODUCT = "NVIDIA-A100-SXM4-40GB"
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-kubernetes"
 
@@ -431,6 +436,38 @@ def node_resources(node: dict[str, Any], labels: dict[str, str]) -> dict[str, st
     return res
 
 
+# --------------------------------------------------------------------------- static pod manifest
+def scheduler_manifest(port: int, kubeconfig: Path) -> str:
+    """The lab's kube-scheduler static pod, shaped like kubeadm's (hostNetwork, kubeconfig as a
+    read-only hostPath File mount at /etc/kubernetes/scheduler.conf)."""
+    import yaml
+
+    conf = "/etc/kubernetes/scheduler.conf"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "kube-scheduler", "namespace": "kube-system",
+                     "labels": {"component": "kube-scheduler", "tier": "control-plane"}},
+        "spec": {
+            "containers": [{
+                "name": "kube-scheduler",
+                "image": SCHEDULER_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["kube-scheduler", f"--kubeconfig={conf}", f"--authentication-kubeconfig={conf}",
+                            f"--authorization-kubeconfig={conf}", "--bind-address=127.0.0.1",
+                            f"--secure-port={port}", "--port=0", "--leader-elect=false"],
+                "volumeMounts": [{"mountPath": conf, "name": "kubeconfig", "readOnly": True}],
+            }],
+            "hostNetwork": True,
+            "priorityClassName": "system-node-critical",
+            "volumes": [{"hostPath": {"path": str(kubeconfig), "type": "File"}, "name": "kubeconfig"}],
+        },
+    }
+    return ("# kube-scheduler static pod of the gpu-install lab (run by the lab's kubelet stand-in,\n"
+            "# installer/lab/staticpods.py). Backups of this file belong OUTSIDE this directory.\n"
+            + yaml.safe_dump(pod, sort_keys=False))
+
+
 # --------------------------------------------------------------------------- the control plane
 class ControlPlane:
     """See the module docstring. All state under lab_dir/"kube"."""
@@ -654,7 +691,7 @@ class ControlPlane:
         # kube-apiserver
         api = self._port("kube-apiserver", "kube-apiserver")
         if before.get("kube-apiserver") not in (None, api):
-            for comp in ("kube-scheduler", "kube-controller-manager", "apiserver-forwarder"):
+            for comp in (STANDIN, "kube-scheduler", "kube-controller-manager", "apiserver-forwarder"):
                 self._stop_component(comp)  # their kubeconfig / target is the old port
         egress = self.dir / "egress-selector.yaml"
         atomic_write(
@@ -697,8 +734,8 @@ class ControlPlane:
         server = f"https://127.0.0.1:{api}"
         self._write_kubeconfig(self.kubeconfig, server, "lab-admin", self._token("admin"))
 
+        self._scheduler_static_pod(server, bins)
         for comp, extra in (
-            ("kube-scheduler", []),
             (
                 "kube-controller-manager",
                 [
@@ -731,12 +768,58 @@ class ControlPlane:
                         *extra,
                     ],
                 )
-        for comp in ("kube-scheduler", "kube-controller-manager"):
-            self._wait(f"{comp} /healthz", lambda c=comp: self._healthz(c), 60, comp)
+        self._wait("kube-scheduler /healthz (static pod run by the kubelet stand-in)",
+                   lambda: self._healthz("kube-scheduler"), 60, STANDIN)
+        self._wait("kube-controller-manager /healthz", lambda: self._healthz("kube-controller-manager"), 60,
+                   "kube-controller-manager")
         # Restart hollow nodes recorded earlier whose process is gone (e.g. after a reboot).
         if self.state["nodes"]:
             self.register_nodes([n["spec"] for n in self.state["nodes"].values()])
         self.progress(f"kube: control plane ready in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}")
+
+    # ---------------------------------------------------------------- static pods (kubelet stand-in)
+    @property
+    def manifests_dir(self) -> Path:
+        return self.dir / "manifests"
+
+    @property
+    def scheduler_manifest(self) -> Path:
+        return self.manifests_dir / "kube-scheduler.yaml"
+
+    @property
+    def standin_state(self) -> Path:
+        return self.dir / f"{STANDIN}.json"
+
+    def _scheduler_static_pod(self, server: str, bins: Path) -> None:
+        """kube-scheduler as a kubeadm-like static pod, run by the kubelet stand-in
+        (installer/lab/staticpods.py). An existing manifest is kept (gpu-install's scheduler_policy
+        role may have patched it) unless it serves on another port than the recorded one."""
+        port = self._port("kube-scheduler", STANDIN)
+        self._port("kube-scheduler-insecure", STANDIN)  # for a KubeSchedulerConfiguration (lab inventory)
+        kc = self.dir / "kube-scheduler.kubeconfig"
+        self._write_kubeconfig(kc, server, "system:kube-scheduler", self._token("kube-scheduler"))
+        for sub in ("manifests", "etc-kubernetes", "backups", "logs/pods"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        current = self.scheduler_manifest.read_text() if self.scheduler_manifest.exists() else ""
+        if f"--secure-port={port}" not in current:
+            atomic_write(self.scheduler_manifest, scheduler_manifest(port, kc), mode=0o600)
+        if not self._running(STANDIN):
+            self.progress(f"kube: starting {STANDIN} (stand-in for the kubelet) on {self.manifests_dir}: "
+                          f"kube-scheduler static pod, health on https://127.0.0.1:{port}")
+            self._spawn(
+                STANDIN,
+                [sys.executable, "-m", "installer.lab.staticpods", "--manifests", str(self.manifests_dir),
+                 "--logs", str(self.dir / "logs" / "pods"), "--bin-dir", str(bins),
+                 "--state", str(self.standin_state)],
+                env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+            )
+
+    def static_pods(self) -> dict[str, dict[str, Any]]:
+        """The stand-in's record of its pods: {name: {pid, start, boot, manifest, log, ...}} ({} if none)."""
+        try:
+            return json.loads(self.standin_state.read_text()).get("pods") or {}
+        except (OSError, ValueError):
+            return {}
 
     # ---------------------------------------------------------------- nodes
     def _ensure_netns(self) -> None:
@@ -913,7 +996,7 @@ class ControlPlane:
         nodes' network namespace and remove lab_dir/kube. Safe to call repeatedly or after a crash."""
         procs = self.state.get("processes", {})
         order = [n for n in procs if n.startswith("node-")] + ["apiserver-forwarder", "kube-controller-manager",
-                                                              "kube-scheduler", "kube-apiserver", "etcd"]
+                                                              STANDIN, "kube-scheduler", "kube-apiserver", "etcd"]
         order += [n for n in procs if n not in order]
         stopped = []
         for name in order:
@@ -924,6 +1007,14 @@ class ControlPlane:
                 if _alive(rec):
                     raise EnvironmentProblem(f"could not stop {name} (pid {rec['pid']})",
                                              hint=f"kill -9 {rec['pid']} and run down again")
+            if name == STANDIN:  # its pods, should it have died without stopping them (by recorded identity)
+                for pod, prec in self.static_pods().items():
+                    if _alive(prec):
+                        _stop(prec)
+                        stopped.append(f"static pod {pod}")
+                        if _alive(prec):
+                            raise EnvironmentProblem(f"could not stop static pod {pod} (pid {prec['pid']})",
+                                                     hint=f"kill -9 {prec['pid']} and run down again")
         ns = self.state.get("netns")
         if ns and Path(f"/run/netns/{ns}").exists():
             self._ip("netns", "del", ns)
@@ -943,8 +1034,11 @@ class ControlPlane:
             "kube-scheduler": lambda: self._healthz("kube-scheduler"),
             "kube-controller-manager": lambda: self._healthz("kube-controller-manager"),
         }
+        pods = self.static_pods() if _alive(procs.get(STANDIN)) else {}
         for name in COMPONENTS:
             rec = procs.get(name)
+            if name in pods:  # a static pod run by the kubelet stand-in
+                rec = pods[name]
             running = _alive(rec)
             healthy = False
             if running:
@@ -953,6 +1047,11 @@ class ControlPlane:
                 except Exception:  # noqa: BLE001
                     healthy = False
             out["components"][name] = {"running": running, "pid": rec["pid"] if running else None, "healthy": healthy}
+        if STANDIN in procs:
+            rec = procs[STANDIN]
+            running = _alive(rec)
+            out["components"][STANDIN] = {"running": running, "pid": rec["pid"] if running else None,
+                                          "healthy": running}
         if "apiserver-forwarder" in procs:
             rec = procs["apiserver-forwarder"]
             running = _alive(rec)

@@ -15,7 +15,8 @@ from installer.config import parse_site
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "nvidia_driver", "nvidia_container_toolkit"]
+ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "nvidia_driver", "nvidia_container_toolkit",
+         "scheduler_policy"]
 
 
 def specs(role: str) -> dict:

@@ -79,3 +79,21 @@ def test_registry_config_tls_and_auth(tmp_path):
 def test_repo_sources():
     assert repo.apt_source("http://b:8080") == "deb [trusted=yes] http://b:8080/apt lab main\n"
     assert "baseurl=http://b:8080/rpm" in repo.yum_repo("http://b:8080")
+
+
+def test_control_plane_gets_the_scheduler_policy_paths_with_kubernetes(tmp_path):
+    plain = inventory.inventory(tmp_path, SETTINGS, NODES)["all"]["children"]["kube_control_plane"]["hosts"]["bastion"]
+    assert not any(k.startswith("scheduler_policy_") for k in plain)
+    (tmp_path / "kube").mkdir()
+    (tmp_path / "kube" / "state.json").write_text(json.dumps({"ports": {"kube-scheduler-insecure": 42424}}))
+    cp = inventory.inventory(tmp_path, SETTINGS, NODES, tmp_path / "kube" / "kubeconfig")
+    bastion = cp["all"]["children"]["kube_control_plane"]["hosts"]["bastion"]
+    kube = tmp_path / "kube"
+    assert bastion["scheduler_policy_manifest"] == str(kube / "manifests" / "kube-scheduler.yaml")
+    assert bastion["scheduler_policy_config_dir"] == str(kube / "etc-kubernetes")
+    backups = Path(bastion["scheduler_policy_backup_dir"])
+    assert backups == kube / "backups" and not backups.is_relative_to(kube / "manifests")  # never run by the kubelet
+    assert bastion["scheduler_policy_insecure_bind_address"] == "127.0.0.1:42424"
+    roles = Path(__file__).resolve().parents[2] / "roles" / "scheduler_policy" / "meta" / "argument_specs.yml"
+    declared = yaml.safe_load(roles.read_text())["argument_specs"]["main"]["options"]
+    assert {k for k in bastion if k.startswith("scheduler_policy_")} <= set(declared)

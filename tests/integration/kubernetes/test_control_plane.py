@@ -168,6 +168,7 @@ def _listeners(netns: str | None = None) -> list[tuple[str, int]]:
 def test_everything_listens_on_loopback_only(control_plane):
     state = json.loads(control_plane.state_path.read_text())
     ours = {r["pid"] for r in state["processes"].values()}
+    ours |= {r["pid"] for r in control_plane.static_pods().values() if "pid" in r}  # kube-scheduler (static pod)
     host = [(addr, pid) for addr, pid in _listeners() if pid in ours]
     assert host, "no listening socket of the control plane found"
     assert all(addr.startswith("127.0.0.1:") for addr, _ in host), host
@@ -220,8 +221,11 @@ def test_down_leaves_nothing(kube_bin, tmp_path):
         cp.register_nodes([{"name": "solo", "ip": "10.250.0.99", "gpus": 1, "labels": {}}])
         state = json.loads((lab / "kube" / "state.json").read_text())
         records = list(state["processes"].values())
-        assert {"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "node-solo",
+        assert {"etcd", "kube-apiserver", kube.STANDIN, "kube-controller-manager", "node-solo",
                 "apiserver-forwarder"} <= set(state["processes"])
+        pods = cp.static_pods()
+        assert set(pods) == {"kube-scheduler"}  # run by the kubelet stand-in from its static-pod manifest
+        records += list(pods.values())
         assert all(kube._alive(r) for r in records)
         netns = state["netns"]
     finally:
@@ -246,7 +250,7 @@ def test_down_after_a_crashed_up(kube_bin, tmp_path):
 
     def started():
         try:
-            return "kube-scheduler" in json.loads(state_path.read_text())["processes"]
+            return kube.STANDIN in json.loads(state_path.read_text())["processes"]
         except (OSError, ValueError):
             return False
 

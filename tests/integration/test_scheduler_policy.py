@@ -1,0 +1,261 @@
+"""scheduler_policy against the lab's REAL kube-scheduler 1.20.2, run from its static-pod manifest by the lab's
+kubelet stand-in (installer/lab/staticpods.py).
+
+A small test extender (HTTP on 127.0.0.1, in this process) records every call; its filter keeps only one chosen
+node. The role is driven through the real CLI (`gpu-install apply --limit bastion --tags scheduler`), the broken
+policy through installer.apply with role variables that bypass the site validation (a prioritizeVerb with weight 0,
+which kube-scheduler 1.20 refuses). Order matters (one lab): legacy Policy, KubeSchedulerConfiguration v1beta1,
+broken policy rolled back, removal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
+VENV_BIN = Path(sys.executable).parent
+
+
+class Extender:
+    """A scheduler extender: filter keeps only `chosen`, prioritize gives it the top score; calls recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.chosen = ""
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:
+                args = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                verb = self.path.rsplit("/", 1)[-1]
+                pod = (args.get("Pod") or {}).get("metadata", {}).get("name")
+                if args.get("NodeNames") is not None:  # nodeCacheCapable: names only
+                    names = list(args["NodeNames"])
+                else:
+                    names = [n["metadata"]["name"] for n in (args.get("Nodes") or {}).get("items") or []]
+                outer.calls.append({"verb": verb, "pod": pod, "nodes": names, "cached": args.get("NodeNames") is not None})
+                if verb == "filter":
+                    keep = [n for n in names if n == outer.chosen]
+                    body = {"FailedNodes": {n: "not the extender's choice" for n in names if n not in keep}, "Error": ""}
+                    if args.get("NodeNames") is not None:
+                        body["NodeNames"] = keep
+                    else:
+                        body["Nodes"] = {"items": [n for n in args["Nodes"]["items"] if n["metadata"]["name"] in keep]}
+                else:  # prioritize
+                    body = [{"Host": n, "Score": 10 if n == outer.chosen else 0} for n in names]
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/gpu"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Scheduling:
+    def __init__(self, lab, work: Path, ext: Extender):
+        from kubernetes import client, config
+
+        self.lab, self.work, self.ext = lab, work, ext
+        self.kube = lab.dir / "kube"
+        self.manifest = self.kube / "manifests" / "kube-scheduler.yaml"
+        self.etc = self.kube / "etc-kubernetes"
+        self.original = self.manifest.read_bytes()
+        self.state = work / "state"
+        kubeconfig = lab.status["kubernetes"]["kubeconfig"]
+        self.api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+        self.pods: list[str] = []
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "GPU_INSTALL_STATE": str(self.state), "ANSIBLE_LOCAL_TEMP": str(self.state / "tmp")}
+
+    def site(self, **scheduler) -> Path:
+        path = self.work / "site.yaml"
+        path.write_text(yaml.safe_dump({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
+                                        "scheduler": scheduler}))
+        return path
+
+    def cli(self, site: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([str(VENV_BIN / "gpu-install"), "apply", "-s", str(site), "-i", str(self.lab.inventory),
+                               "--limit", "bastion", "--tags", "scheduler"],
+                              capture_output=True, text=True, env=self.env(), timeout=600)
+
+    def site_stats(self) -> dict[str, int]:
+        runs = sorted((self.state / "runs").glob("*-site*"), key=lambda p: p.stat().st_mtime)
+        for ev in (runs[-1] / "artifacts" / "run" / "job_events").glob("*.json"):
+            data = json.loads(ev.read_text())
+            if data.get("event") == "playbook_on_stats":
+                d = data["event_data"]
+                return {k: int((d.get(k) or {}).get("bastion", 0)) for k in ("ok", "changed", "failures")}
+        raise AssertionError(f"no stats in {runs[-1]}")
+
+    def scheduler(self) -> dict:
+        from installer.lab.kube import ControlPlane
+
+        return ControlPlane(self.lab.dir, progress=lambda m: None).status()["components"]["kube-scheduler"]
+
+    def scheduler_cmdline(self) -> list[str]:
+        pid = self.scheduler()["pid"]
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+    def pod(self, name: str, gpus: int) -> dict:
+        limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"restartPolicy": "Never", "containers": [
+                    {"name": "c", "image": "lab.invalid/cuda:1", "resources": {"limits": limits}}]}}
+        for _ in range(20):  # a fresh namespace's service account may not be there yet
+            try:
+                self.api.create_namespaced_pod("default", body)
+                break
+            except Exception:  # noqa: BLE001
+                time.sleep(1)
+        self.pods.append(name)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            p = self.api.read_namespaced_pod(name, "default")
+            if p.spec.node_name:
+                return {"node": p.spec.node_name}
+            time.sleep(0.5)
+        raise AssertionError(f"pod {name} was not scheduled: {self.api.read_namespaced_pod(name, 'default').status}")
+
+    def delete_pods(self) -> None:
+        for name in self.pods:
+            try:
+                self.api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            except Exception:  # noqa: BLE001
+                pass
+        self.pods.clear()
+
+
+@pytest.fixture(scope="module")
+def sched(lab_kubernetes, tmp_path_factory):
+    ext = Extender()
+    s = Scheduling(lab_kubernetes, tmp_path_factory.mktemp("sched"), ext)
+    try:
+        yield s
+    finally:
+        s.delete_pods()
+        ext.stop()
+        if s.manifest.read_bytes() != s.original:  # leave the lab's scheduler as it was found
+            s.manifest.write_bytes(s.original)
+
+
+def _ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def _extender_case(sched: Scheduling, chosen: str, tag: str, **extender) -> None:
+    sched.ext.chosen = chosen
+    before = len(sched.ext.calls)
+    gpu = sched.pod(f"gpu-{tag}", 1)
+    cpu = sched.pod(f"cpu-{tag}", 0)
+    assert gpu["node"] == chosen, (gpu, sched.ext.calls[before:])
+    calls = sched.ext.calls[before:]
+    assert any(c["verb"] == "filter" and c["pod"] == f"gpu-{tag}" for c in calls), calls
+    assert all(c["pod"] != f"cpu-{tag}" for c in calls), calls  # managedResources: only GPU pods go there
+    assert all(c["cached"] is bool(extender.get("nodeCacheCapable")) for c in calls), calls
+    assert len(calls[0]["nodes"]) >= 2, calls  # it really had a choice to make
+    sched.delete_pods()
+
+
+def test_legacy_policy_extender_consulted_then_changed_0(sched):
+    nodes = sorted(sched.lab.nodes)
+    ext = {"urlPrefix": sched.ext.url, "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": 2,
+           "managedResources": [{"name": "nvidia.com/gpu"}], "httpTimeout": "5s"}
+    site = sched.site(extenders=[ext])  # format auto on 1.20: legacy Policy
+    _ok(sched.cli(site))
+    policy = json.loads((sched.etc / "gpu-install-scheduler-policy.json").read_text())
+    assert policy["kind"] == "Policy" and policy["apiVersion"] == "v1"
+    assert policy["extenders"][0]["httpTimeout"] == 5 * 10 ** 9  # the legacy Policy's time.Duration
+    cmd = sched.scheduler_cmdline()
+    assert "--policy-config-file=/etc/kubernetes/gpu-install-scheduler-policy.json" in cmd
+    assert "--use-legacy-policy-config=true" in cmd
+    doc = yaml.safe_load(sched.manifest.read_text())
+    assert doc["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert sorted(p.name for p in (sched.kube / "manifests").iterdir()) == ["kube-scheduler.yaml"]  # no backup there
+    _extender_case(sched, nodes[-1], "policy", **ext)
+    assert sched.scheduler()["healthy"]
+    _ok(sched.cli(site))
+    stats = sched.site_stats()
+    assert stats["changed"] == 0 and stats["ok"] > 0, stats
+
+
+def test_config_format_v1beta1(sched):
+    nodes = sorted(sched.lab.nodes)
+    ext = {"urlPrefix": sched.ext.url, "filterVerb": "filter", "nodeCacheCapable": True,
+           "managedResources": [{"name": "nvidia.com/gpu"}]}
+    _ok(sched.cli(sched.site(extenders=[ext], format="config")))
+    cfg = yaml.safe_load((sched.etc / "gpu-install-scheduler-config.yaml").read_text())
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1beta1"
+    assert cfg["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"  # --kubeconfig is ignored with --config
+    assert cfg["leaderElection"]["leaderElect"] is False
+    assert not (sched.etc / "gpu-install-scheduler-policy.json").exists()  # the other format's file is gone
+    assert "--config=/etc/kubernetes/gpu-install-scheduler-config.yaml" in sched.scheduler_cmdline()
+    _extender_case(sched, nodes[0], "config", **ext)
+
+
+def test_broken_policy_is_rolled_back(sched, monkeypatch):
+    from installer import apply
+    from installer.config import parse_site
+    from installer.errors import HostFailures
+
+    before = sched.manifest.read_bytes()
+    old_cmd = sched.scheduler_cmdline()
+    monkeypatch.setenv("GPU_INSTALL_STATE", str(sched.state))
+    site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"}})
+    broken = [{"urlPrefix": sched.ext.url, "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": 0}]
+    opts = apply.Options(inventory=str(sched.lab.inventory), limit="bastion", tags="scheduler",
+                         extra={"scheduler_policy_extenders": broken, "scheduler_policy_format": "policy"})
+    t0 = time.monotonic()
+    with pytest.raises(HostFailures) as exc:
+        apply.apply(site, opts)
+    print(f"broken policy: rollback reported after {time.monotonic() - t0:.1f}s")
+    assert exc.value.exit_code == 4
+    msg = exc.value.message
+    assert "ROLLED BACK" in msg and "restored" in msg, msg
+    assert "must have a positive weight" in msg, msg  # the scheduler's own complaint
+    assert sched.manifest.read_bytes() == before
+    st = sched.scheduler()
+    assert st["running"] and st["healthy"], st
+    assert sched.scheduler_cmdline()[1:] == old_cmd[1:]
+    assert list((sched.kube / "backups").glob("gpu-install-scheduler-policy.json.*.rejected"))
+
+
+def test_removal_restores_the_original_manifest(sched, monkeypatch):
+    from installer import apply
+    from installer.config import parse_site
+
+    monkeypatch.setenv("GPU_INSTALL_STATE", str(sched.state))
+    site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"}})
+    opts = apply.Options(inventory=str(sched.lab.inventory), limit="bastion", tags="scheduler",
+                         extra={"gpu_install_action": "remove"})
+    _, res = apply.apply(site, opts)
+    assert res.hosts["bastion"].changed >= 1
+    assert sched.manifest.read_bytes() == sched.original
+    assert not list(sched.etc.glob("gpu-install-scheduler-*"))
+    cmd = sched.scheduler_cmdline()
+    assert not any(a.startswith(("--config", "--policy-config-file")) for a in cmd), cmd
+    assert sched.scheduler()["healthy"]
+    _, again = apply.apply(site, opts)
+    assert again.hosts["bastion"].changed == 0
