@@ -109,7 +109,8 @@ spec.loader.exec_module(probe)
 SUPPORTED = yaml.safe_load((ROOT / "roles/preflight/defaults/main.yml").read_text())["preflight_supported_os"]
 
 
-def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(), runtime="dockerd", driver=None):
+def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(), runtime="dockerd", driver=None,
+              tools=("apt-cache",)):
     (root / "etc").mkdir(parents=True, exist_ok=True)
     (root / "etc/os-release").write_text(f'ID={os_id}\nVERSION_ID="{version}"\nID_LIKE=debian\n')
     (root / "proc").mkdir(exist_ok=True)
@@ -122,9 +123,9 @@ def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(),
     for f, v in {"vendor": "0x10de" if gpu else "0x8086", "class": "0x030200", "device": "0x2330"}.items():
         (dev / f).write_text(v + "\n")
     (root / "usr/bin").mkdir(parents=True, exist_ok=True)
-    if runtime:
-        (root / "usr/bin" / runtime).write_text("#!/bin/sh\n")
-        (root / "usr/bin" / runtime).chmod(0o755)
+    for exe in (runtime, *tools) if runtime else tools:
+        (root / "usr/bin" / exe).write_text("#!/bin/sh\n")
+        (root / "usr/bin" / exe).chmod(0o755)
     (root / "var/lib").mkdir(parents=True, exist_ok=True)
     import os
 
@@ -134,9 +135,28 @@ def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(),
 
 def check(root: Path, runtime="docker", mode="operator", **kw):
     f = probe.probe(str(root), lambda cmd: (0, "Candidate: (none)", ""), kernel="6.1.0-9-amd64", arch=kw.pop("arch", "x86_64"),
-                    check_headers=mode == "host")
+                    check_headers=mode in ("host", "runfile"))
     f["disk_path"], f["disk_free_gb"] = "/var/lib", kw.pop("free", 50.0)
     return f, probe.problems(f, runtime, mode, SUPPORTED, ["x86_64", "aarch64"], 10, True, False)
+
+
+def test_probe_headers_asks_only_the_package_tool_the_node_has(tmp_path):
+    """RHEL 9 has dnf (yum only as its alias), CentOS 7 yum; the lab's rhel9 stand-in has no yum at all. Running a
+    missing tool made the preflight module fail ("Error executing command") instead of answering."""
+    asked = []
+
+    def run(cmd):
+        asked.append(cmd[0])
+        return (0, "Available Packages\nkernel-devel.x86_64 5.14.0-503.el9 baseos\n", "")
+
+    root = fake_node(tmp_path, os_id="rocky", version="9.5", tools=("dnf",))
+    (root / "etc/os-release").write_text('ID="rocky"\nVERSION_ID="9.5"\nID_LIKE="rhel centos fedora"\n')
+    (root / "lib/modules").rename(root / "lib/no-modules")  # headers not installed: the repo is asked
+    f = probe.probe(str(root), run, kernel="5.14.0-503.el9.x86_64", arch="x86_64", check_headers=True)
+    assert asked == ["dnf"] and f["kernel_headers"] == "available"
+    (root / "usr/bin/dnf").unlink()
+    f = probe.probe(str(root), run, kernel="5.14.0-503.el9.x86_64", arch="x86_64", check_headers=True)
+    assert asked == ["dnf"] and f["kernel_headers"] == "unknown"
 
 
 def test_probe_healthy_node(tmp_path):
@@ -153,6 +173,7 @@ def test_probe_healthy_node(tmp_path):
     ({"driver": "NVRM version: 550.54"}, {}, "already loaded on the host (NVRM version: 550.54) but driver.mode is operator"),
     ({"runtime": None}, {}, "container runtime docker not found"),
     ({}, {"mode": "host"}, "kernel headers for the running kernel 6.1.0-9-amd64"),
+    ({}, {"mode": "runfile"}, "kernel headers for the running kernel 6.1.0-9-amd64"),
     ({}, {"mode": "preinstalled"}, "no NVIDIA driver is loaded"),
 ])
 def test_probe_problems_name_the_fix(tmp_path, node, kw, expect):
