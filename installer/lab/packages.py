@@ -24,11 +24,14 @@ standin_nvidia_container_toolkit(): NVIDIA's nvidia-container-toolkit is not obt
 the lab gets a package NAMED nvidia-container-toolkit (so the role installs it by its real name,
 pinned) whose Description and version say STAND-IN: /usr/bin/nvidia-ctk prints a version and says it
 is a stand-in. The .deb depends on gpu-install-standin-nvidia-container-runtime for
-/usr/bin/nvidia-container-runtime (reused, not duplicated); the .rpm (rpmbuild) carries nvidia-ctk
-only (no runc for the rhel9 stand-in).
+/usr/bin/nvidia-container-runtime (reused, not duplicated); so does the .rpm on its .rpm twin.
 
-Only debian12 nodes get the runtime and driver packages: the rhel9 flavour is a Debian userland with
-dnf, and no docker/containerd/driver RPMs are obtainable here (see docs/lab.md).
+rhel_rpms(): the rhel9 flavour is a Debian userland with dnf, and no containerd or driver RPMs are
+obtainable here. One rpmbuild builder (_standin_rpm) makes: gpu-install-standin-containerd (Debian's
+real containerd + runc binaries from the debian12 closure, repackaged unmodified), the runtime and
+toolkit stand-ins as RPMs, and STAND-IN NVIDIA driver RPMs under NVIDIA's RHEL 9 names (nvidia-smi
+exits 9). standin_runfile(): NVIDIA-Linux-x86_64-<v>-STANDIN.run for driver.mode runfile (served
+under the repo's files/). See docs/lab.md.
 
 Put them into a lab with `gpu-install lab repo-add $(...)`, then `apt-get install` on the node.
 """
@@ -123,8 +126,8 @@ def closure(flavour: str = "debian12", packages: tuple[str, ...] = RUNTIME_PACKA
     are resolved with a private apt sources list (see _private_apt)."""
     if flavour != "debian12":
         raise ConfigError(f"{flavour}: no runtime packages for this lab flavour",
-                          hint="docker/containerd come from Debian's archive: use debian12 nodes "
-                               "(the rhel9 stand-in has no RPMs for them)")
+                          hint="the closure comes from Debian's archive for debian12 nodes; rhel9 nodes get "
+                               "containerd from standin_containerd_rpm()")
     base = rootfs.ensure_rootfs(flavour, progress=progress)
     out = cache_dir() / "lab-debs" / f"{flavour}-{_key(flavour, packages, components)}"
     if (out / _DONE).exists():

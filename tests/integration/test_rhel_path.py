@@ -168,3 +168,15 @@ def test_runfile_refuses_distro_driver_packages(rp):
     assert f"{RHEL}: driver.mode is runfile but distro NVIDIA driver packages are installed" in err, err
     assert f"kmod-nvidia-latest-dkms {DRIVER}" in err and f"nvidia-driver {DRIVER}" in err, err
     assert root(lab, RHEL, "command -v nvidia-installer", check=False).returncode != 0  # nothing was run
+
+
+def test_host_mode_refuses_a_runfile_driver(rp):
+    """node1 has the runfile's driver from test_runfile_installs_then_changed_0: packages would overwrite its files."""
+    lab, apply, work, _ = rp
+    assert root(lab, DEB, "test -e /usr/bin/nvidia-uninstall", check=False).returncode == 0
+    site = _site(work, "host-deb", {"host": "registry.example.internal:5000"}, {"mode": "host", "version": "535.309.01"})
+    proc = apply(site, "--limit", DEB)
+    assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    assert (f"{DEB}: driver.mode is host but an NVIDIA driver installed by a runfile is present "
+            "(/usr/bin/nvidia-uninstall)") in proc.stderr, proc.stderr
+    assert root(lab, DEB, "dpkg-query -W nvidia-driver", check=False).returncode != 0  # nothing installed

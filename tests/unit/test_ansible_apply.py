@@ -43,7 +43,9 @@ def site(**over):
 @pytest.mark.parametrize("over", [{}, {"runtime": "containerd"}, {"toolkit": {"mode": "operator"}},
                                   {"cdi": {"enabled": True}}, {"registry": {"host": "r:1"}},
                                   {"driver": {"mode": "host", "version": "535.309.01"}},
-                                  {"toolkit": {"mode": "host", "version": "v1.17.8-ubuntu20.04"}}])
+                                  {"toolkit": {"mode": "host", "version": "v1.17.8-ubuntu20.04"}},
+                                  {"driver": {"mode": "runfile", "runfile": "https://m/files/NVIDIA-Linux-x86_64-535.216.03.run",
+                                              "runfileSha256": "a" * 64}}])
 def test_role_vars_only_declared_variables(over):
     declared = {k for r in ROLES for k in specs(r)} | {"gpu_install_action"}
     ev = apply.role_vars(site(**over))
@@ -78,6 +80,46 @@ def test_role_vars_driver_and_toolkit():
     assert ev["nvidia_container_toolkit_enabled"] is False and "nvidia_container_toolkit_version" not in ev
     with pytest.raises(ConfigError, match="not a toolkit version"):
         apply.role_vars(site(toolkit={"mode": "host", "version": "latest"}))
+
+
+def test_role_vars_runfile():
+    url = "https://mirror.lab/files/NVIDIA-Linux-x86_64-535.216.03.run"
+    ev = apply.role_vars(site(driver={"mode": "runfile", "runfile": url, "runfileSha256": "AB" * 32}))
+    assert ev["nvidia_driver_mode"] == "runfile" and ev["nvidia_driver_runfile"] == url
+    assert ev["nvidia_driver_runfile_sha256"] == "ab" * 32  # normalised to lower case, as get_url/stat print it
+    assert ev["nvidia_driver_package_version"] == "535.216.03"  # from the file name
+    ev = apply.role_vars(site(driver={"mode": "runfile", "runfile": "/srv/driver.run", "version": "550.54.15"}))
+    assert ev["nvidia_driver_package_version"] == "550.54.15" and ev["nvidia_driver_runfile_sha256"] == ""
+    assert "nvidia_driver_runfile" not in apply.role_vars(site())
+
+
+@pytest.mark.parametrize("driver,problem", [
+    ({"mode": "runfile"}, "driver.mode runfile needs driver.runfile"),
+    ({"mode": "runfile", "runfile": "/srv/driver.run"}, "needs the exact driver version"),
+    ({"mode": "runfile", "runfile": "/srv/driver.run", "version": "535"}, "needs the exact driver version"),
+    ({"mode": "runfile", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run", "version": "550.54.15"},
+     "driver.version 550.54.15 but driver.runfile is the 535.216.03 installer"),
+    ({"mode": "runfile", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run", "runfileSha256": "abc"}, "64 hex digits"),
+    ({"mode": "host", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run"}, "only used with driver.mode: runfile"),
+])
+def test_runfile_site_errors_name_the_field(driver, problem):
+    with pytest.raises(ConfigError) as exc:
+        site(driver=driver)
+    assert problem in exc.value.message and "driver" in exc.value.message
+
+
+def test_runfile_path_relative_to_the_site_file(tmp_path):
+    from installer.config import load_site
+
+    (tmp_path / "site.yaml").write_text(
+        "operator: {version: v24.9.2}\nregistry: {host: r:5000}\n"
+        "driver: {mode: runfile, runfile: files/NVIDIA-Linux-x86_64-535.216.03.run}\n")
+    s = load_site(tmp_path / "site.yaml")
+    assert s.driver.runfile == str(tmp_path.resolve() / "files/NVIDIA-Linux-x86_64-535.216.03.run")
+    (tmp_path / "site.yaml").write_text(
+        "operator: {version: v24.9.2}\nregistry: {host: r:5000}\n"
+        "driver: {mode: runfile, runfile: 'http://m:8080/files/NVIDIA-Linux-x86_64-535.216.03.run'}\n")
+    assert load_site(tmp_path / "site.yaml").driver.runfile.startswith("http://m:8080/files/")
 
 
 @pytest.mark.parametrize("tag,want", [("v1.17.4-ubuntu20.04", "1.17.4"), ("v1.18.0", "1.18.0"), ("1.17.4", "1.17.4"),
