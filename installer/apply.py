@@ -73,7 +73,8 @@ def role_vars(site: Site) -> dict[str, Any]:
         **({"nvidia_driver_package_version": site.driver.version} if site.driver.version else {}),
         # driver.mode runfile: the .run installer (URL in the site's file mirror or a controller path), its sha256 and
         # the exact version (driver.version, else the one in the file name; the site model checked they agree)
-        **({"nvidia_driver_runfile": site.driver.runfile, "nvidia_driver_runfile_sha256": site.driver.runfileSha256 or "",
+        **({"nvidia_driver_runfile": site.driver.runfile,
+            "nvidia_driver_runfile_sha256": site.driver.runfileSha256 or "",
             "nvidia_driver_package_version": site.driver.version or runfile_version(site.driver.runfile or "")}
            if site.driver.mode == "runfile" else {}),
         "nvidia_container_toolkit_enabled": host_toolkit,

@@ -110,9 +110,11 @@ class Driver(_Model):
         None, description="kernel modules flavour; default: the release's default"
     )
     rebootPolicy: Literal["never", "if-needed", "always"] = Field(
-        "never", description="host mode: reboot nodes after a driver install (never: report 'reboot required')"
+        "never", description="host/runfile mode: reboot nodes after a driver install (never: report 'reboot required')"
     )
-    serial: str | int = Field("100%", description="host mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%")
+    serial: str | int = Field(
+        "100%", description="host/runfile mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%"
+    )
 
     @field_validator("serial")
     @classmethod
@@ -362,11 +364,14 @@ registry:
 runtime: containerd         # containerd | docker
 
 driver:
-  mode: operator            # host | operator | precompiled | preinstalled
+  mode: operator            # host | runfile | operator | precompiled | preinstalled
   version: null             # default: the release's pinned driver (precompiled: a branch such as "550")
   kernelModuleType: null    # auto | open | proprietary (null: release default)
-  rebootPolicy: never       # host mode: never (report "reboot required") | if-needed | always
-  serial: 100%              # host mode: nodes per driver batch, e.g. 1 or 25%
+  rebootPolicy: never       # host/runfile: never (report "reboot required") | if-needed | always
+  serial: 100%              # host/runfile: nodes per driver batch, e.g. 1 or 25%
+  # runfile mode: NVIDIA-Linux-<arch>-<version>.run from the site's file mirror (URL) or a controller path
+  # runfile: https://mirror.example.internal/files/NVIDIA-Linux-x86_64-535.216.03.run
+  # runfileSha256: <sha256sum of the file>
 
 toolkit:
   mode: operator            # host | operator

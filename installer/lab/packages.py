@@ -232,7 +232,7 @@ def _standin_rpm(name: str, version: str, release: str, summary: str, descriptio
     no strip/debuginfo/brp post-processing: repackaged binaries stay byte-identical."""
     binary = any(isinstance(v, Path) and v.read_bytes()[:4] == b"\x7fELF" for v in files.values())
     header = [f"Name: {name}", f"Version: {version}", f"Release: {release}", f"Summary: {summary}",
-              "License: Apache-2.0" if not binary else "License: Apache-2.0 (repackaged Debian binaries: see /usr/share/doc)",
+              "License: Apache-2.0" + (" (repackaged Debian binaries: see /usr/share/doc)" if binary else ""),
               "AutoReqProv: no", *([f"Epoch: {epoch}"] if epoch is not None else []),
               *(["BuildArch: noarch"] if not binary else []),
               *(f"Requires: {r}" for r in requires), *(f"Provides: {p}" for p in provides)]
@@ -330,7 +330,8 @@ def standin_containerd_rpm(progress=print) -> Path:
         files, provides=(f"containerd = {upstream}", "runc"), config=("/etc/containerd/config.toml",))
 
 
-# Stand-in NVIDIA driver RPMs named as NVIDIA's CUDA repository names them for RHEL 9 (roles/nvidia_driver/vars/RedHat.yml),
+# Stand-in NVIDIA driver RPMs named as NVIDIA's CUDA repository names them for RHEL 9
+# (roles/nvidia_driver/vars/RedHat.yml),
 # epoch 3 as NVIDIA's are. Not NVIDIA's packages: no libraries, no kernel module.
 STANDIN_DRIVER_VERSION = "535.216.03"
 STANDIN_DRIVER_EPOCH = 3
@@ -372,7 +373,8 @@ def standin_nvidia_driver_rpms(version: str = STANDIN_DRIVER_VERSION) -> list[Pa
     smi = _SMI.replace("{version}", version)
     doc = "gpu-install lab STAND-IN, not NVIDIA's package: "
     spec = [
-        ("nvidia-driver", "the driver metapackage (no libraries)", {"/usr/share/doc/nvidia-driver/STANDIN": doc + "metapackage.\n"},
+        ("nvidia-driver", "the driver metapackage (no libraries)",
+         {"/usr/share/doc/nvidia-driver/STANDIN": doc + "metapackage.\n"},
          (f"nvidia-kmod = {evr}", f"nvidia-driver-cuda = {evr}"), ()),
         ("nvidia-driver-cuda", "nvidia-smi that exits 9 (no driver to talk to)", {"/usr/bin/nvidia-smi": smi},
          (f"nvidia-driver = {evr}",), ()),
