@@ -86,6 +86,11 @@ def test_rhel9_apply_host_mode_dnf_pins_trust_store_then_changed_0(rp):
 
     site = _site(work, "rhel-host", {"host": reg, "ca": str(lab.ca)}, {"mode": "host", "version": DRIVER},
                  {"mode": "host", "version": TOOLKIT})
+    # check mode: reports the changes, installs and writes nothing
+    _ok(apply(site, "--limit", RHEL, "--check"))
+    assert apply.site_stats()[RHEL]["changed"] >= 3
+    assert "is not installed" in rpm_q(lab, "nvidia-driver")
+    assert root(lab, RHEL, "ls /etc/pki/ca-trust/source/anchors/").stdout.strip() == ""
     t0 = time.monotonic()
     out = _ok(apply(site, "--limit", RHEL))
     print(f"rhel9 first apply {time.monotonic() - t0:.1f}s", flush=True)
@@ -124,6 +129,9 @@ def test_runfile_installs_then_changed_0(rp):
     assert root(lab, DEB, "command -v nvidia-smi", check=False).returncode != 0
     site = _site(work, "runfile", {"host": "registry.example.internal:5000"},
                  {"mode": "runfile", "runfile": f"{repo_url}/files/{runfile}", "runfileSha256": sha})
+    _ok(apply(site, "--limit", DEB, "--check"))  # check mode: nothing fetched, nothing run
+    assert root(lab, DEB, "ls /var/cache/gpu-install/nvidia-driver/ 2>/dev/null; command -v nvidia-installer",
+                check=False).stdout.strip() == ""
     _ok(apply(site, "--limit", DEB))
     info = root(lab, DEB, "nvidia-installer --driver-info").stdout
     assert f"(version: {DRIVER})" in info and "STAND-IN" in info, info
