@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from installer.ansible import RunResult, run_playbook
 from installer.catalog import Catalog
-from installer.config import Site
+from installer.config import Site, runfile_version
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
 
 CERTS_D = "/etc/containerd/certs.d"
@@ -71,6 +71,12 @@ def role_vars(site: Site) -> dict[str, Any]:
         "nvidia_driver_serial": str(site.driver.serial),
         # site driver.version, else the role's default branch (the catalog's driver is the operator's container)
         **({"nvidia_driver_package_version": site.driver.version} if site.driver.version else {}),
+        # driver.mode runfile: the .run installer (URL in the site's file mirror or a controller path), its sha256 and
+        # the exact version (driver.version, else the one in the file name; the site model checked they agree)
+        **({"nvidia_driver_runfile": site.driver.runfile,
+            "nvidia_driver_runfile_sha256": site.driver.runfileSha256 or "",
+            "nvidia_driver_package_version": site.driver.version or runfile_version(site.driver.runfile or "")}
+           if site.driver.mode == "runfile" else {}),
         "nvidia_container_toolkit_enabled": host_toolkit,
         **({"nvidia_container_toolkit_version": _toolkit_version(site)} if host_toolkit else {}),
         # control plane: no extenders -> the role does nothing

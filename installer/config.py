@@ -94,19 +94,27 @@ class Registry(_Model):
 
 
 class Driver(_Model):
-    mode: Literal["host", "operator", "precompiled", "preinstalled"] = Field(
+    mode: Literal["host", "runfile", "operator", "precompiled", "preinstalled"] = Field(
         "operator",
-        description="host: roles install packages, operator driver off · operator: driver container · "
+        description="host: roles install packages, operator driver off · runfile: roles run NVIDIA's .run installer "
+        "from the site's file mirror, operator driver off · operator: driver container · "
         "precompiled: precompiled driver container · preinstalled: already on the nodes",
     )
     version: str | None = Field(None, description="driver version (precompiled: branch, e.g. 550); default: catalog")
+    runfile: str | None = Field(
+        None, description="runfile mode: NVIDIA-Linux-<arch>-<version>.run as an http(s) URL (the site's file mirror) "
+        "or a path on the controller (relative to the site file)"
+    )
+    runfileSha256: str | None = Field(None, description="runfile mode: sha256 of the runfile, checked before it runs")
     kernelModuleType: Literal["auto", "open", "proprietary"] | None = Field(
         None, description="kernel modules flavour; default: the release's default"
     )
     rebootPolicy: Literal["never", "if-needed", "always"] = Field(
-        "never", description="host mode: reboot nodes after a driver install (never: report 'reboot required')"
+        "never", description="host/runfile mode: reboot nodes after a driver install (never: report 'reboot required')"
     )
-    serial: str | int = Field("100%", description="host mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%")
+    serial: str | int = Field(
+        "100%", description="host/runfile mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%"
+    )
 
     @field_validator("serial")
     @classmethod
@@ -118,6 +126,36 @@ class Driver(_Model):
         if not re.fullmatch(r"(100|[1-9]\d?)%|[1-9]\d*", v):
             raise ValueError(f"{v!r} is neither a host count nor a percentage such as 25%")
         return int(v) if v.isdigit() else v
+
+    @field_validator("runfileSha256")
+    @classmethod
+    def _sha256(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("must be 64 hex digits (sha256sum of the .run file)")
+        return v.lower() if v else v
+
+    @model_validator(mode="after")
+    def _runfile(self) -> "Driver":
+        if self.mode != "runfile":
+            if self.runfile or self.runfileSha256:
+                raise ValueError("driver.runfile/runfileSha256 are only used with driver.mode: runfile")
+            return self
+        if not self.runfile:
+            raise ValueError("driver.mode runfile needs driver.runfile (URL in the site's file mirror or a path)")
+        named = runfile_version(self.runfile)
+        if self.version and named and self.version != named:
+            raise ValueError(f"driver.version {self.version} but driver.runfile is the {named} installer")
+        version = self.version or named  # role_vars() uses the same (no assignment here: validate_assignment)
+        if not version or not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+            raise ValueError("driver.mode runfile needs the exact driver version (e.g. 535.216.03): set driver.version "
+                             "or name the file NVIDIA-Linux-<arch>-<version>.run")
+        return self
+
+
+def runfile_version(runfile: str) -> str | None:
+    """The driver version in an NVIDIA runfile name (NVIDIA-Linux-x86_64-535.216.03.run and -STANDIN/-grid variants)."""
+    m = re.match(r"NVIDIA-Linux-[A-Za-z0-9_]+-(\d+\.\d+(?:\.\d+)?)(?:[-.][^/]*)?\.run$", runfile.rsplit("/", 1)[-1])
+    return m.group(1) if m else None
 
 
 class Toolkit(_Model):
@@ -296,6 +334,9 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
     chart = site.operator.chart
     if chart and "://" not in chart and not Path(chart).is_absolute():
         site.operator.chart = str(base / chart)
+    runfile = site.driver.runfile
+    if runfile and "://" not in runfile and not Path(runfile).expanduser().is_absolute():
+        site.driver.runfile = str(base / runfile)
     if reg.pullSecret and reg.pullSecret.dockerConfigFile and not reg.pullSecret.dockerConfigFile.is_absolute():
         reg.pullSecret.dockerConfigFile = base / reg.pullSecret.dockerConfigFile
     # the release must exist: normalise '24.9.2' to 'v24.9.2'
@@ -419,11 +460,14 @@ registry:
 runtime: containerd         # containerd | docker
 
 driver:
-  mode: operator            # host | operator | precompiled | preinstalled
+  mode: operator            # host | runfile | operator | precompiled | preinstalled
   version: null             # default: the release's pinned driver (precompiled: a branch such as "550")
   kernelModuleType: null    # auto | open | proprietary (null: release default)
-  rebootPolicy: never       # host mode: never (report "reboot required") | if-needed | always
-  serial: 100%              # host mode: nodes per driver batch, e.g. 1 or 25%
+  rebootPolicy: never       # host/runfile: never (report "reboot required") | if-needed | always
+  serial: 100%              # host/runfile: nodes per driver batch, e.g. 1 or 25%
+  # runfile mode: NVIDIA-Linux-<arch>-<version>.run from the site's file mirror (URL) or a controller path
+  # runfile: https://mirror.example.internal/files/NVIDIA-Linux-x86_64-535.216.03.run
+  # runfileSha256: <sha256sum of the file>
 
 toolkit:
   mode: operator            # host | operator

@@ -13,14 +13,14 @@ description:
 options:
   root: {type: path, default: /, description: read /etc, /proc, /sys below this directory (tests)}
   runtime: {type: str, choices: [containerd, docker], default: containerd}
-  driver_mode: {type: str, choices: [host, operator, precompiled, preinstalled], default: operator}
+  driver_mode: {type: str, choices: [host, runfile, operator, precompiled, preinstalled], default: operator}
   supported_os: {type: dict, default: {}, description: os-release ID -> list of VERSION_IDs (or majors)}
   architectures: {type: list, elements: str, default: [x86_64, aarch64]}
   disk_path: {type: str, default: /var/lib}
   min_free_gb: {type: float, default: 10}
   require_gpu: {type: bool, default: true}
   allow_secure_boot: {type: bool, default: false}
-  require_kernel_headers: {type: bool, default: true, description: with driver_mode host; false only where the module cannot be built anyway (the lab)}
+  require_kernel_headers: {type: bool, default: true, description: with driver_mode host or runfile; false only where the module cannot be built anyway (the lab)}
 author: gpu-install
 """
 
@@ -80,16 +80,17 @@ def which(root, name):
 def headers(root, kernel, os_family, run):
     if os.path.isdir(os.path.join(root, "lib/modules", kernel, "build")):
         return "installed"
-    if os_family == "debian":
+    # only package tools the node has (RHEL 9 has dnf, yum is a link to it; CentOS 7 has yum only): running a missing
+    # one fails the module instead of answering
+    if os_family == "debian" and which(root, "apt-cache"):
         rc, out, _ = run(["apt-cache", "policy", "linux-headers-" + kernel])
         m = re.search(r"Candidate:\s*(\S+)", out or "")
         return "available" if rc == 0 and m and m.group(1) != "(none)" else "missing"
     if os_family == "redhat":
-        for tool in ("dnf", "yum"):
+        tool = next((t for t in ("dnf", "yum") if which(root, t)), None)
+        if tool:
             rc, out, _ = run([tool, "-q", "list", "--available", "kernel-devel-" + kernel])
-            if rc == 0 and "kernel-devel" in (out or ""):
-                return "available"
-        return "missing"
+            return "available" if rc == 0 and "kernel-devel" in (out or "") else "missing"
     return "unknown"
 
 
@@ -128,10 +129,10 @@ def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, 
     if f["disk_free_gb"] < min_free_gb:
         out.append("only %.1f GiB free under %s, need %s GiB: free space or set preflight_min_free_gb"
                    % (f["disk_free_gb"], f["disk_path"], min_free_gb))
-    if driver_mode == "host" and f["kernel_headers"] == "missing" and require_kernel_headers:
+    if driver_mode in ("host", "runfile") and f["kernel_headers"] == "missing" and require_kernel_headers:
         out.append("kernel headers for the running kernel %s are not installed nor available from the configured "
                    "repositories: add them to the (mirrored) repository or boot a kernel that has them" % f["kernel"])
-    if driver_mode in ("host", "operator") and f["secure_boot"] and not allow_secure_boot:
+    if driver_mode in ("host", "runfile", "operator") and f["secure_boot"] and not allow_secure_boot:
         out.append("Secure Boot is on: a driver built on the node will not load unsigned; use driver.mode precompiled "
                    "with signed modules, disable Secure Boot, or set preflight_allow_secure_boot after enrolling a key")
     if driver_mode != "preinstalled" and f["nouveau_loaded"]:
@@ -159,7 +160,8 @@ def main():
         argument_spec=dict(
             root=dict(type="path", default="/"),
             runtime=dict(type="str", choices=["containerd", "docker"], default="containerd"),
-            driver_mode=dict(type="str", choices=["host", "operator", "precompiled", "preinstalled"], default="operator"),
+            driver_mode=dict(type="str", choices=["host", "runfile", "operator", "precompiled", "preinstalled"],
+                             default="operator"),
             supported_os=dict(type="dict", default={}),
             architectures=dict(type="list", elements="str", default=["x86_64", "aarch64"]),
             disk_path=dict(type="str", default="/var/lib"),
@@ -171,7 +173,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    facts = probe(p["root"], module.run_command, check_headers=p["driver_mode"] == "host")
+    facts = probe(p["root"], module.run_command, check_headers=p["driver_mode"] in ("host", "runfile"))
     facts["disk_path"], facts["disk_free_gb"] = p["disk_path"], free_gb(p["root"], p["disk_path"])
     found = problems(facts, p["runtime"], p["driver_mode"], p["supported_os"], p["architectures"], p["min_free_gb"],
                      p["require_gpu"], p["allow_secure_boot"], p["require_kernel_headers"])

@@ -140,6 +140,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("-o", "--output", help="write here, e.g. inventories/lab/hosts.yml")
     q.set_defaults(func=cmd_inventory)
 
-    q = lsub.add_parser("repo-add", help="add .deb/.rpm files to the lab repository and re-index")
+    q = lsub.add_parser("repo-add",
+                        help="add .deb/.rpm files (re-indexed) and .run files (under /files/) to the lab repository")
     q.add_argument("files", nargs="+")
     q.set_defaults(func=cmd_repo_add)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.errors import EnvironmentProblem
-from installer.lab import pki, repo
+from installer.lab import pki, repo, rootfs
 from installer.lab.rootfs import LAB_USER
 from installer.lab.sh import run
 from installer.util import atomic_write
@@ -77,14 +77,22 @@ def customise(merged: Path, node: dict[str, Any], lab: dict[str, Any]) -> str:
                  "HostKey /etc/ssh/ssh_host_ed25519_key\nPasswordAuthentication no\nUseDNS no\n")
     _authorize(merged, "root", "/root", lab["ssh_pubkey"])
     _authorize(merged, LAB_USER, f"/home/{LAB_USER}", lab["ssh_pubkey"])
-    # Lab CA: in the system trust store (as an enterprise CA would be) and for containers tools.
-    ca_file = merged / "usr" / "local" / "share" / "ca-certificates" / CA_NAME
+    # Lab CA: in the system trust store (as an enterprise CA would be) and for containers tools. rhel9: RHEL's
+    # anchors directory and the stand-in update-ca-trust (rootfs.UPDATE_CA_TRUST), which owns the bundle there.
+    if node["flavour"] == "rhel9":
+        tool = merged / "usr" / "bin" / "update-ca-trust"
+        if not tool.exists() or tool.read_text() != rootfs.UPDATE_CA_TRUST:
+            atomic_write(tool, rootfs.UPDATE_CA_TRUST, mode=0o755)
+        ca_file = etc / "pki" / "ca-trust" / "source" / "anchors" / CA_NAME
+        refresh = ["update-ca-trust", "extract"]
+    else:
+        ca_file = merged / "usr" / "local" / "share" / "ca-certificates" / CA_NAME
+        refresh = ["update-ca-certificates", "--fresh"]
     if not ca_file.exists() or ca_file.read_text() != lab["ca_pem"]:
         atomic_write(ca_file, lab["ca_pem"])
-        run(["chroot", merged, "update-ca-certificates", "--fresh"])
+        run(["chroot", merged, *refresh])
     atomic_write(etc / "containers" / "certs.d" / lab["registry"] / "ca.crt", lab["ca_pem"])
     if node["flavour"] == "rhel9":
-        atomic_write(etc / "pki" / "ca-trust" / "source" / "anchors" / CA_NAME, lab["ca_pem"])
         atomic_write(etc / "yum.repos.d" / "gpu-install-lab.repo", repo.yum_repo(lab["repo_url"]))
     else:
         atomic_write(etc / "apt" / "sources.list.d" / "gpu-install-lab.list", repo.apt_source(lab["repo_url"]))

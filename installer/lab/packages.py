@@ -24,11 +24,14 @@ standin_nvidia_container_toolkit(): NVIDIA's nvidia-container-toolkit is not obt
 the lab gets a package NAMED nvidia-container-toolkit (so the role installs it by its real name,
 pinned) whose Description and version say STAND-IN: /usr/bin/nvidia-ctk prints a version and says it
 is a stand-in. The .deb depends on gpu-install-standin-nvidia-container-runtime for
-/usr/bin/nvidia-container-runtime (reused, not duplicated); the .rpm (rpmbuild) carries nvidia-ctk
-only (no runc for the rhel9 stand-in).
+/usr/bin/nvidia-container-runtime (reused, not duplicated); so does the .rpm on its .rpm twin.
 
-Only debian12 nodes get the runtime and driver packages: the rhel9 flavour is a Debian userland with
-dnf, and no docker/containerd/driver RPMs are obtainable here (see docs/lab.md).
+rhel_rpms(): the rhel9 flavour is a Debian userland with dnf, and no containerd or driver RPMs are
+obtainable here. One rpmbuild builder (_standin_rpm) makes: gpu-install-standin-containerd (Debian's
+real containerd + runc binaries from the debian12 closure, repackaged unmodified), the runtime and
+toolkit stand-ins as RPMs, and STAND-IN NVIDIA driver RPMs under NVIDIA's RHEL 9 names (nvidia-smi
+exits 9). standin_runfile(): NVIDIA-Linux-x86_64-<v>-STANDIN.run for driver.mode runfile (served
+under the repo's files/). See docs/lab.md.
 
 Put them into a lab with `gpu-install lab repo-add $(...)`, then `apt-get install` on the node.
 """
@@ -123,8 +126,8 @@ def closure(flavour: str = "debian12", packages: tuple[str, ...] = RUNTIME_PACKA
     are resolved with a private apt sources list (see _private_apt)."""
     if flavour != "debian12":
         raise ConfigError(f"{flavour}: no runtime packages for this lab flavour",
-                          hint="docker/containerd come from Debian's archive: use debian12 nodes "
-                               "(the rhel9 stand-in has no RPMs for them)")
+                          hint="the closure comes from Debian's archive for debian12 nodes; rhel9 nodes get "
+                               "containerd from standin_containerd_rpm()")
     base = rootfs.ensure_rootfs(flavour, progress=progress)
     out = cache_dir() / "lab-debs" / f"{flavour}-{_key(flavour, packages, components)}"
     if (out / _DONE).exists():
@@ -218,38 +221,260 @@ def standin_nvidia_container_toolkit() -> Path:
         {"nvidia-ctk": _CTK})
 
 
-def standin_nvidia_container_toolkit_rpm() -> Path:
-    """The STAND-IN nvidia-container-toolkit .rpm for the rhel9 flavour (rpmbuild; nvidia-ctk only)."""
-    upstream, release = STANDIN_NCT_UPSTREAM, "0.gpuinstall.standin1"
-    out = cache_dir() / "lab-rpms" / f"{STANDIN_NCT}-{upstream}-{release}.noarch.rpm"
-    if out.exists():
-        return out
+def _standin_rpm(name: str, version: str, release: str, summary: str, description: str,
+                 files: dict[str, str | Path | tuple], *, epoch: int | None = None, requires: tuple[str, ...] = (),
+                 provides: tuple[str, ...] = (), config: tuple[str, ...] = ()) -> Path:
+    """Build a stand-in .rpm once with rpmbuild (cached by a hash of everything that goes into it).
+
+    files maps absolute target paths to: str (script/text; 0755 under */bin/, else 0644), (str, mode),
+    Path (a file copied byte for byte, its mode kept) or ("symlink", target). noarch unless a Path is an
+    ELF binary. No automatic dependencies (the rhel9 stand-in's rpm database holds only lab RPMs, not glibc),
+    no strip/debuginfo/brp post-processing: repackaged binaries stay byte-identical."""
+    binary = any(isinstance(v, Path) and v.read_bytes()[:4] == b"\x7fELF" for v in files.values())
+    header = [f"Name: {name}", f"Version: {version}", f"Release: {release}", f"Summary: {summary}",
+              "License: Apache-2.0" + (" (repackaged Debian binaries: see /usr/share/doc)" if binary else ""),
+              "AutoReqProv: no", *([f"Epoch: {epoch}"] if epoch is not None else []),
+              *(["BuildArch: noarch"] if not binary else []),
+              *(f"Requires: {r}" for r in requires), *(f"Provides: {p}" for p in provides)]
+    listed = "\n".join((f"%config(noreplace) \"{t}\"" if t in config else f"\"{t}\"") for t in sorted(files))
+    spec = ("%global debug_package %{nil}\n%global __os_install_post %{nil}\n%define _build_id_links none\n"
+            + "\n".join(header) + f"\n%description\n{description}\n"
+            "%install\ncp -a %{_sourcedir}/root/. %{buildroot}/\n"
+            f"%files\n{listed}\n")
+    digest = hashlib.sha256(spec.encode())
+    for target in sorted(files):
+        v = files[target]
+        digest.update(target.encode() + b"\0" + (v.read_bytes() if isinstance(v, Path) else repr(v).encode()))
+    out_dir = cache_dir() / "lab-rpms" / digest.hexdigest()[:12]
+    done = sorted(out_dir.glob(f"{name}-{version}-{release}.*.rpm"))
+    if done:
+        return done[0]
     if not shutil.which("rpmbuild"):
         raise EnvironmentProblem("rpmbuild not found", hint="apt-get install rpm")
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         top = Path(tmp)
-        (top / "SOURCES").mkdir()
-        (top / "SOURCES" / "nvidia-ctk").write_text(_CTK)
-        spec = top / "standin.spec"
-        spec.write_text(
-            f"Name: {STANDIN_NCT}\nVersion: {upstream}\nRelease: {release}\n"
-            "Summary: gpu-install lab STAND-IN for NVIDIA's nvidia-container-toolkit\n"
-            "License: Apache-2.0\nBuildArch: noarch\nSource0: nvidia-ctk\n"
-            "%description\ngpu-install lab STAND-IN: not NVIDIA's package; /usr/bin/nvidia-ctk only prints a version.\n"
-            "%install\nmkdir -p %{buildroot}/usr/bin\ninstall -m 0755 %{SOURCE0} %{buildroot}/usr/bin/nvidia-ctk\n"
-            "%files\n/usr/bin/nvidia-ctk\n"
-        )
-        run(["rpmbuild", "-bb", "--define", f"_topdir {top}", "--define", "_build_id_links none", str(spec)],
-            timeout=300)
-        built = next((top / "RPMS" / "noarch").glob("*.rpm"))
-        tmp_out = out.with_name(out.name + f".tmp-{os.getpid()}")
+        root = top / "SOURCES" / "root"
+        for target, v in files.items():
+            dest = root / target.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(v, tuple) and v[0] == "symlink":
+                os.symlink(v[1], dest)
+            elif isinstance(v, Path):
+                shutil.copy2(v, dest)
+            else:
+                text, mode = v if isinstance(v, tuple) else (v, 0o755 if "/bin/" in target else 0o644)
+                dest.write_text(text)
+                dest.chmod(mode)
+        (top / "standin.spec").write_text(spec)
+        run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", str(top / "standin.spec")], timeout=300)
+        built = next((top / "RPMS").glob("*/*.rpm"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp_out = out_dir / (built.name + f".tmp-{os.getpid()}")
         shutil.copyfile(built, tmp_out)
-        os.replace(tmp_out, out)
-    return out
+        os.replace(tmp_out, out_dir / built.name)
+        return out_dir / built.name
+
+
+RPM_RELEASE = "1.el9.gpuinstall.standin1"  # every stand-in RPM says STAND-IN in its release
+
+
+def standin_nvidia_container_runtime_rpm() -> Path:
+    """The runtime stand-in as an RPM (a runc wrapper; runc comes from the containerd stand-in)."""
+    return _standin_rpm(STANDIN_NCR, STANDIN_NCR_VERSION, RPM_RELEASE,
+                        "gpu-install lab STAND-IN for nvidia-container-runtime",
+                        "/usr/bin/nvidia-container-runtime execs runc. Lab tests only: it injects no GPU.",
+                        {"/usr/bin/nvidia-container-runtime": _WRAPPER}, requires=("runc",),
+                        provides=("nvidia-container-runtime",))
+
+
+def standin_nvidia_container_toolkit_rpm() -> Path:
+    """The STAND-IN nvidia-container-toolkit .rpm for the rhel9 flavour (nvidia-ctk prints a version; needs the
+    runtime stand-in like the .deb)."""
+    return _standin_rpm(STANDIN_NCT, STANDIN_NCT_UPSTREAM, RPM_RELEASE,
+                        "gpu-install lab STAND-IN for NVIDIA's nvidia-container-toolkit",
+                        "gpu-install lab STAND-IN: not NVIDIA's package; /usr/bin/nvidia-ctk only prints a version.",
+                        {"/usr/bin/nvidia-ctk": _CTK}, requires=(f"{STANDIN_NCR} >= {STANDIN_NCR_VERSION}",))
+
+
+STANDIN_CONTAINERD = "gpu-install-standin-containerd"
+
+
+def standin_containerd_rpm(progress=print) -> Path:
+    """containerd + runc for the rhel9 stand-in: Debian's REAL containerd 1.6.20 and runc binaries (the debian12
+    closure, cached), repackaged unmodified as one RPM named as a stand-in. The rhel9 flavour is a Debian userland,
+    so Debian's binaries are its native ones; no containerd RPM is obtainable here. Provides containerd and runc."""
+    debs = {d.name.split("_")[0]: d for d in closure("debian12", RUNTIME_PACKAGES, progress=progress)}
+    staging = cache_dir() / "lab-rpms" / "containerd-src"
+    files: dict[str, str | Path | tuple] = {}
+    versions = {}
+    for pkg in ("containerd", "runc"):
+        deb = debs[pkg]
+        versions[pkg] = deb.name.split("_")[1]
+        tree = staging / deb.stem
+        if not (tree / _DONE).exists():
+            shutil.rmtree(tree, ignore_errors=True)
+            tree.mkdir(parents=True)
+            run(["dpkg-deb", "-x", deb, tree])
+            (tree / _DONE).write_text("")
+        for path in sorted(tree.rglob("*")):
+            rel = "/" + str(path.relative_to(tree))
+            keep_doc = rel.startswith("/usr/share/doc/") and path.name in ("copyright", "NOTICE")
+            if rel == "/" + _DONE or "/share/" in rel and not keep_doc or path.is_dir() and not path.is_symlink():
+                continue
+            files[rel] = ("symlink", os.readlink(path)) if path.is_symlink() else path
+    upstream = versions["containerd"].split("~")[0]
+    return _standin_rpm(
+        STANDIN_CONTAINERD, upstream, RPM_RELEASE, "gpu-install lab STAND-IN: Debian's containerd and runc as an RPM",
+        f"Debian's containerd {versions['containerd']} and runc {versions['runc']} binaries, unmodified, for the\n"
+        "gpu-install rhel9 lab stand-in (a Debian userland). Not a Red Hat or Docker package.",
+        files, provides=(f"containerd = {upstream}", "runc"), config=("/etc/containerd/config.toml",))
+
+
+# Stand-in NVIDIA driver RPMs named as NVIDIA's CUDA repository names them for RHEL 9
+# (roles/nvidia_driver/vars/RedHat.yml),
+# epoch 3 as NVIDIA's are. Not NVIDIA's packages: no libraries, no kernel module.
+STANDIN_DRIVER_VERSION = "535.216.03"
+STANDIN_DRIVER_EPOCH = 3
+_SMI = """\
+#!/bin/sh
+# gpu-install lab STAND-IN for nvidia-smi (driver {version}): like the real one on a machine without an NVIDIA
+# kernel module, it cannot talk to the driver and exits 9.
+case "$1" in
+  --version) echo "NVIDIA-SMI version  : {version} (gpu-install lab STAND-IN)"; exit 0;;
+esac
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running. (gpu-install lab STAND-IN)"
+exit 9
+"""
+_PERSISTENCED = """\
+#!/bin/sh
+# gpu-install lab STAND-IN for nvidia-persistenced: there is no NVIDIA driver to keep initialised.
+echo "nvidia-persistenced (gpu-install lab STAND-IN): no NVIDIA kernel module loaded" >&2
+exit 1
+"""
+_PERSISTENCED_UNIT = """\
+[Unit]
+Description=NVIDIA Persistence Daemon (gpu-install lab STAND-IN)
+Wants=syslog.target
+ConditionPathExists=/proc/driver/nvidia/version
+
+[Service]
+Type=forking
+ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def standin_nvidia_driver_rpms(version: str = STANDIN_DRIVER_VERSION) -> list[Path]:
+    """nvidia-driver, nvidia-driver-cuda (nvidia-smi), kmod-nvidia-latest-dkms and nvidia-persistenced STAND-INs."""
+    evr = f"{STANDIN_DRIVER_EPOCH}:{version}"
+    smi = _SMI.replace("{version}", version)
+    doc = "gpu-install lab STAND-IN, not NVIDIA's package: "
+    spec = [
+        ("nvidia-driver", "the driver metapackage (no libraries)",
+         {"/usr/share/doc/nvidia-driver/STANDIN": doc + "metapackage.\n"},
+         (f"nvidia-kmod = {evr}", f"nvidia-driver-cuda = {evr}"), ()),
+        ("nvidia-driver-cuda", "nvidia-smi that exits 9 (no driver to talk to)", {"/usr/bin/nvidia-smi": smi},
+         (f"nvidia-driver = {evr}",), ()),
+        ("kmod-nvidia-latest-dkms", "no kernel module sources (the lab shares the bastion's kernel)",
+         {"/usr/share/doc/kmod-nvidia-latest-dkms/STANDIN": doc + "no module sources, DKMS builds nothing.\n"},
+         (), (f"nvidia-kmod = {evr}",)),
+        ("nvidia-persistenced", "a unit that starts only with a loaded driver",
+         {"/usr/bin/nvidia-persistenced": _PERSISTENCED, "/usr/lib/systemd/system/nvidia-persistenced.service":
+          _PERSISTENCED_UNIT}, (), ()),
+    ]
+    return [_standin_rpm(name, version, RPM_RELEASE, f"gpu-install lab STAND-IN for NVIDIA's {name}", doc + what,
+                         files, epoch=STANDIN_DRIVER_EPOCH, requires=req, provides=prov)
+            for name, what, files, req, prov in spec]
+
+
+def rhel_rpms(progress=print) -> list[Path]:
+    """What the rhel9 stand-in's RPM repo serves for `apply` (toolkit and driver mode host): the containerd stand-in
+    (preflight wants a runtime), the runtime and toolkit stand-ins, the driver stand-ins."""
+    return [standin_containerd_rpm(progress), standin_nvidia_container_runtime_rpm(),
+            standin_nvidia_container_toolkit_rpm(), *standin_nvidia_driver_rpms()]
 
 
 def driver_toolkit_debs(progress=print) -> list[Path]:
     """What the driver/toolkit lab serves: the Debian NVIDIA driver closure (+ containerd), and the
     runtime + toolkit stand-ins."""
     return nvidia_debs(progress=progress) + [standin_nvidia_container_runtime(), standin_nvidia_container_toolkit()]
+
+
+# The runfile STAND-IN: NVIDIA's .run installers are not obtainable here. This one is a shell script named as a
+# stand-in that accepts nvidia-installer's unattended options (--silent, --no-questions, --ui=none, --dkms,
+# --no-nouveau-check, ...; anything else fails like nvidia-installer's "Unrecognized option"), installs a stand-in
+# nvidia-smi (exits 9) and a stand-in /usr/bin/nvidia-installer whose --driver-info reports the installed version
+# from the record it keeps under /var/lib/nvidia (the real one reads its backup log there), and refuses to install
+# over a distro driver package's nvidia-smi.
+_RUNFILE = r"""#!/bin/sh
+# NVIDIA-Linux-x86_64-{version}-STANDIN.run -- gpu-install lab STAND-IN for NVIDIA's driver runfile {version}.
+# Not NVIDIA's installer: no libraries, no kernel module. It installs /usr/bin/nvidia-smi (exits 9, as without a
+# driver), /usr/bin/nvidia-installer (--driver-info, --uninstall) and records the version in /var/lib/nvidia.
+VERSION={version}
+ui=ncurses; questions=yes; dkms=no
+for a in "$@"; do
+  case "$a" in
+    -s|--silent) ui=none; questions=no;;
+    -q|--no-questions) questions=no;;
+    --ui=none) ui=none;;
+    --ui=ncurses) ui=ncurses;;
+    --dkms) dkms=yes;;
+    -a|--accept-license|-z|--no-nouveau-check|-Z|--disable-nouveau|--no-x-check|--no-cc-version-check|    -n|--no-precompiled-interface|--no-drm|--no-peermem|--no-opengl-files|--no-kernel-module-source|    --install-libglvnd|--no-install-libglvnd|--systemd|--no-systemd) ;;
+    -v|--version) echo "nvidia-installer:  version $VERSION (gpu-install lab STAND-IN)"; exit 0;;
+    --info) echo "Identification    : NVIDIA Accelerated Graphics Driver for Linux-x86_64 $VERSION (gpu-install lab STAND-IN)"; exit 0;;
+    *) echo "ERROR: Unrecognized option: '$a'; see '$0 --help' for usage information. (gpu-install lab STAND-IN)" >&2; exit 1;;
+  esac
+done
+if [ "$(id -u)" != 0 ]; then echo "ERROR: nvidia-installer must be run as root (gpu-install lab STAND-IN)" >&2; exit 1; fi
+if [ "$ui" != none ] || [ "$questions" != no ]; then
+  echo "ERROR: this STAND-IN only installs unattended: pass --silent (or --ui=none --no-questions)" >&2; exit 1
+fi
+for db in "dpkg -S /usr/bin/nvidia-smi" "rpm -qf /usr/bin/nvidia-smi"; do
+  if command -v ${db%% *} >/dev/null 2>&1 && $db >/dev/null 2>&1; then
+    echo "ERROR: /usr/bin/nvidia-smi belongs to a distribution package ($($db 2>/dev/null | head -n1)); uninstall the NVIDIA driver packages first (gpu-install lab STAND-IN)" >&2
+    exit 1
+  fi
+done
+mkdir -p /usr/bin /var/lib/nvidia /var/log
+cat > /usr/bin/nvidia-smi <<'EOS'
+{smi}EOS
+cat > /usr/bin/nvidia-installer <<'EOS'
+#!/bin/sh
+# gpu-install lab STAND-IN for nvidia-installer as the runfile installs it.
+case "$1" in
+  -i|--driver-info)
+    if [ -s /var/lib/nvidia/gpu-install-standin.version ]; then
+      echo "The currently installed driver is: 'NVIDIA Accelerated Graphics Driver for Linux-x86_64 (gpu-install lab STAND-IN)' (version: $(cat /var/lib/nvidia/gpu-install-standin.version))."
+      exit 0
+    fi
+    echo "There is no NVIDIA driver currently installed." ; exit 1;;
+  --uninstall)
+    rm -f /usr/bin/nvidia-smi /usr/bin/nvidia-uninstall /var/lib/nvidia/gpu-install-standin.version
+    rm -f /usr/bin/nvidia-installer; exit 0;;
+  -v|--version) echo "nvidia-installer:  version $(cat /var/lib/nvidia/gpu-install-standin.version 2>/dev/null) (gpu-install lab STAND-IN)"; exit 0;;
+esac
+echo "nvidia-installer (gpu-install lab STAND-IN): only --driver-info, --uninstall and --version" >&2; exit 1
+EOS
+chmod 0755 /usr/bin/nvidia-smi /usr/bin/nvidia-installer
+ln -sf nvidia-installer /usr/bin/nvidia-uninstall
+echo "$VERSION" > /var/lib/nvidia/gpu-install-standin.version
+echo "$(date -u +%FT%TZ) installed $VERSION (gpu-install lab STAND-IN) dkms=$dkms: no kernel module built" >> /var/log/nvidia-installer.log
+exit 0
+"""
+
+
+def standin_runfile(version: str = STANDIN_DRIVER_VERSION) -> Path:
+    """NVIDIA-Linux-x86_64-<version>-STANDIN.run (cached): the runfile stand-in (see _RUNFILE)."""
+    text = _RUNFILE.replace("{version}", version).replace("{smi}", _SMI.replace("{version}", version))
+    out = cache_dir() / "lab-files" / f"NVIDIA-Linux-x86_64-{version}-STANDIN.run"
+    if out.exists() and out.read_text() == text:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    os.replace(tmp, out)
+    return out

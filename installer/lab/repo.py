@@ -2,6 +2,8 @@
 
   repo/apt/  pool/*.deb + dists/lab/main/binary-amd64/{Packages,Release} (apt-ftparchive)
   repo/rpm/  *.rpm + repodata/ (createrepo_c)
+  repo/files/  plain files, the site's file mirror (e.g. NVIDIA .run driver installers for driver.mode runfile),
+             served as http://<bastion>:8080/files/<name>
 
 `lab up` always adds one STAND-IN package per format, built here (dpkg-deb, rpmbuild), so the tests
 have something real to install: gpu-install-lab-standin (it installs a text file, nothing else).
@@ -78,15 +80,18 @@ cat > %{{buildroot}}/usr/share/{STANDIN}/README <<'EOF'
 
 
 def add_packages(repo: Path, files: list[Path]) -> list[Path]:
-    """Copy .deb/.rpm files into the pools (indexed by the next `refresh`)."""
+    """Copy .deb/.rpm files into the pools (indexed by the next `refresh`), .run files into files/."""
     placed = []
     for f in files:
         if f.suffix == ".deb":
             dest = repo / "apt" / "pool" / "main" / f.name
         elif f.suffix == ".rpm":
             dest = repo / "rpm" / f.name
+        elif f.suffix == ".run":
+            dest = repo / "files" / f.name
         else:
-            raise ConfigError(f"{f}: not a .deb or .rpm", hint="the lab repository serves apt and RPM packages")
+            raise ConfigError(f"{f}: not a .deb, .rpm or .run",
+                              hint="the lab repository serves apt and RPM packages, and .run files under /files/")
         if not f.is_file():
             raise ConfigError(f"{f}: no such file")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +106,7 @@ def refresh(repo: Path) -> None:
     pool = apt / "pool" / "main"
     pool.mkdir(parents=True, exist_ok=True)
     rpm.mkdir(parents=True, exist_ok=True)
+    (repo / "files").mkdir(exist_ok=True)
     _build_deb(pool)
     _build_rpm(rpm)
     dist = apt / "dists" / SUITE

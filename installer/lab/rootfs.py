@@ -49,6 +49,36 @@ VARIANT="gpu-install lab stand-in"
 """
 ROCKY_RELEASE = "Rocky Linux release 9.5 (Blue Onyx)\n"
 
+# STAND-IN for RHEL's update-ca-trust (ca-certificates + p11-kit, not in Debian), installed into every rhel9 node at
+# `lab up` (nodes.customise; per node, so the cached rootfs and its key stay as they are). Only `extract`, the
+# command the registry_trust role runs: the base set (Debian's Mozilla certificates) plus the anchors become the
+# bundle files RHEL has, and /etc/pki/tls/certs/ca-bundle.crt, /etc/pki/tls/cert.pem and (on this Debian userland,
+# whose curl/OpenSSL/Python/Go read it) /etc/ssl/certs/ca-certificates.crt point at the PEM bundle, as RHEL's
+# /etc/ssl/certs does. No trust flags, no blocklist, no p11-kit: a CA is trusted iff it is an anchor or in the base.
+UPDATE_CA_TRUST = r"""#!/bin/sh
+# update-ca-trust -- gpu-install lab STAND-IN for RHEL's update-ca-trust (rhel9 lab flavour: Debian userland).
+# Implements `extract` only: anchors + base set -> /etc/pki/ca-trust/extracted/{pem,openssl}, RHEL's bundle paths.
+set -eu
+case "${1:-extract}" in
+  extract) ;;
+  *) echo "update-ca-trust (gpu-install lab STAND-IN): only 'extract' is implemented" >&2; exit 2;;
+esac
+ex=/etc/pki/ca-trust/extracted
+mkdir -p "$ex/pem" "$ex/openssl" /etc/pki/tls/certs /etc/pki/ca-trust/source/anchors
+tmp="$ex/pem/.tls-ca-bundle.pem.$$"
+for f in /usr/share/ca-certificates/mozilla/*.crt /usr/share/pki/ca-trust-source/anchors/*          /etc/pki/ca-trust/source/anchors/*; do
+  [ -f "$f" ] || continue
+  cat "$f"; echo
+done | sed '/^$/d' > "$tmp"
+chmod 0444 "$tmp"
+cp "$tmp" "$ex/openssl/.ca-bundle.trust.crt.$$"
+mv -f "$ex/openssl/.ca-bundle.trust.crt.$$" "$ex/openssl/ca-bundle.trust.crt"
+mv -f "$tmp" "$ex/pem/tls-ca-bundle.pem"
+ln -sfn "$ex/pem/tls-ca-bundle.pem" /etc/pki/tls/certs/ca-bundle.crt
+ln -sfn "$ex/pem/tls-ca-bundle.pem" /etc/pki/tls/cert.pem
+ln -sfn /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/certs/ca-certificates.crt
+"""
+
 # Runs in the finished rootfs ($1). Bump HOOK_VERSION-relevant text and the cache key changes.
 _COMMON_HOOK = f"""
 set -e

@@ -44,7 +44,9 @@ def site(**over):
 @pytest.mark.parametrize("over", [{}, {"runtime": "containerd"}, {"toolkit": {"mode": "operator"}},
                                   {"cdi": {"enabled": True}}, {"registry": {"host": "r:1"}},
                                   {"driver": {"mode": "host", "version": "535.309.01"}},
-                                  {"toolkit": {"mode": "host", "version": "v1.17.8-ubuntu20.04"}}])
+                                  {"toolkit": {"mode": "host", "version": "v1.17.8-ubuntu20.04"}},
+                                  {"driver": {"mode": "runfile", "runfile": "https://m/files/NVIDIA-Linux-x86_64-535.216.03.run",
+                                              "runfileSha256": "a" * 64}}])
 def test_role_vars_only_declared_variables(over):
     declared = {k for r in ROLES for k in specs(r)} | {"gpu_install_action"}
     ev = apply.role_vars(site(**over))
@@ -81,6 +83,46 @@ def test_role_vars_driver_and_toolkit():
         apply.role_vars(site(toolkit={"mode": "host", "version": "latest"}))
 
 
+def test_role_vars_runfile():
+    url = "https://mirror.lab/files/NVIDIA-Linux-x86_64-535.216.03.run"
+    ev = apply.role_vars(site(driver={"mode": "runfile", "runfile": url, "runfileSha256": "AB" * 32}))
+    assert ev["nvidia_driver_mode"] == "runfile" and ev["nvidia_driver_runfile"] == url
+    assert ev["nvidia_driver_runfile_sha256"] == "ab" * 32  # normalised to lower case, as get_url/stat print it
+    assert ev["nvidia_driver_package_version"] == "535.216.03"  # from the file name
+    ev = apply.role_vars(site(driver={"mode": "runfile", "runfile": "/srv/driver.run", "version": "550.54.15"}))
+    assert ev["nvidia_driver_package_version"] == "550.54.15" and ev["nvidia_driver_runfile_sha256"] == ""
+    assert "nvidia_driver_runfile" not in apply.role_vars(site())
+
+
+@pytest.mark.parametrize("driver,problem", [
+    ({"mode": "runfile"}, "driver.mode runfile needs driver.runfile"),
+    ({"mode": "runfile", "runfile": "/srv/driver.run"}, "needs the exact driver version"),
+    ({"mode": "runfile", "runfile": "/srv/driver.run", "version": "535"}, "needs the exact driver version"),
+    ({"mode": "runfile", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run", "version": "550.54.15"},
+     "driver.version 550.54.15 but driver.runfile is the 535.216.03 installer"),
+    ({"mode": "runfile", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run", "runfileSha256": "abc"}, "64 hex digits"),
+    ({"mode": "host", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run"}, "only used with driver.mode: runfile"),
+])
+def test_runfile_site_errors_name_the_field(driver, problem):
+    with pytest.raises(ConfigError) as exc:
+        site(driver=driver)
+    assert problem in exc.value.message and "driver" in exc.value.message
+
+
+def test_runfile_path_relative_to_the_site_file(tmp_path):
+    from installer.config import load_site
+
+    (tmp_path / "site.yaml").write_text(
+        "operator: {version: v24.9.2}\nregistry: {host: r:5000}\n"
+        "driver: {mode: runfile, runfile: files/NVIDIA-Linux-x86_64-535.216.03.run}\n")
+    s = load_site(tmp_path / "site.yaml")
+    assert s.driver.runfile == str(tmp_path.resolve() / "files/NVIDIA-Linux-x86_64-535.216.03.run")
+    (tmp_path / "site.yaml").write_text(
+        "operator: {version: v24.9.2}\nregistry: {host: r:5000}\n"
+        "driver: {mode: runfile, runfile: 'http://m:8080/files/NVIDIA-Linux-x86_64-535.216.03.run'}\n")
+    assert load_site(tmp_path / "site.yaml").driver.runfile.startswith("http://m:8080/files/")
+
+
 @pytest.mark.parametrize("tag,want", [("v1.17.4-ubuntu20.04", "1.17.4"), ("v1.18.0", "1.18.0"), ("1.17.4", "1.17.4"),
                                       ("v1.14.6-ubi8", "1.14.6"), ("1.17.4-1", "1.17.4-1"), (" v1.20.0 ", "1.20.0")])
 def test_toolkit_package_version(tag, want):
@@ -110,7 +152,8 @@ spec.loader.exec_module(probe)
 SUPPORTED = yaml.safe_load((ROOT / "roles/preflight/defaults/main.yml").read_text())["preflight_supported_os"]
 
 
-def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(), runtime="dockerd", driver=None):
+def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(), runtime="dockerd", driver=None,
+              tools=("apt-cache",)):
     (root / "etc").mkdir(parents=True, exist_ok=True)
     (root / "etc/os-release").write_text(f'ID={os_id}\nVERSION_ID="{version}"\nID_LIKE=debian\n')
     (root / "proc").mkdir(exist_ok=True)
@@ -123,9 +166,9 @@ def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(),
     for f, v in {"vendor": "0x10de" if gpu else "0x8086", "class": "0x030200", "device": "0x2330"}.items():
         (dev / f).write_text(v + "\n")
     (root / "usr/bin").mkdir(parents=True, exist_ok=True)
-    if runtime:
-        (root / "usr/bin" / runtime).write_text("#!/bin/sh\n")
-        (root / "usr/bin" / runtime).chmod(0o755)
+    for exe in (runtime, *tools) if runtime else tools:
+        (root / "usr/bin" / exe).write_text("#!/bin/sh\n")
+        (root / "usr/bin" / exe).chmod(0o755)
     (root / "var/lib").mkdir(parents=True, exist_ok=True)
     import os
 
@@ -135,9 +178,28 @@ def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(),
 
 def check(root: Path, runtime="docker", mode="operator", **kw):
     f = probe.probe(str(root), lambda cmd: (0, "Candidate: (none)", ""), kernel="6.1.0-9-amd64", arch=kw.pop("arch", "x86_64"),
-                    check_headers=mode == "host")
+                    check_headers=mode in ("host", "runfile"))
     f["disk_path"], f["disk_free_gb"] = "/var/lib", kw.pop("free", 50.0)
     return f, probe.problems(f, runtime, mode, SUPPORTED, ["x86_64", "aarch64"], 10, True, False)
+
+
+def test_probe_headers_asks_only_the_package_tool_the_node_has(tmp_path):
+    """RHEL 9 has dnf (yum only as its alias), CentOS 7 yum; the lab's rhel9 stand-in has no yum at all. Running a
+    missing tool made the preflight module fail ("Error executing command") instead of answering."""
+    asked = []
+
+    def run(cmd):
+        asked.append(cmd[0])
+        return (0, "Available Packages\nkernel-devel.x86_64 5.14.0-503.el9 baseos\n", "")
+
+    root = fake_node(tmp_path, os_id="rocky", version="9.5", tools=("dnf",))
+    (root / "etc/os-release").write_text('ID="rocky"\nVERSION_ID="9.5"\nID_LIKE="rhel centos fedora"\n')
+    (root / "lib/modules").rename(root / "lib/no-modules")  # headers not installed: the repo is asked
+    f = probe.probe(str(root), run, kernel="5.14.0-503.el9.x86_64", arch="x86_64", check_headers=True)
+    assert asked == ["dnf"] and f["kernel_headers"] == "available"
+    (root / "usr/bin/dnf").unlink()
+    f = probe.probe(str(root), run, kernel="5.14.0-503.el9.x86_64", arch="x86_64", check_headers=True)
+    assert asked == ["dnf"] and f["kernel_headers"] == "unknown"
 
 
 def test_probe_healthy_node(tmp_path):
@@ -154,6 +216,7 @@ def test_probe_healthy_node(tmp_path):
     ({"driver": "NVRM version: 550.54"}, {}, "already loaded on the host (NVRM version: 550.54) but driver.mode is operator"),
     ({"runtime": None}, {}, "container runtime docker not found"),
     ({}, {"mode": "host"}, "kernel headers for the running kernel 6.1.0-9-amd64"),
+    ({}, {"mode": "runfile"}, "kernel headers for the running kernel 6.1.0-9-amd64"),
     ({}, {"mode": "preinstalled"}, "no NVIDIA driver is loaded"),
 ])
 def test_probe_problems_name_the_fix(tmp_path, node, kw, expect):

@@ -52,3 +52,17 @@ def test_not_root_exits_2_with_hint(tmp_path):
                        capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
     assert p.returncode == 2, p.stderr
     assert "the lab needs root" in p.stderr and "hint: run `sudo gpu-install lab" in p.stderr
+
+
+def test_repo_add_places_runfiles_under_files(tmp_path):
+    from installer.errors import ConfigError
+    from installer.lab import repo
+
+    run = tmp_path / "NVIDIA-Linux-x86_64-535.216.03-STANDIN.run"
+    run.write_text("#!/bin/sh\n")
+    placed = repo.add_packages(tmp_path / "repo", [run])
+    assert placed == [tmp_path / "repo" / "files" / run.name] and placed[0].read_text() == "#!/bin/sh\n"
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    with pytest.raises(ConfigError, match="not a .deb, .rpm or .run"):
+        repo.add_packages(tmp_path / "repo", [other])

@@ -1,0 +1,190 @@
+"""The RedHat-family path and driver.mode runfile, for real, on the session lab (node1 debian12, node2 rhel9 stand-in).
+
+node2 is the rhel9 STAND-IN (Debian userland with Rocky 9.5's os-release, Debian's dnf/rpm and python3-dnf, Ansible
+facts os_family RedHat): the roles take their dnf branches and run real dnf transactions against the lab's RPM repo,
+which serves (`gpu-install lab repo-add`, installer/lab/packages.py):
+  - gpu-install-standin-containerd: Debian's real containerd 1.6.20 + runc binaries repackaged unmodified as an RPM
+    (preflight wants a runtime; containerd_runtime restarts it and validates with `containerd config dump`),
+  - the runtime and nvidia-container-toolkit STAND-IN RPMs (nvidia-ctk prints the pinned version),
+  - STAND-IN NVIDIA driver RPMs under NVIDIA's RHEL 9 names (nvidia-driver, nvidia-driver-cuda, kmod-nvidia-latest-dkms,
+    nvidia-persistenced; epoch 3) in TWO versions, so the role's dnf pin `name-<v>*` is what picks the older one.
+registry_trust's RHEL branch writes /etc/pki/ca-trust/source/anchors and runs `update-ca-trust extract` (the rhel9
+node's STAND-IN, installer/lab/rootfs.py UPDATE_CA_TRUST): TLS to the lab registry fails before and works after.
+
+driver.mode runfile runs the runfile STAND-IN NVIDIA-Linux-x86_64-<v>-STANDIN.run served under the repo's /files/
+(a shell script accepting nvidia-installer's unattended flags; it installs an nvidia-smi that exits 9 and an
+nvidia-installer whose --driver-info reports the version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import LabHandle
+from tests.integration.test_driver_toolkit_roles import LAB_VARS, lab_inventory, task_messages
+from tests.integration.test_runtime_roles import VENV_BIN, Applier, _ok, root
+
+pytestmark = pytest.mark.lab
+DEB, RHEL = "node1", "node2"
+DRIVER = "535.216.03"  # pinned; the repo also serves NEWER below, which an unpinned install would take
+NEWER = "550.54.15"
+TOOLKIT = "1.17.4"
+UNTRUST_RHEL = ("rm -f /etc/pki/ca-trust/source/anchors/* && update-ca-trust extract && rm -rf /etc/containers/certs.d")
+
+
+def _site(work: Path, name: str, registry: dict, driver: dict, toolkit: dict | None = None) -> Path:
+    site = {"operator": {"version": "v24.9.2"}, "registry": registry, "runtime": "containerd",
+            "toolkit": toolkit or {"mode": "operator"}, "driver": driver}
+    path = work / f"site-{name}.yaml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
+@pytest.fixture(scope="module")
+def rp(lab: LabHandle, tmp_path_factory):
+    from installer.lab import packages
+
+    t0 = time.monotonic()
+    files = [*packages.rhel_rpms(), *packages.standin_nvidia_driver_rpms(NEWER), *packages.runtime_debs(),
+             packages.standin_runfile(DRIVER), packages.standin_runfile(NEWER)]
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "lab", "--lab-dir", str(lab.dir), "repo-add", *map(str, files)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    print(f"{len(files)} packages/files into the lab repo in {time.monotonic() - t0:.1f}s", flush=True)
+    # a container runtime on each node first (preflight), as a site's image or admin would have it
+    root(lab, RHEL, "dnf -y -q makecache && dnf -y -q install gpu-install-standin-containerd "
+                    "&& systemctl enable --now containerd")
+    root(lab, DEB, "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q containerd")
+    work = tmp_path_factory.mktemp("rhel")
+    repo_url = lab.status["repo_url"]
+    yield lab, Applier(lab_inventory(lab, work, LAB_VARS), work / "state"), work, repo_url
+
+
+def rpm_q(lab: LabHandle, pkg: str) -> str:
+    return root(lab, RHEL, f"rpm -q --qf '%{{EPOCH}}:%{{VERSION}}-%{{RELEASE}}' {pkg}", check=False).stdout
+
+
+def test_rhel9_apply_host_mode_dnf_pins_trust_store_then_changed_0(rp):
+    lab, apply, work, _ = rp
+    reg = lab.status["registry"]
+    # the repo offers both driver versions: only the pin keeps dnf off the newer one
+    avail = root(lab, RHEL, "dnf -q list --showduplicates --available nvidia-driver").stdout
+    assert DRIVER in avail and NEWER in avail, avail
+    assert "is not installed" in rpm_q(lab, "nvidia-driver")
+    # the RHEL trust store without the lab CA: TLS to the registry fails (curl and Python), so the role's work shows
+    root(lab, RHEL, UNTRUST_RHEL)
+    before = root(lab, RHEL, f"curl -sS https://{reg}/v2/", check=False)
+    assert before.returncode != 0 and "certificate" in before.stderr, before
+    py = f"python3 -c \"import urllib.request; urllib.request.urlopen('https://{reg}/v2/')\""
+    assert "CERTIFICATE_VERIFY_FAILED" in root(lab, RHEL, py, check=False).stderr
+
+    site = _site(work, "rhel-host", {"host": reg, "ca": str(lab.ca)}, {"mode": "host", "version": DRIVER},
+                 {"mode": "host", "version": TOOLKIT})
+    # check mode: reports the changes, installs and writes nothing
+    _ok(apply(site, "--limit", RHEL, "--check"))
+    assert apply.site_stats()[RHEL]["changed"] >= 3
+    assert "is not installed" in rpm_q(lab, "nvidia-driver")
+    assert root(lab, RHEL, "ls /etc/pki/ca-trust/source/anchors/").stdout.strip() == ""
+    t0 = time.monotonic()
+    out = _ok(apply(site, "--limit", RHEL))
+    print(f"rhel9 first apply {time.monotonic() - t0:.1f}s", flush=True)
+    assert "apply ok" in out
+    # dnf installed the pinned version of every driver package (epoch 3 as NVIDIA's), not the newer one
+    for pkg in ("nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-latest-dkms"):
+        assert rpm_q(lab, pkg).startswith(f"3:{DRIVER}-"), (pkg, rpm_q(lab, pkg))
+    assert rpm_q(lab, "nvidia-persistenced").startswith(f"3:{NEWER}-")  # companion package: unpinned, newest
+    assert rpm_q(lab, "nvidia-container-toolkit").startswith(f"(none):{TOOLKIT}-")
+    assert "STAND-IN" in root(lab, RHEL, "rpm -q --qf '%{SUMMARY}' nvidia-container-toolkit").stdout
+    assert f"version {TOOLKIT}" in root(lab, RHEL, "nvidia-ctk --version").stdout
+    smi = root(lab, RHEL, "nvidia-smi", check=False)
+    assert smi.returncode == 9 and "couldn't communicate with the NVIDIA driver" in smi.stdout
+    assert root(lab, RHEL, "systemctl is-enabled nvidia-persistenced").stdout.strip() == "enabled"
+    report = task_messages(apply)["Driver | Report"]
+    assert f"driver {DRIVER} (pinned {DRIVER})" in report and "REBOOT REQUIRED" in report, report
+    # containerd took the runtime the toolkit's package provides
+    assert "nvidia-container-runtime" in root(lab, RHEL, "containerd config dump").stdout
+    # registry_trust's RHEL branch: the anchor, then `update-ca-trust extract` built the bundle RHEL's tools read
+    anchor = root(lab, RHEL, "cat /etc/pki/ca-trust/source/anchors/gpu-install-registry-*.crt").stdout
+    assert anchor == lab.ca.read_text()
+    bundle = root(lab, RHEL, "cat /etc/pki/tls/certs/ca-bundle.crt").stdout
+    assert lab.ca.read_text().strip() in bundle
+    root(lab, RHEL, f"curl -sSf https://{reg}/v2/")
+    root(lab, RHEL, py)
+
+    _ok(apply(site, "--limit", RHEL))
+    stats = apply.site_stats()
+    assert stats[RHEL]["changed"] == 0 and stats[RHEL]["ok"] > 20, stats
+
+
+def test_runfile_installs_then_changed_0(rp):
+    lab, apply, work, repo_url = rp
+    runfile = f"NVIDIA-Linux-x86_64-{DRIVER}-STANDIN.run"
+    sha = hashlib.sha256((lab.dir / "repo" / "files" / runfile).read_bytes()).hexdigest()
+    assert root(lab, DEB, "command -v nvidia-smi", check=False).returncode != 0
+    site = _site(work, "runfile", {"host": "registry.example.internal:5000"},
+                 {"mode": "runfile", "runfile": f"{repo_url}/files/{runfile}", "runfileSha256": sha})
+    _ok(apply(site, "--limit", DEB, "--check"))  # check mode: nothing fetched, nothing run
+    assert root(lab, DEB, "ls /var/cache/gpu-install/nvidia-driver/ 2>/dev/null; command -v nvidia-installer",
+                check=False).stdout.strip() == ""
+    _ok(apply(site, "--limit", DEB))
+    info = root(lab, DEB, "nvidia-installer --driver-info").stdout
+    assert f"(version: {DRIVER})" in info and "STAND-IN" in info, info
+    smi = root(lab, DEB, "nvidia-smi", check=False)
+    assert smi.returncode == 9, smi
+    assert root(lab, DEB, f"sha256sum /var/cache/gpu-install/nvidia-driver/{runfile}").stdout.startswith(sha)
+    assert "blacklist nouveau" in root(lab, DEB, "cat /etc/modprobe.d/blacklist-nouveau.conf").stdout
+    log = root(lab, DEB, "cat /var/log/nvidia-installer.log").stdout
+    assert log.count("installed") == 1 and "dkms=yes" in log, log  # the role passed --dkms
+    msgs = task_messages(apply)
+    assert f"driver {DRIVER} (pinned {DRIVER})" in msgs["Driver | Report"]
+    assert "REBOOT REQUIRED (no NVIDIA kernel module is loaded)" in msgs["Driver | Report"]
+    _ok(apply(site, "--limit", DEB))
+    assert apply.site_stats()[DEB]["changed"] == 0
+    assert root(lab, DEB, "cat /var/log/nvidia-installer.log").stdout.count("installed") == 1  # not run again
+
+
+def test_runfile_checksum_mismatch_exit_4_nothing_run(rp):
+    lab, apply, work, repo_url = rp
+    runfile = f"NVIDIA-Linux-x86_64-{NEWER}-STANDIN.run"
+    wrong = hashlib.sha256(b"not the runfile").hexdigest()
+    for where in (f"{repo_url}/files/{runfile}", str(lab.dir / "repo" / "files" / runfile)):  # mirror URL, controller path
+        site = _site(work, "runfile-bad", {"host": "registry.example.internal:5000"},
+                     {"mode": "runfile", "runfile": where, "runfileSha256": wrong})
+        proc = apply(site, "--limit", DEB)
+        assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+        err = proc.stderr
+        assert f"{DEB}: driver.runfile {where}:" in err and wrong in err and "Nothing was run" in err, err
+        assert f"(version: {DRIVER})" in root(lab, DEB, "nvidia-installer --driver-info").stdout  # the old one stays
+
+
+def test_runfile_refuses_distro_driver_packages(rp):
+    """node2 has the driver RPMs from the host-mode test: the runfile would overwrite their files."""
+    lab, apply, work, repo_url = rp
+    assert rpm_q(lab, "nvidia-driver").startswith("3:")
+    runfile = f"NVIDIA-Linux-x86_64-{NEWER}-STANDIN.run"
+    site = _site(work, "runfile-rhel", {"host": "registry.example.internal:5000"},
+                 {"mode": "runfile", "runfile": f"{repo_url}/files/{runfile}"})
+    proc = apply(site, "--limit", RHEL)
+    assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    err = proc.stderr
+    assert f"{RHEL}: driver.mode is runfile but distro NVIDIA driver packages are installed" in err, err
+    assert f"kmod-nvidia-latest-dkms {DRIVER}" in err and f"nvidia-driver {DRIVER}" in err, err
+    assert root(lab, RHEL, "command -v nvidia-installer", check=False).returncode != 0  # nothing was run
+
+
+def test_host_mode_refuses_a_runfile_driver(rp):
+    """node1 has the runfile's driver from test_runfile_installs_then_changed_0: packages would overwrite its files."""
+    lab, apply, work, _ = rp
+    assert root(lab, DEB, "test -e /usr/bin/nvidia-uninstall", check=False).returncode == 0
+    site = _site(work, "host-deb", {"host": "registry.example.internal:5000"}, {"mode": "host", "version": "535.309.01"})
+    proc = apply(site, "--limit", DEB)
+    assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    assert (f"{DEB}: driver.mode is host but an NVIDIA driver installed by a runfile is present "
+            "(/usr/bin/nvidia-uninstall)") in proc.stderr, proc.stderr
+    assert root(lab, DEB, "dpkg-query -W nvidia-driver", check=False).returncode != 0  # nothing installed
