@@ -56,7 +56,7 @@ class Summary:
 
     def lines(self) -> list[str]:
         out = [f"{self.command}{' (check mode: nothing changed)' if self.check else ''} stages:"]
-        width = max((len(s.name) for s in self.stages), default=8)
+        width = max([9] + [len(s.name) for s in self.stages])
         for s in self.stages:
             out.append(f"  {s.name:{width}}  {s.outcome}{f' - {s.detail}' if s.detail else ''}")
         return out

@@ -546,12 +546,9 @@ def absent(module, read, state, state_path):
     if not changed or module.check_mode:
         module.exit_json(**result)
     undo = []  # (path, backup)
-    if remove_dropin:
-        backup = module.backup_local(dropin) if p["backup"] else None
-        if backup:
-            result["backups"].append(backup)
+    dropin_text = read(dropin) if remove_dropin else None
+    if remove_dropin:  # our own file, re-derived on every run: kept in memory for a restore, no backup
         os.unlink(dropin)
-        undo.append((dropin, backup))
     if new_main is not None:
         backup = module.backup_local(config) if p["backup"] else None
         if backup:
@@ -572,6 +569,9 @@ def absent(module, read, state, state_path):
             for path, backup in reversed(undo):
                 if backup:
                     module.atomic_move(backup, path)
+            if dropin_text is not None:
+                with open(dropin, "w") as fh:
+                    fh.write(dropin_text)
             module.fail_json(msg="containerd rejected the configuration without our runtime (%r); the previous "
                                  "files were restored: %s" % (p["validate"], (err or out).strip()[-800:]), **result)
     if rmdir and not os.listdir(dropin_dir):
