@@ -138,3 +138,15 @@ def test_demo_apply_twice_then_uninstall(demo):
         assert "ii" in ssh(where, ip, "dpkg -l nvidia-container-toolkit | tail -1").stdout
     again = subprocess.run([*base, "--yes"], env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "uninstall ok: nodes changed=0" in again.stdout, again.stdout + again.stderr
+
+    # apply --check on the uninstalled lab: says what it would do for the nodes and the release, changes nothing
+    check = subprocess.run([str(GI), "apply", "-s", str(site), "-i", status["inventory"], "-q", "--check"], env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert check.returncode == 0, check.stdout + check.stderr[-3000:]
+    assert re.search(r"nodes +would change", check.stdout), check.stdout
+    assert re.search(r"operator +would change - release gpu-operator: would install chart gpu-operator-fixture-0\.1\.0",
+                     check.stdout), check.stdout
+    assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is None
+    for name, ip in nodes.items():
+        pre = (where / "pre-apply" / name / "config.toml").read_text()
+        assert ssh(where, ip, "cat /etc/containerd/config.toml").stdout == pre
