@@ -141,3 +141,9 @@ def apply(site: Site, opts: Options) -> tuple[RunResult, RunResult]:
     """Preflight (read-only, always whole) then site.yml; raises on the first stage that does not pass."""
     pre = preflight(site, opts)
     return pre, raise_for(_run("site.yml", site, opts, tags=True), preflight=False)
+
+
+def run_nodes(playbook: str, site: Site, opts: Options) -> RunResult:
+    """One node playbook after preflight (site.yml; uninstall.yml with gpu_install_action=remove in opts.extra),
+    --tags/--skip-tags honoured; raises on failed or unreachable hosts."""
+    return raise_for(_run(playbook, site, opts, tags=True), preflight=False)

@@ -144,3 +144,32 @@ def uninstall(release_name: str, namespace: str, kubeconfig: Path | None, timeou
         return True
 
     return _run(run(), f"helm uninstall {release_name}", "re-running is safe")
+
+
+@dataclass
+class ReleasePlan:
+    """What `helm upgrade --install` would do, found without changing anything (apply --check)."""
+
+    action: str  # install | upgrade | unchanged
+    chart: str  # the chart's name-version
+    current: ReleaseState | None
+
+
+def plan_release(chart_ref: str | Path, release_name: str, namespace: str, values: dict[str, Any],
+                 kubeconfig: Path | None) -> ReleasePlan:
+    """Read-only: the deployed revision (if any) compared with this chart and these values, by the same
+    rule install_or_upgrade() uses to decide that nothing needs doing."""
+    from pyhelm3 import errors as herr
+
+    async def run() -> ReleasePlan:
+        c = client(kubeconfig)
+        chart = await c.get_chart(chart_ref)
+        name = f"{chart.metadata.name}-{chart.metadata.version}"
+        try:
+            rev = await c.get_current_revision(release_name, namespace=namespace)
+        except herr.ReleaseNotFoundError:
+            return ReleasePlan("install", name, None)
+        todo = await c.should_install_or_upgrade_release(rev, chart, values)
+        return ReleasePlan("upgrade" if todo else "unchanged", name, await _state(rev))
+
+    return _run(run(), f"helm status {release_name}", "check the chart, the kubeconfig and the API server")

@@ -69,31 +69,91 @@ class InstallReport:
         return out
 
 
-def install(site: Site, kubeconfig: str | os.PathLike[str] | None, chart_ref: str | os.PathLike[str] | None,
-            timeout: float = 300, progress: Progress | None = None, wait: bool = True) -> InstallReport:
+@dataclass
+class Prepared:
+    """Everything install() needs that can be checked without touching the cluster: the chart reference,
+    the rendered values (checked against the release's keys), the pull Secret (credentials resolved from
+    the environment) and the kubeconfig file. Missing pieces raise ConfigError (exit 2)."""
+
+    chart: str
+    values: dict
+    secret_body: dict | None
+    kubeconfig: Path
+
+
+def prepare(site: Site, kubeconfig: str | os.PathLike[str] | None,
+            chart_ref: str | os.PathLike[str] | None) -> Prepared:
     from installer.render.values import render_values
 
-    say = progress or _quiet
-    t0 = time.monotonic()
     ref = check_chart_ref(chart_ref)
     values = render_values(site)  # validated against the release's keys before touching the cluster
+    # credentials resolved before anything is touched: a missing env var changes nothing
+    secret_body = kube.pull_secret_body(site.registry, site.operator.namespace) if site.registry.pullSecret else None
+    return Prepared(ref, values, secret_body, kube.resolve_kubeconfig(kubeconfig))
+
+
+def install(site: Site, kubeconfig: str | os.PathLike[str] | None, chart_ref: str | os.PathLike[str] | None,
+            timeout: float = 300, progress: Progress | None = None, wait: bool = True,
+            prepared: Prepared | None = None) -> InstallReport:
+    say = progress or _quiet
+    t0 = time.monotonic()
+    pre = prepared or prepare(site, kubeconfig, chart_ref)
+    ref, values, kc = pre.chart, pre.values, pre.kubeconfig
     ns = site.operator.namespace
     ps = site.registry.pullSecret
-    # credentials resolved before anything is touched: a missing env var changes nothing
-    secret_body = kube.pull_secret_body(site.registry, ns) if ps else None
-    kc = kube.resolve_kubeconfig(kubeconfig)
     client = kube.api_client(kc)
     ns_action = kube.ensure_namespace(client, ns, timeout=timeout)
     say(f"namespace {ns}: {ns_action}")
     secret_action = "none"
-    if ps and secret_body:
-        secret_action = kube.ensure_secret(client, secret_body)
+    if ps and pre.secret_body:
+        secret_action = kube.ensure_secret(client, pre.secret_body)
         say(f"pull secret {ns}/{ps.name}: {secret_action}")
     say(f"helm upgrade --install {site.operator.releaseName} {ref} -n {ns}"
         f"{f' (wait up to {timeout:.0f}s)' if wait else ''}")
     remaining = max(30.0, timeout - (time.monotonic() - t0))
     state = helm.install_or_upgrade(ref, site.operator.releaseName, ns, values, kc, timeout=remaining, wait=wait)
     return InstallReport(state, ns, ns_action, ps.name if ps else None, secret_action, time.monotonic() - t0)
+
+
+@dataclass
+class PlanReport:
+    """install() in check mode: what it would do, found read-only."""
+
+    namespace: str
+    namespace_phase: str | None
+    secret: str | None
+    secret_exists: bool
+    release: str
+    plan: helm.ReleasePlan
+
+    @property
+    def changed(self) -> bool:
+        return self.plan.action != "unchanged" or self.namespace_phase is None or bool(self.secret and not self.secret_exists)
+
+    def lines(self) -> list[str]:
+        out = [f"namespace {self.namespace}: " + (self.namespace_phase or "would be created")]
+        if self.secret:
+            out.append(f"pull secret {self.namespace}/{self.secret}: "
+                       + ("exists (would be updated if its content differs)" if self.secret_exists else "would be created"))
+        p, cur = self.plan, self.plan.current
+        if p.action == "install":
+            out.append(f"release {self.release}: would install chart {p.chart}")
+        elif p.action == "upgrade":
+            out.append(f"release {self.release}: would upgrade revision {cur.revision} ({cur.chart}, {cur.status}) "
+                       f"to chart {p.chart} with the rendered values")
+        else:
+            out.append(f"release {self.release}: unchanged at revision {cur.revision} ({cur.status}; same chart and values)")
+        return out
+
+
+def plan(site: Site, prepared: Prepared) -> PlanReport:
+    """Read-only: namespace, pull Secret and what helm upgrade --install would do (apply --check)."""
+    client = kube.api_client(prepared.kubeconfig)
+    ns, ps = site.operator.namespace, site.registry.pullSecret
+    phase = kube.namespace_phase(client, ns)
+    exists = bool(ps and phase and kube.secret_info(client, ns, ps.name))
+    rp = helm.plan_release(prepared.chart, site.operator.releaseName, ns, prepared.values, prepared.kubeconfig)
+    return PlanReport(ns, phase, ps.name if ps else None, exists, site.operator.releaseName, rp)
 
 
 @dataclass

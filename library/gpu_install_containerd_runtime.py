@@ -17,7 +17,12 @@ description:
   - The nvidia runtime gets runc's options (e.g. SystemdCgroup) plus BinaryName; runc is declared too when no
     file does, since a runtimes table replaces containerd's default map (runc would vanish).
   - Backs up what it changes, writes atomically, runs O(validate) afterwards and restores everything if it fails.
+  - The first change is recorded in C(.<name>.gpu-install-state) (whether the main file existed or was edited,
+    its backup, the text we wrote). O(state=absent) removes the drop-in and our C(imports) entry: the main file's
+    exact original comes back from the backup while it still holds the text we wrote, otherwise only our entry is
+    taken out of C(imports) (a minimal edit); validated and restored on failure as for deploy.
 options:
+  state: {type: str, default: present, choices: [present, absent]}
   config: {type: path, default: /etc/containerd/config.toml}
   dropin: {type: path, default: /etc/containerd/conf.d/99-nvidia.toml}
   config_version: {type: int, default: 0, description: 2 or 3; 0 = the main file's version, else from containerd_version}
@@ -33,9 +38,18 @@ author: gpu-install
 
 import fnmatch
 import glob
+import hashlib
 import json
 import os
 import re
+
+STATE_SUFFIX = ".gpu-install-state"
+
+
+def state_file(path):
+    """The record of our first change: a hidden file next to the config (and its backups)."""
+    return os.path.join(os.path.dirname(path), "." + os.path.basename(path) + STATE_SUFFIX)
+STATE_FORMAT = 1
 
 CRI_V2 = "io.containerd.grpc.v1.cri"
 CRI_V3_RUNTIME = "io.containerd.cri.v1.runtime"
@@ -137,7 +151,8 @@ def toml_dumps(doc):
 def scan_top(text):
     """Top-level facts of a TOML text without a parser: offsets of `version`/`imports` lines and of
     the imports array's closing bracket. String-, comment- and bracket-aware."""
-    facts = {"header": len(text), "version_end": None, "imports_close": None, "imports_trailing_comma": False}
+    facts = {"header": len(text), "version_end": None, "imports_close": None, "imports_trailing_comma": False,
+             "imports_key": None, "imports_open": None}
     i, n, depth, line_start = 0, len(text), 0, True
     key, in_imports, last_sig = None, False, ""
     while i < n:
@@ -175,10 +190,14 @@ def scan_top(text):
             if m:
                 key = m.group(1)
                 in_imports = key == "imports"
+                if in_imports:
+                    facts["imports_key"] = i
                 i += m.end()
                 line_start = False
                 continue
         if c == "[":
+            if depth == 0 and in_imports and facts["imports_open"] is None:
+                facts["imports_open"] = i
             depth += 1
         elif c == "]":
             depth -= 1
@@ -206,6 +225,58 @@ def add_import(text, path, facts):
     elif not text[:at].endswith("\n"):
         line = "\n" + line
     return text[:at] + line + text[at:]
+
+
+def remove_import(text, path, config="config.toml"):
+    """Minimal edit: `path` taken out of the top-level imports (the whole `imports = [...]` statement when it
+    was the only entry). None when it is not listed there. The result must parse to the same document
+    minus that entry."""
+    doc = toml_loads(text, config) if text.strip() else {}
+    imports = list(doc.get("imports") or [])
+    if path not in imports:
+        return None
+    facts = scan_top(text)
+    start, open_, close = facts["imports_key"], facts["imports_open"], facts["imports_close"]
+    if None in (start, open_, close):
+        raise MergeError("could not find the imports array in %s; remove %s from it by hand" % (config, path))
+    rest = [x for x in imports if x != path]
+    if rest:
+        new = text[:open_] + "[" + ", ".join(_str(x) for x in rest) + "]" + text[close + 1:]
+        expect = dict(doc, imports=rest)
+    else:
+        end = close + 1
+        tail = text[end:]
+        stripped = tail.lstrip(" \t")
+        if stripped.startswith("\n") or not stripped:
+            end += len(tail) - len(stripped) + (1 if stripped.startswith("\n") else 0)
+        new = text[:start] + text[end:]
+        expect = {k: v for k, v in doc.items() if k != "imports"}
+    if (toml_loads(new, config + " (edited)") if new.strip() else {}) != expect:
+        raise MergeError("could not remove the import from %s safely; remove %s from its `imports` by hand"
+                         % (config, path))
+    return new
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def removal_plan(main_text, dropin_exists, state, dropin, config, read_backup=None):
+    """state=absent → (new main text, or None to leave it, or False to delete it; remove the drop-in?).
+    The main file goes back to its exact original (the backup recorded at our first change) while it still
+    holds the text we wrote; else only our import is taken out."""
+    st = state or {}
+    new_main = None
+    if st.get("main_edited") and main_text is not None and sha256(main_text) == st.get("main_written_sha256"):
+        if st.get("main_existed") is False:
+            new_main = False
+        else:
+            original = read_backup(st.get("main_backup")) if read_backup and st.get("main_backup") else None
+            if original is not None and sha256(original) == st.get("main_backup_sha256"):
+                new_main = original
+    if new_main is None and main_text is not None:
+        new_main = remove_import(main_text, dropin, config)
+    return new_main, dropin_exists
 
 
 # ---------------------------------------------------------------- the plan
@@ -344,6 +415,7 @@ def main():
             registry_config_path=dict(type="str", default=""),
             backup=dict(type="bool", default=True),
             validate=dict(type="str", default=""),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
         ),
         supports_check_mode=True,
     )
@@ -355,7 +427,15 @@ def main():
         with open(path, "r") as fh:
             return fh.read()
 
+    state_path = state_file(p["config"])
+    try:
+        state = load_state(state_path)
+    except MergeError as exc:
+        module.fail_json(msg=str(exc), config=p["config"])
+    if p["state"] == "absent":
+        absent(module, read, state, state_path)
     main_text, old_dropin = read(p["config"]), read(p["dropin"])
+    main_existed, dropin_dir_existed = os.path.exists(p["config"]), os.path.isdir(os.path.dirname(p["dropin"]))
     try:
         new_main, dropin_text, version = plan(main_text, p["dropin"], p,
                                               read_import=lambda f: toml_loads(read(f), f) if read(f).strip() else {})
@@ -394,6 +474,14 @@ def main():
         write(p["dropin"], dropin_text, os.path.exists(p["dropin"]))
     if new_main is not None:
         write(p["config"], new_main, os.path.exists(p["config"]))
+    new_state = dict(state or {"format": STATE_FORMAT, "main_edited": False,
+                               "dropin_dir_created": not dropin_dir_existed})
+    if new_main is not None:
+        if not new_state.get("main_edited"):  # our first edit: the original is what uninstall goes back to
+            backup = undo[-1][1]
+            new_state.update(main_edited=True, main_existed=main_existed, main_backup=backup,
+                             main_backup_sha256=sha256(main_text) if main_existed else None)
+        new_state["main_written_sha256"] = sha256(new_main)
     if p["validate"]:
         rc, out, err = module.run_command(p["validate"].replace("%s", p["config"]))
         if rc != 0 or p["runtime_binary"] not in out:
@@ -404,6 +492,92 @@ def main():
                     os.unlink(path)
             module.fail_json(msg="containerd rejected the merged configuration (%r); the previous files were "
                                  "restored: %s" % (p["validate"], (err or out).strip()[-800:]), **result)
+    if new_state != state:
+        write_state(state_path, new_state)
+    module.exit_json(**result)
+
+
+def load_state(state_path):
+    if not os.path.exists(state_path):
+        return None
+    try:
+        with open(state_path) as fh:
+            st = json.load(fh)
+    except ValueError as exc:
+        raise MergeError("%s (gpu-install's record of its first change) is not valid JSON (%s); remove it to "
+                         "fall back to removing only our import entry" % (state_path, exc))
+    if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
+        raise MergeError("%s: unknown record format; remove it to fall back to removing only our import entry"
+                         % state_path)
+    return st
+
+
+def write_state(state_path, st):
+    tmp = os.path.join(os.path.dirname(state_path), ".%s.tmp" % os.path.basename(state_path))
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(st, indent=2, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o600)
+    os.rename(tmp, state_path)
+
+
+def absent(module, read, state, state_path):
+    """state=absent: the drop-in and our import out (see DOCUMENTATION); exits the module."""
+    p = module.params
+    config, dropin = p["config"], p["dropin"]
+    main_text = read(config) if os.path.exists(config) else None
+    dropin_exists = os.path.exists(dropin)
+
+    def read_backup(path):
+        return read(path) if path and os.path.exists(path) else None
+
+    try:
+        new_main, remove_dropin = removal_plan(main_text, dropin_exists, state, dropin, config, read_backup)
+    except MergeError as exc:
+        module.fail_json(msg=str(exc), config=config)
+    dropin_dir = os.path.dirname(dropin)
+    rmdir = bool(state and state.get("dropin_dir_created") and os.path.isdir(dropin_dir)
+                 and set(os.listdir(dropin_dir)) <= {os.path.basename(dropin)})
+    changed = bool(new_main is not None or remove_dropin or state)
+    result = dict(changed=changed, config=config, dropin=dropin, backups=[], state_removed=state)
+    if module._diff:
+        result["diff"] = [dict(before=read(dropin), after="", before_header=dropin, after_header=dropin),
+                          dict(before=main_text or "", after=(new_main or "") if new_main is not None else (main_text or ""),
+                               before_header=config, after_header=config)]
+    if not changed or module.check_mode:
+        module.exit_json(**result)
+    undo = []  # (path, backup)
+    dropin_text = read(dropin) if remove_dropin else None
+    if remove_dropin:  # our own file, re-derived on every run: kept in memory for a restore, no backup
+        os.unlink(dropin)
+    if new_main is not None:
+        backup = module.backup_local(config) if p["backup"] else None
+        if backup:
+            result["backups"].append(backup)
+        if new_main is False:
+            os.unlink(config)  # it did not exist before our first change
+        else:
+            tmp = os.path.join(os.path.dirname(config), ".%s.gpu-install.tmp" % os.path.basename(config))
+            with open(tmp, "w") as fh:
+                fh.write(new_main)
+                fh.flush()
+                os.fsync(fh.fileno())
+            module.atomic_move(tmp, config)
+        undo.append((config, backup))
+    if p["validate"] and os.path.exists(config):
+        rc, out, err = module.run_command(p["validate"].replace("%s", config))
+        if rc != 0:
+            for path, backup in reversed(undo):
+                if backup:
+                    module.atomic_move(backup, path)
+            if dropin_text is not None:
+                with open(dropin, "w") as fh:
+                    fh.write(dropin_text)
+            module.fail_json(msg="containerd rejected the configuration without our runtime (%r); the previous "
+                                 "files were restored: %s" % (p["validate"], (err or out).strip()[-800:]), **result)
+    if rmdir and not os.listdir(dropin_dir):
+        os.rmdir(dropin_dir)
+    if state:
+        os.unlink(state_path)
     module.exit_json(**result)
 
 

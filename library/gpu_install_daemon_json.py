@@ -13,7 +13,14 @@ description:
   - Invalid JSON or a non-object document fails and leaves the file untouched.
   - Writes only when the parsed content changes; backs up the original next to it; atomic rename.
   - Supports check mode and diff.
+  - On the first change it records, in C(.<name>.gpu-install-state) next to the file, what the keys it sets held
+    before (and the backup of the original). O(state=absent) uses that record to take out only our keys:
+    C(runtimes.<runtime_name>) (the earlier entry comes back if there was one), C(default-runtime) and O(options)
+    keys only while they still hold our value (their earlier value comes back), the list entries we appended.
+    When the result equals the original it writes the backup's exact bytes. Without a record it removes only
+    what is unmistakably ours (the runtime with our path, default-runtime naming it).
 options:
+  state: {type: str, default: present, choices: [present, absent], description: merge our keys in, or take them out}
   path: {type: path, default: /etc/docker/daemon.json, description: daemon.json to merge into}
   runtime_name: {type: str, default: nvidia, description: key under runtimes}
   runtime_path: {type: str, default: /usr/bin/nvidia-container-runtime, description: runtime binary}
@@ -28,12 +35,25 @@ author: gpu-install
 """
 
 RETURN = r"""
-backup_file: {description: backup of the original, returned: changed and backup, type: str}
-config: {description: the merged document, returned: always, type: dict}
+backup_file: {description: backup of the file as it was before this change, returned: changed and backup, type: str}
+created: {description: the file did not exist before this change, returned: always, type: bool}
+config: {description: the resulting document (empty when the file was removed), returned: always, type: dict}
+state_file: {description: the record of what our keys held before, returned: always, type: str}
+state_created: {description: this change started the record (a rollback removes it), returned: changed, type: bool}
+state_removed: {description: the record removed by state=absent (to put back on a rollback), returned: absent, type: dict}
 """
 
+import hashlib
 import json
 import os
+
+STATE_SUFFIX = ".gpu-install-state"
+
+
+def state_file(path):
+    """The record of our first change: a hidden file next to the config (and its backups)."""
+    return os.path.join(os.path.dirname(path), "." + os.path.basename(path) + STATE_SUFFIX)
+STATE_FORMAT = 1
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -90,6 +110,75 @@ def merge(doc, runtime_name="nvidia", runtime_path="/usr/bin/nvidia-container-ru
     return out
 
 
+def _copy(value):
+    return json.loads(json.dumps(value))
+
+
+def record(state, before, after, runtime_name, list_keys, option_keys):
+    """The state record updated with what `before` held for each key the merge set (first time only):
+    {"keys": {k: {present, value, ours}}, "runtimes": {present, entry: {present, value}, ours}, "lists": {k: {present, added}}}."""
+    st = _copy(state) if state else {"format": STATE_FORMAT}
+    keys = st.setdefault("keys", {})
+    for k in option_keys:
+        if k in after and k not in keys:
+            keys[k] = {"present": k in before, "value": _copy(before.get(k))}
+        if k in keys:
+            keys[k]["ours"] = _copy(after.get(k))
+    rts = st.setdefault("runtimes", {})
+    if runtime_name not in rts:
+        prev = before.get("runtimes") if isinstance(before.get("runtimes"), dict) else None
+        rts[runtime_name] = {"present": bool(prev) and runtime_name in prev,
+                             "value": _copy(prev.get(runtime_name)) if prev else None}
+        st.setdefault("runtimes_key_present", "runtimes" in before)
+    rts[runtime_name]["ours"] = _copy(after["runtimes"][runtime_name])
+    lists = st.setdefault("lists", {})
+    for k in list_keys:
+        new = [v for v in after.get(k) or [] if v not in (before.get(k) or [])]
+        entry = lists.setdefault(k, {"present": k in before, "added": []})
+        entry["added"] += [v for v in new if v not in entry["added"]]
+    return st
+
+
+def unmerge(doc, state, runtime_name="nvidia", runtime_path="/usr/bin/nvidia-container-runtime",
+            default_runtime=""):
+    """doc without our keys (a new dict). With a state record: what it says (earlier values restored);
+    without one: only what is unmistakably ours."""
+    out = _copy(doc)
+    if not state:
+        rts = out.get("runtimes")
+        if isinstance(rts, dict) and isinstance(rts.get(runtime_name), dict) and rts[runtime_name].get("path") == runtime_path:
+            del rts[runtime_name]
+            if not rts:
+                del out["runtimes"]
+        if default_runtime and out.get("default-runtime") == default_runtime == runtime_name:
+            del out["default-runtime"]
+        return out
+    for k, rec in state.get("keys", {}).items():
+        if k in out and out[k] == rec.get("ours"):  # still ours: put back what was there
+            if rec.get("present"):
+                out[k] = rec.get("value")
+            else:
+                del out[k]
+    rts = out.get("runtimes")
+    for name, rec in state.get("runtimes", {}).items():
+        if isinstance(rts, dict) and name in rts:
+            if rec.get("present"):
+                rts[name] = rec.get("value")
+            else:
+                del rts[name]
+    if isinstance(rts, dict) and not rts and not state.get("runtimes_key_present", True):
+        del out["runtimes"]
+    for k, rec in state.get("lists", {}).items():
+        values = out.get(k)
+        if isinstance(values, list):
+            values = [v for v in values if v not in rec.get("added", [])]
+            if values or rec.get("present"):
+                out[k] = values
+            else:
+                del out[k]
+    return out
+
+
 def dump(doc):
     return json.dumps(doc, indent=2) + "\n"
 
@@ -107,11 +196,13 @@ def main():
             options=dict(type="dict", default={}),
             backup=dict(type="bool", default=True),
             validate=dict(type="str", default=""),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
         ),
         supports_check_mode=True,
     )
     p = module.params
     path = p["path"]
+    state_path = state_file(path)
     exists = os.path.exists(path)
     before_text = ""
     if exists:
@@ -119,12 +210,15 @@ def main():
             before_text = fh.read()
     try:
         before = parse(before_text, path)
+        state = load_state(state_path)
+        if p["state"] == "absent":
+            absent(module, path, exists, before_text, before, state, state_path)
         after = merge(before, p["runtime_name"], p["runtime_path"], p["runtime_args"], p["default_runtime"],
                       p["registry_mirrors"], p["insecure_registries"], p["options"])
     except MergeError as exc:
         module.fail_json(msg=str(exc), path=path)
     changed = after != before or not exists
-    result = dict(changed=changed, path=path, config=after)
+    result = dict(changed=changed, path=path, config=after, created=not exists, state_file=state_path)
     after_text = dump(after)
     if module._diff:
         result["diff"] = dict(before=before_text, after=after_text if changed else before_text,
@@ -133,22 +227,115 @@ def main():
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             os.makedirs(directory, 0o755)
-        if exists and p["backup"]:
-            result["backup_file"] = module.backup_local(path)
-        tmp = os.path.join(directory, ".%s.gpu-install.tmp" % os.path.basename(path))
-        with open(tmp, "w") as fh:
-            fh.write(after_text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if not exists:
-            os.chmod(tmp, 0o644)
+        tmp = write_tmp(path, after_text, exists)
         if p["validate"]:
             rc, out, err = module.run_command(p["validate"].replace("%s", tmp))
             if rc != 0:
                 os.unlink(tmp)
                 module.fail_json(msg="%s: the merged file was rejected by %r; nothing was changed: %s"
                                  % (path, p["validate"], (err or out).strip()), path=path)
+        if exists and p["backup"]:
+            result["backup_file"] = module.backup_local(path)
         module.atomic_move(tmp, path)
+        new_state = record(state, before, after, p["runtime_name"],
+                           [k for k, v in (("registry-mirrors", p["registry_mirrors"]),
+                                           ("insecure-registries", p["insecure_registries"])) if v],
+                           (["default-runtime"] if p["default_runtime"] else []) + list(p["options"]))
+        if not state:  # the first change: the original is what uninstall goes back to
+            new_state.update(existed=exists, backup=result.get("backup_file"),
+                             backup_sha256=_sha256(before_text) if exists else None)
+        if new_state != state:
+            write_state(state_path, new_state)
+        result["state_created"] = not state
+    module.exit_json(**result)
+
+
+def _sha256(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_state(state_path):
+    if not os.path.exists(state_path):
+        return None
+    try:
+        with open(state_path) as fh:
+            st = json.load(fh)
+    except ValueError as exc:
+        raise MergeError("%s (gpu-install's record of the keys it set) is not valid JSON (%s); remove it to "
+                         "fall back to removing only what is unmistakably ours" % (state_path, exc))
+    if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
+        raise MergeError("%s: unknown record format; remove it to fall back to removing only what is "
+                         "unmistakably ours" % state_path)
+    return st
+
+
+def write_tmp(path, text, exists, mode=0o644):
+    tmp = os.path.join(os.path.dirname(path), ".%s.gpu-install.tmp" % os.path.basename(path))
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if not exists:
+        os.chmod(tmp, mode)
+    return tmp
+
+
+def write_state(state_path, st):
+    tmp = write_tmp(state_path, json.dumps(st, indent=2, sort_keys=True) + "\n", False, 0o600)
+    os.chmod(tmp, 0o600)
+    os.rename(tmp, state_path)
+
+
+def original_text(state, doc):
+    """The original file's exact text when doc equals it (the backup recorded at the first change), else None."""
+    backup = (state or {}).get("backup")
+    if not backup or not os.path.exists(backup):
+        return None
+    with open(backup) as fh:
+        text = fh.read()
+    if state.get("backup_sha256") not in (None, _sha256(text)):
+        return None
+    try:
+        return text if parse(text, backup) == doc else None
+    except MergeError:
+        return None
+
+
+def absent(module, path, exists, before_text, before, state, state_path):
+    """state=absent: our keys out (see DOCUMENTATION); exits the module."""
+    p = module.params
+    after = unmerge(before, state, p["runtime_name"], p["runtime_path"], p["default_runtime"])
+    remove_file = bool(exists and state and state.get("existed") is False and after == {})
+    after_text = original_text(state, after)
+    if after_text is None:
+        after_text = before_text if after == before else dump(after)
+    changed_file = exists and (remove_file or after_text != before_text)
+    result = dict(changed=bool(changed_file or state), path=path, config={} if remove_file else after,
+                  created=False, state_file=state_path)
+    if state:
+        result["state_removed"] = state
+    if module._diff:
+        result["diff"] = dict(before=before_text, after="" if remove_file else after_text,
+                              before_header=path, after_header=path)
+    if module.check_mode or not result["changed"]:
+        module.exit_json(**result)
+    tmp = None
+    if changed_file and not remove_file:
+        tmp = write_tmp(path, after_text, True)
+        if p["validate"]:
+            rc, out, err = module.run_command(p["validate"].replace("%s", tmp))
+            if rc != 0:
+                os.unlink(tmp)
+                module.fail_json(msg="%s: the file without our keys was rejected by %r; nothing was changed: %s"
+                                 % (path, p["validate"], (err or out).strip()), path=path)
+    if changed_file and p["backup"]:
+        result["backup_file"] = module.backup_local(path)
+    if tmp:
+        module.atomic_move(tmp, path)
+    elif remove_file:
+        os.unlink(path)  # it did not exist before our first change
+    if state:
+        os.unlink(state_path)
     module.exit_json(**result)
 
 

@@ -20,8 +20,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     import json
 
     flavours = [f.strip() for f in args.os.split(",") if f.strip()]
-    status = _lab(args).up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
-                           subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus)
+    lab = _lab(args)
+    status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
+                    subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus)
+    if args.runtime:
+        from installer.lab import runtime
+
+        runtime.install(lab.dir, status, args.runtime, progress=lab.say)
     if args.json:
         print(json.dumps(status, indent=2))
     else:
@@ -126,6 +131,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--subnet", help="lab /24 (default: first free 10.250.X.0/24)")
     q.add_argument("--registry-auth", action="store_true",
                    help="require basic auth on the registry (user lab, password in <lab-dir>/registry/password)")
+    q.add_argument("--runtime", choices=["containerd", "docker"],
+                   help="install this container runtime on the debian12 nodes from the lab repo (Debian's "
+                        "containerd 1.6 / docker.io 20.10, plus the nvidia runtime/toolkit stand-ins)")
     q.add_argument("--json", action="store_true", help="print the status as JSON")
     q.set_defaults(func=cmd_up)
 

@@ -1,0 +1,220 @@
+"""`gpu-install apply` end to end and `gpu-install uninstall`.
+
+apply: preflight → node roles (installer.apply: playbooks/preflight.yml, site.yml) → operator
+(installer.operator: namespace, pull Secret, helm upgrade --install). Everything the operator stage
+needs (chart, kubeconfig, rendered values, registry credentials) is resolved BEFORE any host is
+touched, so a missing piece is a configuration error (exit 2) with nothing changed.
+
+uninstall: the reverse, guarded by --yes: the Helm release and gpu-install's pull Secret first
+(installer.operator.uninstall), then playbooks/uninstall.yml with gpu_install_action=remove (runtime
+configs back to their backups minus our keys, the registry CA files). Driver and toolkit packages stay.
+
+Each stage's outcome is collected in a Summary, printed by the CLI also when a stage fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from installer import apply as nodes
+from installer.config import Site
+from installer.errors import ConfigError, GpuInstallError
+
+Progress = Callable[[str], None]
+SKIP_HINT = "or pass --skip-operator to configure the nodes only"
+
+
+@dataclass
+class OperatorOptions:
+    enabled: bool = True  # --skip-operator turns it off
+    kubeconfig: str | None = None  # --kubeconfig, else $KUBECONFIG, else ~/.kube/config
+    chart: str | None = None  # --chart / $GPU_INSTALL_CHART, else the site's operator.chart
+    timeout: float = 300
+    wait: bool = True
+    delete_namespace: bool = False  # uninstall only
+
+
+@dataclass
+class Stage:
+    name: str
+    outcome: str  # ok | changed | unchanged | would change | skipped | FAILED | not run | removed
+    detail: str = ""
+
+
+@dataclass
+class Summary:
+    command: str
+    check: bool = False
+    stages: list[Stage] = field(default_factory=list)
+    nodes_changed: int | None = None  # sum of per-host changed counts of the node playbook
+
+    def add(self, name: str, outcome: str, detail: str = "") -> Stage:
+        st = Stage(name, outcome, detail)
+        self.stages.append(st)
+        return st
+
+    def lines(self) -> list[str]:
+        out = [f"{self.command}{' (check mode: nothing changed)' if self.check else ''} stages:"]
+        width = max([9] + [len(s.name) for s in self.stages])
+        for s in self.stages:
+            out.append(f"  {s.name:{width}}  {s.outcome}{f' - {s.detail}' if s.detail else ''}")
+        return out
+
+
+def _split(tags: str | None) -> set[str]:
+    return {t.strip() for t in (tags or "").split(",") if t.strip()}
+
+
+def operator_selected(opts: nodes.Options, op: OperatorOptions) -> str | None:
+    """None when the operator stage runs, else why not (it is tagged `operator` for --tags/--skip-tags)."""
+    if not op.enabled:
+        return "--skip-operator"
+    tags = _split(opts.tags)
+    if tags and not tags & {"operator", "all"}:
+        return f"--tags {opts.tags} does not include operator"
+    if "operator" in _split(opts.skip_tags):
+        return "--skip-tags operator"
+    return None
+
+
+def _with_skip_hint(exc: ConfigError) -> ConfigError:
+    return ConfigError(f"operator stage: {exc.message}", hint=f"{exc.hint}; {SKIP_HINT}" if exc.hint else SKIP_HINT)
+
+
+def prepare_operator(site: Site, op: OperatorOptions):
+    """Chart, values, credentials and kubeconfig checked before any host is touched (exit 2 if missing)."""
+    from installer import operator
+
+    try:
+        return operator.prepare(site, op.kubeconfig, op.chart or site.operator.chart)
+    except ConfigError as exc:
+        raise _with_skip_hint(exc) from None
+
+
+def _nodes_detail(res) -> str:
+    return f"changed={res.changed} on {len(res.hosts)} host(s); run records {res.artifacts}"
+
+
+def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Summary,
+              progress: Progress | None = None) -> Summary:
+    """preflight → nodes → operator; raises the first stage's error after recording it in summary."""
+    from installer import operator
+
+    say = progress or (lambda _: None)
+    summary.check = opts.check
+    skip_reason = operator_selected(opts, op)
+    prepared = None if skip_reason else prepare_operator(site, op)
+
+    stage = "preflight"
+    try:
+        pre = nodes.preflight(site, opts)
+        summary.add("preflight", "ok", f"{len(pre.hosts)} host(s) checked, read-only")
+        stage = "nodes"
+        say("stage nodes: playbooks/site.yml")
+        res = nodes.run_nodes("site.yml", site, opts)
+        summary.nodes_changed = res.changed
+        outcome = ("would change" if opts.check else "changed") if res.changed else "unchanged"
+        summary.add("nodes", outcome, _nodes_detail(res))
+    except GpuInstallError as exc:
+        summary.add(stage, "FAILED", exc.message.split(" (run artifacts")[0][:300])
+        if stage == "preflight":
+            summary.add("nodes", "not run")
+        summary.add("operator", "not run" if not skip_reason else "skipped", skip_reason or "")
+        raise
+
+    if skip_reason:
+        summary.add("operator", "skipped", skip_reason)
+        return summary
+    name = f"release {site.operator.releaseName} in namespace {site.operator.namespace}"
+    try:
+        if opts.check:
+            say(f"stage operator (check mode): comparing {name} with chart {prepared.chart}")
+            plan = operator.plan(site, prepared)
+            for line in plan.lines():
+                say(f"operator: {line}")
+            summary.add("operator", "would change" if plan.changed else "unchanged", plan.lines()[-1])
+        else:
+            say(f"stage operator: {name}, chart {prepared.chart}")
+            report = operator.install(site, None, None, timeout=op.timeout, wait=op.wait,
+                                      progress=lambda m: say(f"operator: {m}"), prepared=prepared)
+            summary.add("operator", "changed" if report.changed else "unchanged", report.lines()[-2])
+    except GpuInstallError as exc:
+        summary.add("operator", "FAILED", exc.message[:300])
+        raise
+    return summary
+
+
+# ---------------------------------------------------------------- uninstall
+
+
+def removal_plan(site: Site, op: OperatorOptions) -> list[str]:
+    """What uninstall removes (printed without --yes, and before it acts)."""
+    ev = nodes.role_vars(site)
+    out: list[str] = []
+    if op.enabled:
+        ns, rel = site.operator.namespace, site.operator.releaseName
+        out.append(f"Helm release {rel} and its resources in namespace {ns}")
+        if site.registry.pullSecret:
+            out.append(f"pull Secret {ns}/{site.registry.pullSecret.name} (only if gpu-install made it)")
+        if op.delete_namespace:
+            out.append(f"namespace {ns}")
+    on = "on the gpu_nodes hosts:"
+    if ev["docker_runtime_enabled"]:
+        out.append(f"{on} /etc/docker/daemon.json back to its content before apply minus our keys "
+                   "(runtimes.nvidia, default-runtime if still ours, registries we added); backup kept; docker restarted")
+    if ev["containerd_runtime_enabled"]:
+        out.append(f"{on} containerd drop-in /etc/containerd/conf.d/99-nvidia.toml and our `imports` entry in "
+                   "/etc/containerd/config.toml; backup kept; containerd restarted")
+    if ev["registry_trust_enabled"]:
+        out.append(f"{on} the CA of {site.registry.host} from the OS trust store, docker certs.d and containerd "
+                   "hosts.toml (only files gpu-install wrote)")
+    out.append("kept: NVIDIA driver and container toolkit packages stay installed (remove them with the "
+               "OS package manager if wanted)")
+    return out
+
+
+def run_uninstall(site: Site, opts: nodes.Options, op: OperatorOptions, yes: bool, summary: Summary,
+                  progress: Progress | None = None) -> Summary:
+    from installer import kube, operator
+
+    say = progress or (lambda _: None)
+    skip_reason = operator_selected(opts, op)
+    op = replace(op, enabled=skip_reason is None)
+    plan = removal_plan(site, op)
+    if not yes:
+        raise ConfigError("uninstall would remove:\n    " + "\n    ".join(plan) + "\nnot confirmed; nothing was changed",
+                          hint="re-run with --yes to confirm")
+    kubeconfig = None
+    if op.enabled:  # checked before anything is touched
+        try:
+            kubeconfig = kube.resolve_kubeconfig(op.kubeconfig)
+        except ConfigError as exc:
+            raise _with_skip_hint(exc) from None
+    for line in plan:
+        say(f"uninstall: {line}")
+    if op.enabled:
+        try:
+            rep = operator.uninstall(site, kubeconfig, yes=True, delete_namespace=op.delete_namespace,
+                                     timeout=op.timeout, progress=lambda m: say(f"operator: {m}"))
+            summary.add("operator", "removed" if rep.release_removed else "unchanged", "; ".join(rep.lines()))
+        except GpuInstallError as exc:
+            summary.add("operator", "FAILED", exc.message[:300])
+            summary.add("nodes", "not run")
+            raise
+    else:
+        summary.add("operator", "skipped", skip_reason or "")
+    try:
+        say("stage nodes: playbooks/uninstall.yml")
+        res = nodes.run_nodes("uninstall.yml", site, _remove(opts))
+        summary.nodes_changed = res.changed
+        summary.add("nodes", "changed" if res.changed else "unchanged", _nodes_detail(res))
+    except GpuInstallError as exc:
+        summary.add("nodes", "FAILED", exc.message.split(" (run artifacts")[0][:300])
+        raise
+    summary.add("packages", "kept", "driver and toolkit packages stay installed")
+    return summary
+
+
+def _remove(opts: nodes.Options) -> nodes.Options:
+    return replace(opts, extra={**(opts.extra or {}), "gpu_install_action": "remove"})

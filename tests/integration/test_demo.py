@@ -1,0 +1,152 @@
+"""scripts/demo end to end, then `gpu-install uninstall --yes`, on a lab of its own (2 debian12 nodes with
+containerd from the lab repo, the lab control plane with the nodes as GPU nodes).
+
+The script is run as a user would run it (its own lab dir under a temp dir): it brings the lab up, gives the
+nodes a site containerd config, writes the site file (lab registry + CA, toolkit.mode host, the STAND-IN
+fixture chart) and runs `gpu-install apply` twice. Asserted here: exit 0; the Helm release deployed in the
+lab apiserver; the second apply changed=0 on every node (per-host stats from its run records) and left the
+release unchanged; uninstall --yes gives the nodes their pre-apply containerd config byte for byte (the
+site's keys in it), removes the drop-in, the registry CA files and the release; packages stay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.conftest import lab_prerequisites
+
+pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
+GI = Path(sys.executable).parent / "gpu-install"
+
+
+def site_stats(state: Path, playbook: str) -> dict[str, dict[str, int]]:
+    """Per-host stats of the newest run of a playbook, from its run directory's job events."""
+    runs = sorted((state / "runs").glob(f"*-{playbook}*"), key=lambda p: p.stat().st_mtime)
+    assert runs, f"no {playbook} run under {state}"
+    for ev in (runs[-1] / "artifacts" / "run" / "job_events").glob("*.json"):
+        data = json.loads(ev.read_text())
+        if data.get("event") == "playbook_on_stats":
+            d = data["event_data"]
+            hosts = set().union(*(d.get(k) or {} for k in ("ok", "changed", "failures", "dark")))
+            return {h: {k: int((d.get(k) or {}).get(h, 0)) for k in ("ok", "changed", "failures", "dark")} for h in hosts}
+    raise AssertionError(f"no playbook_on_stats in {runs[-1]}")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    lab_prerequisites()
+    from installer.errors import GpuInstallError
+    from installer.lab import kube
+
+    try:
+        kube.ensure_binaries(progress=lambda m: print(m, flush=True))
+    except GpuInstallError as exc:
+        pytest.fail(f"kubernetes binaries cannot be built: {exc}")
+    where = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "GPU_INSTALL_DEMO_DIR": str(where)}
+    try:
+        proc = subprocess.run([str(ROOT / "scripts" / "demo")], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=1800)
+        print(proc.stderr[-6000:], flush=True)
+        yield where, proc, env
+    finally:
+        down = subprocess.run([str(ROOT / "scripts" / "demo"), "--down"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert down.returncode == 0, down.stderr
+
+
+def ssh(where: Path, ip: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+    lab = where / "lab"
+    proc = subprocess.run(["ssh", "-i", str(lab / "ssh" / "id_ed25519"), "-o", f"UserKnownHostsFile={lab / 'ssh' / 'known_hosts'}",
+                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{ip}", command],
+                          capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, f"{command}: {proc.stderr}"
+    return proc
+
+
+def test_demo_apply_twice_then_uninstall(demo):
+    where, proc, env = demo
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    status = json.loads((where / "lab-status.json").read_text())
+    kubeconfig = status["kubernetes"]["kubeconfig"]
+    nodes = {n["name"]: n["ip"] for n in status["nodes"]}
+    site = where / "site.yaml"
+    state = where / "state"
+    env = {**env, "GPU_INSTALL_STATE": str(state), "KUBECONFIG": kubeconfig}
+
+    # first apply: every stage named with its outcome; the release deployed in the lab apiserver
+    first = (where / "apply-1.txt").read_text()
+    assert re.search(r"preflight +ok", first) and re.search(r"nodes +changed", first), first
+    assert re.search(r"operator +changed - release gpu-operator \(gpu-operator-fixture-0\.1\.0\): revision 1 deployed",
+                     first), first
+    st = subprocess.run([str(GI), "operator", "status", "-s", str(site)], env=env, capture_output=True, text=True)
+    assert st.returncode == 0 and "release gpu-operator: revision 1 deployed" in st.stdout, st.stdout + st.stderr
+    from installer import helm
+
+    rel = helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig))
+    assert rel is not None and rel.status == "deployed" and rel.revision == 1
+
+    # second apply: nothing changed on any node, the release unchanged
+    second = (where / "apply-2.txt").read_text()
+    assert "apply ok: nodes changed=0;" in second and re.search(r"operator +unchanged", second), second
+    stats = site_stats(state, "site")
+    assert set(nodes) <= set(stats) and all(stats[n]["changed"] == 0 and stats[n]["ok"] > 0 for n in nodes), stats
+
+    # what apply did on the nodes
+    for name, ip in nodes.items():
+        dump = tomllib.loads(ssh(where, ip, "containerd config dump").stdout)
+        cri = dump["plugins"]["io.containerd.grpc.v1.cri"]
+        assert cri["containerd"]["default_runtime_name"] == "nvidia"
+        assert cri["sandbox_image"].endswith("/pause:3.9")  # the site's key in force
+        assert ssh(where, ip, "test -f /etc/containerd/conf.d/99-nvidia.toml", check=False).returncode == 0
+
+    # uninstall without --yes: the plan, exit 2, nothing touched
+    base = [str(GI), "uninstall", "-s", str(site), "-i", status["inventory"], "-q"]
+    no = subprocess.run(base, env=env, capture_output=True, text=True)
+    assert no.returncode == 2 and "Helm release gpu-operator" in no.stderr and "--yes" in no.stderr, no.stderr
+    assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is not None
+
+    yes = subprocess.run([*base, "--yes"], env=env, capture_output=True, text=True, timeout=900)
+    assert yes.returncode == 0, yes.stdout + yes.stderr[-4000:]
+    assert re.search(r"operator +removed", yes.stdout) and re.search(r"packages +kept", yes.stdout), yes.stdout
+    assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is None
+    st = subprocess.run([str(GI), "operator", "status", "-s", str(site)], env=env, capture_output=True, text=True)
+    assert st.returncode == 6 and "release gpu-operator: not installed" in st.stdout
+    registry = status["registry"]
+    for name, ip in nodes.items():
+        pre = (where / "pre-apply" / name / "config.toml").read_text()
+        assert "sandbox_image" in pre
+        assert ssh(where, ip, "cat /etc/containerd/config.toml").stdout == pre  # byte for byte
+        left = ssh(where, ip, "ls -A /etc/containerd /etc/containerd/certs.d 2>/dev/null; "
+                              "ls /usr/local/share/ca-certificates", check=False).stdout
+        assert "99-nvidia.toml" not in left and "conf.d" not in left.split() and registry not in left, left
+        assert "gpu-install-registry" not in left and ".config.toml.gpu-install-state" not in left, left
+        dump = ssh(where, ip, "containerd config dump").stdout
+        assert "nvidia" not in dump, dump
+        ssh(where, ip, "systemctl is-active containerd && ctr version >/dev/null")
+        # packages stay
+        assert "ii" in ssh(where, ip, "dpkg -l nvidia-container-toolkit | tail -1").stdout
+    again = subprocess.run([*base, "--yes"], env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "uninstall ok: nodes changed=0" in again.stdout, again.stdout + again.stderr
+
+    # apply --check on the uninstalled lab: says what it would do for the nodes and the release, changes nothing
+    check = subprocess.run([str(GI), "apply", "-s", str(site), "-i", status["inventory"], "-q", "--check"], env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert check.returncode == 0, check.stdout + check.stderr[-3000:]
+    assert re.search(r"nodes +would change", check.stdout), check.stdout
+    assert re.search(r"operator +would change - release gpu-operator: would install chart gpu-operator-fixture-0\.1\.0",
+                     check.stdout), check.stdout
+    assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is None
+    for name, ip in nodes.items():
+        pre = (where / "pre-apply" / name / "config.toml").read_text()
+        assert ssh(where, ip, "cat /etc/containerd/config.toml").stdout == pre
