@@ -11,7 +11,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     site_args(p)
     inventory_arg(p, required=True)
     p.add_argument("--limit", help="only these hosts (Ansible pattern)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no per-task progress lines")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-task progress lines (the recap stays)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also skipped tasks, errors a task ignores, and diffs of unchanged files")
 
 
 def _run(args: argparse.Namespace, stage: str) -> int:
@@ -20,21 +22,29 @@ def _run(args: argparse.Namespace, stage: str) -> int:
     from installer import apply
     from installer.config import load_site
 
+    from installer.progress import Display
+
     site = load_site(args.site, args.set)
+    # live progress on stderr (a status line on a terminal, plain lines elsewhere); -q: nothing but the recap
+    display = Display((lambda line: None) if args.quiet else sys.stderr, verbose=args.verbose)
     opts = apply.Options(
         inventory=args.inventory, limit=args.limit, tags=getattr(args, "tags", None),
         skip_tags=getattr(args, "skip_tags", None), check=getattr(args, "check", False),
-        diff=getattr(args, "diff", False),
-        progress=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+        diff=getattr(args, "diff", False), progress=display.note, display=display,
     )
-    if stage == "preflight":
-        res = apply.preflight(site, opts)
-        print(res.recap())
-        print(f"preflight ok ({len(res.hosts)} hosts); artifacts: {res.artifacts}")
-    else:
-        _, res = apply.apply(site, opts)
-        print(res.recap())
-        print(f"apply ok: {res.changed} changes{' (check mode)' if opts.check else ''}; artifacts: {res.artifacts}")
+    try:
+        if stage == "preflight":
+            res = apply.preflight(site, opts)
+            summary = f"preflight ok ({len(res.hosts)} hosts); artifacts: {res.artifacts}"
+        else:
+            _, res = apply.apply(site, opts)
+            summary = (f"apply ok: {res.changed} changes{' (check mode)' if opts.check else ''}; "
+                       f"artifacts: {res.artifacts}")
+    finally:
+        display.close()
+        if display.runs:  # also when a stage failed: which hosts, how far, how long
+            print(display.recap(), flush=True)
+    print(summary)
     return 0
 
 
