@@ -259,9 +259,9 @@ def main() -> int:
                       f"{statistics.median(r['cpu'] for r in rs):>6.1f} "
                       f"{max(r['forks'] for r in rs):>5}", flush=True)
                 last = rs[-1]
-        top = sorted(last["tasks"].items(), key=lambda kv: -kv[1])[:6]
-        print(f"  {vname}: slowest tasks of the last {len(nodes)}-node re-apply (seconds summed over hosts): "
-              + "; ".join(f"{t} {sec:.1f}" for t, sec in top), flush=True)
+            top = sorted(last["tasks"].items(), key=lambda kv: -kv[1])[:6]
+            print(f"  {vname}: slowest tasks of the last {len(nodes)}-node re-apply (seconds summed over hosts): "
+                  + "; ".join(f"{t} {sec:.1f}" for t, sec in top), flush=True)
     finally:
         if args.keep_lab:
             print(f"lab kept: {lab_dir} (gpu-install lab down --lab-dir {lab_dir})")
