@@ -213,10 +213,19 @@ class Display:
             if self._status_shown:
                 self._stream.write("\r\x1b[2K")
                 self._status_shown = False
-            self._stream.write(line + "\n")
+            self._write_text(line + "\n")
             self._stream.flush()
         except (BrokenPipeError, ValueError):  # closed pipe / stream: the display is best effort
             pass
+
+    def _write_text(self, text: str) -> None:
+        """Write; characters the stream's encoding lacks (a task name, a message) become '?'."""
+        assert self._stream is not None
+        try:
+            self._stream.write(text)
+        except UnicodeEncodeError:
+            enc = getattr(self._stream, "encoding", None) or "ascii"
+            self._stream.write(text.encode(enc, errors="replace").decode(enc))
 
     def _draw_status(self) -> None:
         if not self.tty or self._stream is None:
@@ -226,9 +235,9 @@ class Display:
             return
         width = self._width or shutil.get_terminal_size((100, 24)).columns
         if len(text) > width - 1:
-            text = text[: max(width - 2, 10)] + "…"
+            text = text[: max(width - 4, 10)] + "..."
         try:
-            self._stream.write("\r\x1b[2K" + text)
+            self._write_text("\r\x1b[2K" + text)
             self._stream.flush()
             self._status_shown = True
         except (BrokenPipeError, ValueError):
@@ -315,7 +324,7 @@ class Display:
             parts.append(run.retry)
         elapsed = self._clock() - run.started if run.started else 0.0
         parts.append(f"{int(elapsed) // 60:d}:{int(elapsed) % 60:02d}")
-        return " · ".join(parts)
+        return " - ".join(parts)
 
     def _host(self, host: str) -> str:
         self._host_width = max(self._host_width, len(host))

@@ -184,7 +184,7 @@ def test_pipe_gets_no_escape_codes_tty_gets_a_status_line():
     pipe = io.StringIO()
     replay(Display(pipe), "lab-driver.jsonl")
     out = pipe.getvalue()
-    assert "\x1b" not in out and "\r" not in out and "hosts · changed" not in out
+    assert "\x1b" not in out and "\r" not in out and "hosts - changed" not in out
     assert "== NVIDIA driver (2 hosts)" in out
 
     tty = io.StringIO()
@@ -197,7 +197,7 @@ def test_pipe_gets_no_escape_codes_tty_gets_a_status_line():
     assert statuses, raw[:500]
     for st in statuses:
         assert len(st) <= 80, st
-        assert re.match(r"^\d+/(\d+|\?) hosts · changed \d+ · failed \d+ · ", st), st
+        assert re.match(r"^\d+/(\d+|\?) hosts - changed \d+ - failed \d+ - ", st), st
     assert any(st.startswith("2/2 hosts") and "Driver | " in st for st in statuses)
     assert any(re.search(r"changed [1-9]", st) for st in statuses)
     # the plain lines are the same as in a pipe, the status line only sits between them
@@ -282,3 +282,17 @@ def test_recap_table_bad_hosts_first():
     rows = [r.split()[0] for r in t.splitlines()[1:]]
     assert rows == ["z", "a", "b"]
     assert t.splitlines()[1].rstrip().endswith("2.2s") or t.splitlines()[1].rstrip().endswith("2.3s")
+
+
+def test_a_stream_without_utf8_gets_replacement_characters():
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    d = Display(stream, tty=True, width=60, tick=0)
+    d.start_run("x.yml", lambda p: 1, ["h"])
+    d.event({"event": "playbook_on_play_start", "event_data": {"play": "Überprüfung", "play_pattern": "all"}})
+    d.event({"event": "runner_on_failed", "event_data": {"host": "h", "task": "T | Prüfen", "duration": 0.5,
+                                                         "res": {"msg": "Größe falsch"}}})
+    d.close()
+    stream.flush()
+    text = raw.getvalue().decode("ascii")
+    assert "== ?berpr?fung (1 host)" in text and "Gr??e falsch" in text
