@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from installer.errors import (
     EXIT_HOST_FAILURES,
@@ -38,6 +38,8 @@ STAT_KEYS = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "un
              "rescued": "rescued", "ignored": "ignored"}
 
 Progress = Callable[[str], None]
+if TYPE_CHECKING:
+    from installer.progress import Display
 
 
 @dataclass
@@ -66,6 +68,7 @@ class RunResult:
     failures: list[TaskFailure] = field(default_factory=list)
     artifacts: Path | None = None
     status: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)  # per host: the sum of its task durations
 
     @property
     def unreachable(self) -> list[str]:
@@ -88,10 +91,11 @@ class RunResult:
         return EXIT_OK
 
     def recap(self) -> str:
-        lines = [f"{'host':30} {'ok':>4} {'changed':>8} {'failed':>7} {'unreach':>8} {'skipped':>8}"]
-        for h in sorted(self.hosts):
-            s = self.hosts[h]
-            lines.append(f"{h:30} {s.ok:>4} {s.changed:>8} {s.failed:>7} {s.unreachable:>8} {s.skipped:>8}")
+        from installer.progress import HostRecap, recap_table
+
+        table = recap_table({h: HostRecap(s.ok, s.changed, s.failed, s.unreachable, s.skipped, self.seconds.get(h, 0.0))
+                             for h, s in self.hosts.items()})
+        lines = [table]
         for f in self.failures:
             kind = "UNREACHABLE" if f.unreachable else "FAILED"
             lines.append(f"{kind} [{f.host}] {f.task}: {f.message}")
@@ -148,40 +152,45 @@ def _scrubbed_environ(extra_names: list[str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def progress_line(event: dict[str, Any]) -> str | None:
-    """One plain line per task result: "[host] TASK name … status"."""
-    kind = event.get("event", "")
-    data = event.get("event_data") or {}
-    if kind == "playbook_on_play_start":
-        return f"PLAY {data.get('play', '')}"
-    status = {
-        "runner_on_ok": "ok",
-        "runner_on_failed": "failed",
-        "runner_on_unreachable": "UNREACHABLE",
-        "runner_on_skipped": None,
-    }
-    if kind not in status or status[kind] is None:
-        return None
-    st = status[kind]
-    res = data.get("res") or {}
-    if st == "ok" and res.get("changed"):
-        st = "changed"
-    if st == "failed" and data.get("ignore_errors"):
-        st = "failed (ignored)"
-    line = f"[{data.get('host', '?')}] TASK {data.get('task', '')} … {st}"
-    if st in ("failed", "UNREACHABLE"):
-        line += f": {_message(res)}"
-    return line
-
-
 def _message(res: dict[str, Any]) -> str:
-    if res.get("_ansible_no_log"):
-        return "(output hidden: no_log)"
-    items = [r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
-    if items:  # a loop: the items' messages say what is wrong, not "One or more items failed"
-        return "; ".join(_message(r) for r in items)[:1000]
-    msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
-    return " ".join(str(msg).split())[:500]
+    from installer.progress import message
+
+    return message(res)
+
+
+def inventory_hosts(inventory: Path, limit: str | None) -> tuple[list[str], Callable[[str], int | None]] | None:
+    """The inventory's hosts (after --limit) and a play pattern -> host count function, read with Ansible's own
+    inventory code under this bundle's ansible.cfg; None when that is not possible (the run reports it)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    saved = os.environ.get("ANSIBLE_CONFIG")
+    os.environ["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")  # read when ansible.constants is first imported
+    try:
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+            from ansible.inventory.manager import InventoryManager
+            from ansible.parsing.dataloader import DataLoader
+
+            manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+            if limit:
+                manager.subset(limit)
+            names = [h.name for h in manager.get_hosts("all")]
+    except Exception:  # noqa: BLE001 - only the header counts depend on it; ansible-playbook says what is wrong
+        return None
+    finally:
+        if saved is None:
+            os.environ.pop("ANSIBLE_CONFIG", None)
+        else:
+            os.environ["ANSIBLE_CONFIG"] = saved
+
+    def count(pattern: str) -> int | None:
+        try:
+            with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+                return len(manager.get_hosts(pattern))
+        except Exception:  # noqa: BLE001
+            return None
+
+    return names, count
 
 
 def run_playbook(
@@ -197,8 +206,12 @@ def run_playbook(
     progress: Progress | None = None,
     scrub_env: list[str] | None = None,
     run_dir: Path | None = None,
+    display: Display | None = None,
 ) -> RunResult:
-    """Run a playbook; the result's exit_code() maps per-host stats to gpu-install exit codes."""
+    """Run a playbook; the result's exit_code() maps per-host stats to gpu-install exit codes.
+
+    display (installer.progress.Display) gets every job event and the run's start and end; progress (a line
+    sink) gets the same plain lines when no display is given."""
     extravars = dict(extravars or {})
     check_extravars(extravars)
     pb = Path(playbook)
@@ -220,6 +233,11 @@ def run_playbook(
         import ansible_runner
 
     failures: list[TaskFailure] = []
+    seconds: dict[str, float] = {}
+    if display is None and progress is not None:
+        from installer.progress import Display
+
+        display = Display(progress)
 
     def on_event(event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -227,10 +245,14 @@ def run_playbook(
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             failures.append(TaskFailure(str(data.get("host")), str(data.get("task", "")), _message(data.get("res") or {}),
                                         unreachable=kind == "runner_on_unreachable"))
-        if progress:
-            line = progress_line(event)
-            if line:
-                progress(line)
+        if kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped"):
+            host = str(data.get("host"))
+            try:
+                seconds[host] = seconds.get(host, 0.0) + float(data.get("duration") or 0.0)
+            except (TypeError, ValueError):
+                pass
+        if display is not None:
+            display.event(event)
         return True
 
     cmdline = " ".join(x for x, on in (("--check", check), ("--diff", diff)) if on)
@@ -238,21 +260,28 @@ def run_playbook(
     envvars = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
                "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
     with _scrubbed_environ(list(scrub_env or [])):
-        runner = ansible_runner.run(
-            private_data_dir=str(private),
-            project_dir=str(ROOT),
-            playbook=str(pb),
-            inventory=str(inv.resolve()),
-            extravars=extravars,
-            envvars=envvars,
-            limit=limit,
-            tags=tags,
-            skip_tags=skip_tags,
-            cmdline=cmdline or None,
-            event_handler=on_event,
-            quiet=True,
-            ident="run",
-        )
+        if display is not None:  # inside: a dynamic inventory script sees the same scrubbed environment
+            known = inventory_hosts(inv, limit)
+            display.start_run(pb.name, *((known[1], known[0]) if known else ()))
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=str(private),
+                project_dir=str(ROOT),
+                playbook=str(pb),
+                inventory=str(inv.resolve()),
+                extravars=extravars,
+                envvars=envvars,
+                limit=limit,
+                tags=tags,
+                skip_tags=skip_tags,
+                cmdline=cmdline or None,
+                event_handler=on_event,
+                quiet=True,
+                ident="run",
+            )
+        finally:
+            if display is not None:
+                display.finish_run()
     for sub in ("env", "artifacts"):
         if (private / sub).exists():
             os.chmod(private / sub, 0o700)
@@ -271,7 +300,8 @@ def run_playbook(
             setattr(hosts.setdefault(host, HostStats()), attr, int(n))
     for host in stats.get("processed") or {}:
         hosts.setdefault(host, HostStats())
-    return RunResult(playbook=pb.name, hosts=hosts, failures=failures, artifacts=private, status=runner.status)
+    return RunResult(playbook=pb.name, hosts=hosts, failures=failures, artifacts=private, status=runner.status,
+                     seconds=seconds)
 
 
 def _ansible_playbook() -> str:

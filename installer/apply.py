@@ -102,6 +102,7 @@ class Options:
     check: bool = False
     diff: bool = False
     progress: Callable[[str], None] | None = None
+    display: Any = None  # installer.progress.Display: the live per-host progress (gets every job event)
     extra: dict[str, Any] | None = None  # variables for tests/labs, merged over role_vars()
 
 
@@ -109,7 +110,7 @@ def _run(playbook: str, site: Site, opts: Options, tags: bool) -> RunResult:
     ev = role_vars(site) | (opts.extra or {})
     return run_playbook(playbook, opts.inventory, ev, limit=opts.limit, tags=opts.tags if tags else None,
                         skip_tags=opts.skip_tags if tags else None, check=opts.check, diff=opts.diff,
-                        progress=opts.progress, scrub_env=scrub_names(site))
+                        progress=opts.progress, scrub_env=scrub_names(site), display=opts.display)
 
 
 def raise_for(result: RunResult, preflight: bool) -> RunResult:

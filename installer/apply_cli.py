@@ -11,20 +11,31 @@ def _common(p: argparse.ArgumentParser) -> None:
     site_args(p)
     inventory_arg(p, required=True)
     p.add_argument("--limit", help="only these hosts (Ansible pattern)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no per-task progress lines")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-task progress lines (the recap stays)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also skipped tasks, errors a task ignores, and diffs of unchanged files")
 
 
 def _options(args: argparse.Namespace):
     import sys
 
     from installer import apply
+    from installer.progress import Display
 
+    # live progress on stderr (a status line on a terminal, plain lines elsewhere); -q: nothing but the recap
+    display = Display((lambda line: None) if args.quiet else sys.stderr, verbose=args.verbose)
     return apply.Options(
         inventory=args.inventory, limit=args.limit, tags=getattr(args, "tags", None),
         skip_tags=getattr(args, "skip_tags", None), check=getattr(args, "check", False),
-        diff=getattr(args, "diff", False),
-        progress=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+        diff=getattr(args, "diff", False), progress=display.note, display=display,
     )
+
+
+def _finish(opts) -> None:
+    """Close the live display and print the per-host recap (also when a stage failed)."""
+    opts.display.close()
+    if opts.display.runs:
+        print(opts.display.recap(), flush=True)
 
 
 def _operator_options(args: argparse.Namespace):
@@ -36,24 +47,22 @@ def _operator_options(args: argparse.Namespace):
 
 
 def _staged(args: argparse.Namespace, command: str) -> int:
-    """apply / uninstall: stages run by installer.pipeline; the stage summary is printed also on failure."""
-    import sys
-
+    """apply / uninstall: stages run by installer.pipeline; recap and stage summary are printed also on failure."""
     from installer import pipeline
     from installer.config import load_site
 
     site = load_site(args.site, args.set)
     opts, op = _options(args), _operator_options(args)
-    say = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     summary = pipeline.Summary(command)
     ok = False
     try:
         if command == "apply":
-            pipeline.run_apply(site, opts, op, summary, progress=say)
+            pipeline.run_apply(site, opts, op, summary, progress=opts.progress)
         else:
-            pipeline.run_uninstall(site, opts, op, args.yes, summary, progress=say)
+            pipeline.run_uninstall(site, opts, op, args.yes, summary, progress=opts.progress)
         ok = True
     finally:
+        _finish(opts)
         if summary.stages:
             print("\n".join(summary.lines()), flush=True)
     if ok:
@@ -68,8 +77,11 @@ def _run(args: argparse.Namespace, stage: str) -> int:
     from installer.config import load_site
 
     site = load_site(args.site, args.set)
-    res = apply.preflight(site, _options(args))
-    print(res.recap())
+    opts = _options(args)
+    try:
+        res = apply.preflight(site, opts)
+    finally:
+        _finish(opts)
     print(f"preflight ok ({len(res.hosts)} hosts); artifacts: {res.artifacts}")
     return 0
 

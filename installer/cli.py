@@ -190,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_optional(sub, "installer.apply_cli")
     _register_optional(sub, "installer.lab.cli")
     _register_optional(sub, "installer.operator_cli")
+    _register_optional(sub, "installer.mig_cli")
     return parser
 
 

@@ -79,6 +79,11 @@ def node_facts(inventory: str | None, os_tags: list[str] | None = None, kernels:
 
 
 def inventory_nodes(inventory: str) -> list[Node]:
+    return [_node_from_vars(name, hv) for name, hv in gpu_host_vars(inventory)]
+
+
+def gpu_host_vars(inventory: str) -> list[tuple[str, dict]]:
+    """(host, its variables) for each host of group gpu_nodes, by name."""
     path = Path(inventory)
     if not path.exists():
         raise ConfigError(f"inventory {inventory} not found", hint="pass -i with an inventory file or directory")
@@ -106,13 +111,11 @@ def inventory_nodes(inventory: str) -> list[Node]:
             hint=f"put the GPU nodes in a group named {GPU_GROUP} (see inventories/sample/hosts.yml)",
         )
     vm = VariableManager(loader=loader, inventory=inv)
-    nodes = []
-    for host in sorted(inv.groups[GPU_GROUP].get_hosts(), key=lambda h: h.name):
-        hv = vm.get_vars(host=host)
-        nodes.append(_node_from_vars(host.name, hv))
-    if not nodes:
+    hosts = [(host.name, vm.get_vars(host=host)) for host in sorted(inv.groups[GPU_GROUP].get_hosts(),
+                                                                    key=lambda h: h.name)]
+    if not hosts:
         raise ConfigError(f"inventory {inventory}: group '{GPU_GROUP}' has no hosts")
-    return nodes
+    return hosts
 
 
 def _node_from_vars(name: str, hv: dict) -> Node:

@@ -304,3 +304,37 @@ def delete_namespace(client, name: str) -> bool:
             return False
         raise _api_error(f"delete namespace {name}", exc) from None
     return True
+
+
+# ---------------------------------------------------------------- node labels (MIG layouts: installer/mig.py)
+
+
+def node_labels(client, names: list[str]) -> dict[str, dict[str, str] | None]:
+    """The labels of each named Node (None: no such Node)."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    api = k8s.CoreV1Api(client)
+    out: dict[str, dict[str, str] | None] = {}
+    for name in names:
+        try:
+            node = _call(f"read node {name}", lambda: api.read_node(name))
+        except ApiException as exc:
+            if exc.status == 404:
+                out[name] = None
+                continue
+            raise _api_error(f"read node {name}", exc) from None
+        out[name] = dict(node.metadata.labels or {})
+    return out
+
+
+def set_node_label(client, name: str, key: str, value: str) -> None:
+    """Set one label on a Node (a strategic-merge patch of metadata.labels: other labels untouched)."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    api = k8s.CoreV1Api(client)
+    try:
+        _call(f"label node {name}", lambda: api.patch_node(name, {"metadata": {"labels": {key: value}}}))
+    except ApiException as exc:
+        raise _api_error(f"label node {name} {key}={value}", exc) from None

@@ -460,7 +460,7 @@ def main():
         backup = module.backup_local(path) if existed and p["backup"] else None
         if backup:
             result["backups"].append(backup)
-        tmp = os.path.join(directory, ".%s.gpu-install.tmp" % os.path.basename(path))
+        tmp = os.path.join(directory, ".%s.%d.gpu-install.tmp" % (os.path.basename(path), os.getpid()))
         with open(tmp, "w") as fh:
             fh.write(text)
             fh.flush()
@@ -513,7 +513,7 @@ def load_state(state_path):
 
 
 def write_state(state_path, st):
-    tmp = os.path.join(os.path.dirname(state_path), ".%s.tmp" % os.path.basename(state_path))
+    tmp = os.path.join(os.path.dirname(state_path), ".%s.%d.tmp" % (os.path.basename(state_path), os.getpid()))
     with open(tmp, "w") as fh:
         fh.write(json.dumps(st, indent=2, sort_keys=True) + "\n")
     os.chmod(tmp, 0o600)
@@ -556,7 +556,7 @@ def absent(module, read, state, state_path):
         if new_main is False:
             os.unlink(config)  # it did not exist before our first change
         else:
-            tmp = os.path.join(os.path.dirname(config), ".%s.gpu-install.tmp" % os.path.basename(config))
+            tmp = os.path.join(os.path.dirname(config), ".%s.%d.gpu-install.tmp" % (os.path.basename(config), os.getpid()))
             with open(tmp, "w") as fh:
                 fh.write(new_main)
                 fh.flush()

@@ -270,7 +270,7 @@ def load_state(state_path):
 
 
 def write_tmp(path, text, exists, mode=0o644):
-    tmp = os.path.join(os.path.dirname(path), ".%s.gpu-install.tmp" % os.path.basename(path))
+    tmp = os.path.join(os.path.dirname(path), ".%s.%d.gpu-install.tmp" % (os.path.basename(path), os.getpid()))
     with open(tmp, "w") as fh:
         fh.write(text)
         fh.flush()

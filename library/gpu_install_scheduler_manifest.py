@@ -191,7 +191,7 @@ def _stamp():
 def _atomic_write(path, data):
     directory = os.path.dirname(path)
     # the temp file must not end in .yaml: a kubelet would pick it up as a second manifest
-    tmp = os.path.join(directory, ".%s.gpu-install-tmp" % os.path.basename(path))
+    tmp = os.path.join(directory, ".%s.%d.gpu-install-tmp" % (os.path.basename(path), os.getpid()))
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()

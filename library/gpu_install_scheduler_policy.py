@@ -237,7 +237,7 @@ def _stamp():
 
 def _atomic_write(path, text, mode=0o600):
     directory = os.path.dirname(path)
-    tmp = os.path.join(directory, ".%s.gpu-install.tmp" % os.path.basename(path))
+    tmp = os.path.join(directory, ".%s.%d.gpu-install.tmp" % (os.path.basename(path), os.getpid()))
     with open(tmp, "w") as fh:
         fh.write(text)
         fh.flush()

@@ -15,6 +15,7 @@ nvidia-smi's exit 9 instead of failing (policy never).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -92,9 +93,19 @@ def test_host_driver_and_toolkit_pinned_then_changed_0(drv):
     assert root(handle, NODE, "dpkg-query -W nvidia-driver", check=False).returncode != 0  # not there yet
     site = write_site(work, "host", {"mode": "host", "version": DRIVER}, {"mode": "host", "version": "1.17.4"})
     t0 = time.monotonic()
-    out = _ok(apply(site))
+    proc = apply(site)
+    out = _ok(proc)
     print(f"first apply (driver + toolkit install) {time.monotonic() - t0:.1f}s", flush=True)
     assert "apply ok" in out
+    # the live display (stderr, not a terminal: plain lines): play header with its host count, the driver's
+    # report under its result line, no escape codes; the recap table on stdout
+    err = proc.stderr
+    assert "== NVIDIA driver (1 host)" in err and "== Container runtime (1 host)" in err, err[-3000:]
+    assert re.search(r"^\[node1\] +changed +Driver \| .+  \(\d+\.\ds\)$", err, re.M), err[-3000:]
+    report = re.search(r"^\[node1\] +ok +Driver \| Report  \(\d+\.\ds\)\n((?:\[node1\] {4}.*\n)+)", err, re.M)
+    assert report and "REBOOT REQUIRED (no NVIDIA kernel module is loaded)" in report.group(1), err[-3000:]
+    assert "\x1b" not in err
+    assert re.search(r"^node1 +\d+ +[1-9]\d* +0 +0 +\d+ +\d+\.\ds$", out, re.M), out
     for pkg in ("nvidia-driver", "nvidia-smi", "nvidia-kernel-dkms"):
         status = dpkg_version(handle, pkg)
         assert status.startswith("install ok installed " + DRIVER), (pkg, status)

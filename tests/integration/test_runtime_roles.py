@@ -224,6 +224,12 @@ def test_invalid_daemon_json_fails_that_host_untouched(rt):
                     ).stdout == before
         stats = apply.site_stats()
         assert stats["node2"]["failures"] == 1 and stats["node1"]["failures"] == 0 and stats["node1"]["changed"] == 0
+        # the display: node2's failed line with its message; the recap (stdout) puts node2 first, failed 1
+        err = proc.stderr.splitlines()
+        i = next(n for n, ln in enumerate(err) if ln.startswith("[node2]") and " failed  " in ln)
+        assert "Docker | " in err[i] and "is not valid JSON" in err[i + 1], err[i:i + 2]
+        recap = proc.stdout[proc.stdout.index("RECAP site.yml"):].splitlines()
+        assert recap[2].split()[:4] == ["node2", str(stats["node2"]["ok"]), "0", "1"], recap
     finally:
         root(handle, "node2", "cat > /etc/docker/daemon.json", input=good)
 
@@ -240,7 +246,7 @@ def test_unreachable_mid_run_others_finish_exit_5(rt):
     try:
         for line in proc.stderr:
             err.append(line)
-            if line.startswith("PLAY Validate inventory"):
+            if line.startswith("== Validate inventory"):
                 plays += 1
                 if plays == 2:  # site.yml's first play: no host contacted yet
                     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
@@ -255,6 +261,9 @@ def test_unreachable_mid_run_others_finish_exit_5(rt):
     assert cut, stderr
     assert rc == 5, f"exit {rc}\n{out}\n{stderr[-3000:]}"
     assert "unreachable: node2" in stderr and "node1" not in stderr.split("error:")[-1], stderr
+    assert any(ln.startswith("[node2]") and " unreachable  " in ln for ln in err), stderr
+    recap = out[out.index("RECAP site.yml"):].splitlines()
+    assert recap[2].split()[0] == "node2" and recap[2].split()[4] != "0", recap  # unreachable column
     stats = apply.site_stats()
     assert stats["node2"]["dark"] >= 1
     assert stats["node1"]["dark"] == 0 and stats["node1"]["failures"] == 0 and stats["node1"]["changed"] >= 1

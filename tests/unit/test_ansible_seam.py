@@ -66,8 +66,8 @@ def test_all_ok_exit_0_and_progress_lines(tmp_path, FIXTURE):
     assert res.exit_code() == EXIT_OK
     assert set(res.hosts) == {"a", "b"}
     assert res.hosts["a"].changed == 1 and res.hosts["a"].failed == 0
-    assert "[a] TASK Fixture | Touch a file … changed" in lines
-    assert any(ln.startswith("PLAY ") for ln in lines)
+    assert "[a] changed      Fixture | Touch a file  (" in "\n".join(lines)
+    assert lines[0] == "== Exit code fixture (2 hosts)"  # host count from the inventory
 
 
 def test_failed_host_exit_4_others_finish(tmp_path, FIXTURE):
@@ -123,9 +123,10 @@ def test_missing_inventory_is_config_error(tmp_path, FIXTURE):
         seam.run_playbook(FIXTURE, tmp_path / "nope.yml", {})
 
 
-def test_progress_line_formats():  # noqa: D103
-    ev = {"event": "runner_on_failed", "event_data": {"host": "h", "task": "T", "res": {"msg": "boom\n x"}}}
-    assert seam.progress_line(ev) == "[h] TASK T … failed: boom x"
-    ev = {"event": "runner_on_ok", "event_data": {"host": "h", "task": "T", "res": {"changed": False}}}
-    assert seam.progress_line(ev) == "[h] TASK T … ok"
-    assert seam.progress_line({"event": "verbose"}) is None
+def test_failure_message_and_recap_with_time(tmp_path, FIXTURE):
+    res = seam.run_playbook(FIXTURE, inventory(tmp_path, {"a": LOCAL, "b": LOCAL}), {"fixture_fail": ["b"]}, limit="b")
+    assert res.failures[0].message == "asked to fail on b"
+    recap = res.recap().splitlines()
+    assert recap[0].split() == ["host", "ok", "changed", "failed", "unreachable", "skipped", "time"]
+    assert recap[1].split()[:4] == ["b", "0", "0", "1"] and recap[1].endswith("s")
+    assert res.seconds["b"] > 0

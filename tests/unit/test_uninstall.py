@@ -338,13 +338,14 @@ def test_operator_stage_selection():
     assert pipeline.operator_selected(apply.Options("i"), pipeline.OperatorOptions(enabled=False)) == "--skip-operator"
 
 
-def test_uninstall_playbook_has_the_scheduler_place_and_no_package_roles():
+def test_uninstall_playbook_removes_runtimes_trust_and_scheduler_but_no_packages():
     import yaml
 
     text = (Path(__file__).resolve().parent.parent.parent / "playbooks" / "uninstall.yml").read_text()
     plays = yaml.safe_load(text)
     roles = [r["role"] for p in plays for r in p.get("roles", [])]
-    assert roles == ["docker_runtime", "containerd_runtime", "registry_trust"]
-    assert "scheduler_policy (remove)" in text
+    assert roles == ["docker_runtime", "containerd_runtime", "registry_trust", "scheduler_policy"]
+    sched = next(p for p in plays if any(r["role"] == "scheduler_policy" for r in p.get("roles", [])))
+    assert sched["hosts"] == "kube_control_plane" and sched["vars"]["gpu_install_action"] == "remove"
     for role in roles:
         assert (LIBRARY.parent / "roles" / role / "tasks" / "remove.yml").is_file()

@@ -1,0 +1,179 @@
+"""MIG layouts per GPU node: the `nvidia.com/mig.config` label the GPU Operator's mig-manager applies.
+
+The site's `mig.config` is the cluster default; the inventory host var `gpu_install_mig_config` overrides it per
+node (`gpu_install_node_name` names the Kubernetes Node when it differs from the inventory host name).
+label_nodes() checks every node before it labels any:
+- the name is one of the release's default mig-parted configs (values/catalog: migConfigs), unless
+  `mig.configMap` names a custom ConfigMap (then any valid label value);
+- where the Node says what GPU it has (GFD labels): `nvidia.com/mig.capable=false` allows only all-disabled;
+  a `nvidia.com/gpu.product` of a known MIG model (values/mig/models.yaml, generated from mig-parted facts)
+  must be one the config applies to (all-balanced: from the release that has a layout for that model).
+Then it sets the label through the Kubernetes API (installer/kube.py); a node already carrying it is unchanged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+from installer import PROJECT_ROOT
+from installer.catalog import Catalog, parse_release
+from installer.config import Site
+from installer.errors import ConfigError
+
+LABEL = "nvidia.com/mig.config"
+HOST_VAR = "gpu_install_mig_config"
+NODE_NAME_VAR = "gpu_install_node_name"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+CAPABLE_LABEL = "nvidia.com/mig.capable"
+DISABLED = "all-disabled"
+MODELS_FILE = PROJECT_ROOT / "values" / "mig" / "models.yaml"
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_PRODUCT_SUFFIX = re.compile(r"-(MIG-.*|SHARED)$")  # GFD: MIG single strategy / shared (time-slicing) suffixes
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    products: tuple[re.Pattern[str], ...]
+    configs: frozenset[str]
+    all_balanced_from: str | None
+
+
+@lru_cache(maxsize=1)
+def models(path: Path = MODELS_FILE) -> tuple[Model, ...]:
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    return tuple(Model(m["model"], tuple(re.compile(p, re.I) for p in m["products"]), frozenset(m["configs"]),
+                       m.get("allBalancedFrom")) for m in doc["models"])
+
+
+def model_of(product: str | None) -> Model | None:
+    """The MIG model of a GFD product label (NVIDIA-A100-SXM4-40GB, NVIDIA-H100-80GB-HBM3-MIG-1g.10gb), or None."""
+    if not product:
+        return None
+    base = _PRODUCT_SUFFIX.sub("", product)
+    return next((m for m in models() if any(p.search(base) for p in m.products)), None)
+
+
+@dataclass
+class Plan:
+    host: str        # inventory host
+    node: str        # Kubernetes Node name
+    config: str
+    source: str      # "site mig.config" | "inventory gpu_install_mig_config"
+
+
+@dataclass
+class Result:
+    node: str
+    config: str
+    source: str
+    previous: str | None
+    changed: bool
+    product: str | None = None
+
+    def line(self) -> str:
+        what = ("unchanged" if not self.changed else
+                f"set (was {self.previous})" if self.previous else "set")
+        gpu = f"; {self.product}" if self.product else ""
+        return f"{self.node}: {LABEL}={self.config} ({self.source}{gpu}) {what}"
+
+
+def plan(site: Site, inventory: str) -> list[Plan]:
+    """Which config each GPU node of the inventory gets (nodes without one are left alone)."""
+    from installer.facts import gpu_host_vars
+
+    out = []
+    for host, hv in gpu_host_vars(inventory):
+        override = hv.get(HOST_VAR)
+        if override is not None and not isinstance(override, str):
+            raise ConfigError(f"host {host}: {HOST_VAR} must be a string, not {type(override).__name__}",
+                              hint="e.g. gpu_install_mig_config: all-1g.10gb")
+        config = override or site.mig.config
+        if not config:
+            continue
+        node = str(hv.get(NODE_NAME_VAR) or host)
+        out.append(Plan(host, node, config, f"inventory {HOST_VAR}" if override else "site mig.config"))
+    return out
+
+
+def check_names(site: Site, plans: list[Plan]) -> None:
+    """Every config is one the release's mig-manager knows (or a valid label value with a custom ConfigMap)."""
+    release = Catalog.default().get(site.operator.version)
+    problems = []
+    for p in plans:
+        where = f"host {p.host}: {HOST_VAR}" if p.source.startswith("inventory") else "mig.config"
+        if not _LABEL_VALUE.match(p.config):
+            problems.append(f"{where}: {p.config!r} is not a valid label value")
+        elif not site.mig.configMap and release.mig_configs and p.config not in release.mig_configs:
+            close = difflib.get_close_matches(p.config, release.mig_configs, n=3, cutoff=0.5)
+            problems.append(f"{where}: {p.config} is not in GPU Operator {release.version}'s default MIG configs"
+                            + (f"; nearest: {', '.join(close)}" if close else ""))
+    if problems:
+        raise ConfigError("; ".join(sorted(set(problems))),
+                          hint="use a name from the release's default mig-parted config (gpu-install catalog show), "
+                               "or set mig.configMap to your own ConfigMap; nothing was labelled")
+
+
+def check_node(site: Site, p: Plan, labels: dict[str, str]) -> str | None:
+    """A problem of this config on this node's GPU (from its GFD labels), or None."""
+    if labels.get(CAPABLE_LABEL) == "false" and p.config != DISABLED:
+        return (f"node {p.node}: {p.config} ({p.source}) but the node reports {CAPABLE_LABEL}=false "
+                f"({labels.get(PRODUCT_LABEL) or 'GPU model unknown'}); only {DISABLED} applies")
+    if site.mig.configMap:
+        return None  # a custom ConfigMap: its configs are not ours to know
+    model = model_of(labels.get(PRODUCT_LABEL))
+    if model is None:
+        return None
+    release = site.operator.version
+    ok = model.configs & set(Catalog.default().get(release).mig_configs or model.configs)
+    if p.config == "all-balanced" and model.all_balanced_from and \
+            (parse_release(release) or (0,)) < (parse_release(model.all_balanced_from) or (0,)):
+        ok = ok - {"all-balanced"}
+    if p.config not in ok:
+        return (f"node {p.node}: {p.config} ({p.source}) does not apply to its GPU {labels[PRODUCT_LABEL]} "
+                f"({model.name}); configs for it in {release}: {', '.join(sorted(ok))}")
+    return None
+
+
+def label_nodes(site: Site, inventory: str, kubeconfig: str | None = None, *, dry_run: bool = False,
+                progress: Callable[[str], None] | None = None, client: Any = None) -> list[Result]:
+    """Label each GPU node of the inventory nvidia.com/mig.config=<its config>. All nodes are checked first;
+    a problem on any node raises ConfigError and labels nothing. Returns one Result per labelled node."""
+    from installer import kube
+
+    plans = plan(site, inventory)
+    if not plans:
+        if progress:
+            progress("mig: no MIG layout configured (site mig.config / inventory gpu_install_mig_config): nothing to label")
+        return []
+    check_names(site, plans)
+    if client is None:
+        client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
+    current = kube.node_labels(client, [p.node for p in plans])
+    missing = [p for p in plans if current.get(p.node) is None]
+    if missing:
+        raise ConfigError("not in the cluster: " + ", ".join(f"node {p.node} (inventory host {p.host})" for p in missing),
+                          hint=f"set {NODE_NAME_VAR} for hosts whose Kubernetes node name differs; nothing was labelled")
+    problems = [msg for p in plans if (msg := check_node(site, p, current[p.node] or {}))]
+    if problems:
+        raise ConfigError("; ".join(problems), hint="pick a config for that GPU model (per node: "
+                          f"{HOST_VAR} in the inventory); nothing was labelled")
+    results = []
+    for p in plans:
+        labels = current[p.node] or {}
+        previous = labels.get(LABEL)
+        changed = previous != p.config
+        if changed and not dry_run:
+            kube.set_node_label(client, p.node, LABEL, p.config)
+        r = Result(p.node, p.config, p.source, previous, changed, labels.get(PRODUCT_LABEL))
+        results.append(r)
+        if progress:
+            progress(r.line() + (" (dry run)" if dry_run and changed else ""))
+    return results

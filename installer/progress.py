@@ -1,0 +1,412 @@
+"""The live per-host progress display of `preflight` / `apply`, fed with ansible-runner job events.
+
+Pure formatting: no ansible_runner import (installer/ansible.py feeds the events). Output, on stderr:
+
+    == Container runtime (8 hosts)
+    [node1] ok          Registry trust | Copy the CA  (0.2s)
+    [node3] changed     Containerd | Write the drop-in  (0.4s)
+    [node2] failed      Containerd | Restart  (12.0s)
+    [node2]   containerd did not come back: ...
+    [node1] ok          Driver | Report  (0.0s)
+    [node1]   REBOOT REQUIRED (no NVIDIA kernel module is loaded); ...
+
+- one line per task result; `skipped`, failures a task ignores and the ok results of bookkeeping tasks
+  (argument validation, include_tasks/include_vars, set_fact, meta) only with verbose;
+- messages of tasks named "<Role> | Report…" always, failures and unreachable hosts with their message,
+  file diffs of changed tasks when the run has them (--diff);
+- on a terminal, a one-line live status under the lines (hosts done/total for the current task, changed,
+  failed, the current task, elapsed time), redrawn in place; anywhere else (CI, pipes) plain lines only,
+  no escape codes;
+- recap(): the per-host table (ok/changed/failed/unreachable/skipped + time spent on the host).
+
+What is printed comes only from a fixed set of event fields (host, task, play, status, duration, and the
+result's msg/diff): never task arguments, module invocations, extravars or the environment. Results of
+no_log tasks print no message and no diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TextIO
+
+REPORT_TASK = re.compile(r"\|\s*Report\b")
+STATUS_WIDTH = 11  # len("unreachable")
+HIDDEN = "(output hidden: no_log)"
+# bookkeeping, not work on the host: their ok results are shown only with verbose
+QUIET_ACTIONS = {f"ansible.builtin.{a}" for a in ("validate_argument_spec", "include_tasks", "include_role",
+                                                   "include_vars", "set_fact", "meta")}
+RESULT_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_unreachable": "unreachable",
+    "runner_on_skipped": "skipped",
+}
+
+
+def _hidden(res: dict[str, Any]) -> bool:
+    """A no_log result: Ansible sends {'censored': ...} (or flags it); nothing of it is shown."""
+    return bool(res.get("_ansible_no_log") or "censored" in res)
+
+
+def result_status(event: dict[str, Any]) -> str | None:
+    """ok | changed | failed | ignored | unreachable | skipped for a task-result event, else None."""
+    status = RESULT_EVENTS.get(event.get("event", ""))
+    if status is None:
+        return None
+    data = event.get("event_data") or {}
+    res = data.get("res") or {}
+    if status == "ok" and res.get("changed"):
+        return "changed"
+    if status == "failed" and data.get("ignore_errors"):
+        return "ignored"
+    return status
+
+
+def message(res: dict[str, Any]) -> str:
+    """The one-line reason of a failed/unreachable result (a loop's failing items, not 'One or more items failed')."""
+    if _hidden(res):
+        return HIDDEN
+    items = [r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if items:
+        return "; ".join(_item_label(r) + message(r) for r in items)[:1000]
+    msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or res.get("module_stdout") or ""
+    if isinstance(msg, list):
+        msg = " ".join(map(str, msg))
+    return " ".join(str(msg).split())[:500]
+
+
+def _item_label(res: dict[str, Any]) -> str:
+    """'item: ' for a loop item whose label is a plain string or number (a dict item may hold anything)."""
+    label = res.get("_ansible_item_label", res.get("item"))
+    if isinstance(label, (str, int, float)) and not _hidden(res):
+        return f"{str(label)[:60]}: "
+    return ""
+
+
+def report_lines(res: dict[str, Any]) -> list[str]:
+    """A debug task's msg as lines (a list msg: one line per item)."""
+    if _hidden(res):
+        return [HIDDEN]
+    msg = res.get("msg")
+    if msg is None or msg == "":
+        return []
+    items = msg if isinstance(msg, list) else [msg]
+    return [" ".join(str(m).split()) for m in items if str(m).strip()]
+
+
+def diff_lines(res: dict[str, Any]) -> list[str]:
+    """Ansible's diff of a result (before/after or prepared text) as unified-diff lines."""
+    if _hidden(res):
+        return []
+    diffs = res.get("diff")
+    if isinstance(diffs, dict):
+        diffs = [diffs]
+    out: list[str] = []
+    for d in diffs or []:
+        if not isinstance(d, dict):
+            continue
+        if d.get("prepared"):
+            out += str(d["prepared"]).splitlines()
+            continue
+        before, after = d.get("before"), d.get("after")
+        if isinstance(before, str) and isinstance(after, str) and before != after:
+            out += difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="",
+                                        fromfile=str(d.get("before_header") or "before"),
+                                        tofile=str(d.get("after_header") or "after"))
+        elif isinstance(before, dict) and isinstance(after, dict) and before != after:  # e.g. file state
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) != after.get(key):
+                    out.append(f"{key}: {before.get(key)} -> {after.get(key)}")
+    return out
+
+
+@dataclass
+class HostRecap:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    seconds: float = 0.0  # sum of the host's task durations
+
+
+def recap_table(hosts: dict[str, HostRecap], title: str = "") -> str:
+    """The per-host recap: one row a host, failed/unreachable hosts first, then by name."""
+    width = max([len(h) for h in hosts] + [4])
+    head = f"{'host':{width}}  {'ok':>4} {'changed':>7} {'failed':>6} {'unreachable':>11} {'skipped':>7} {'time':>8}"
+    lines = [title] if title else []
+    lines.append(head)
+    order = sorted(hosts, key=lambda h: (not (hosts[h].failed or hosts[h].unreachable), h))
+    for h in order:
+        s = hosts[h]
+        lines.append(f"{h:{width}}  {s.ok:>4} {s.changed:>7} {s.failed:>6} {s.unreachable:>11} {s.skipped:>7} "
+                     f"{s.seconds:>7.1f}s")
+    return "\n".join(lines)
+
+
+@dataclass
+class _Run:
+    playbook: str = ""
+    started: float = 0.0
+    hosts: dict[str, HostRecap] = field(default_factory=dict)
+    bad_hosts: set[str] = field(default_factory=set)
+    changed: int = 0
+    play: str = ""
+    play_total: int | None = None
+    task: str = ""
+    task_done: set[str] = field(default_factory=set)
+    retry: str = ""
+    stats_seen: bool = False
+
+
+class Display:
+    """Feed it job events (event()); it writes progress lines and, on a terminal, a live status line.
+
+    out: the stream (default stderr) or a callable taking one line (then never a terminal).
+    tty: None = ask the stream (and TERM != dumb). host_count: play pattern -> number of hosts (the seam
+    resolves it from the inventory), for the play headers and the status line.
+    """
+
+    def __init__(self, out: TextIO | Callable[[str], None] | None = None, *, verbose: bool = False,
+                 tty: bool | None = None, width: int | None = None, tick: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._write: Callable[[str], None]
+        if callable(out) and not hasattr(out, "write"):
+            self._stream: TextIO | None = None
+            self._sink: Callable[[str], None] | None = out
+            self.tty = False
+        else:
+            self._stream = out if out is not None else sys.stderr  # type: ignore[assignment]
+            self._sink = None
+            if tty is None:
+                isatty = getattr(self._stream, "isatty", None)
+                tty = bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+            self.tty = tty
+        self.verbose = verbose
+        self._width = width
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._status_shown = False
+        self._run = _Run()
+        self._host_count: Callable[[str], int | None] = lambda pattern: None
+        self._host_width = 0
+        self.runs: list[tuple[str, dict[str, HostRecap], float]] = []  # finished runs: playbook, hosts, seconds
+        self._tick = tick
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ output primitives
+
+    def _emit(self, line: str) -> None:
+        if self._sink is not None:
+            self._sink(line)
+            return
+        assert self._stream is not None
+        try:
+            if self._status_shown:
+                self._stream.write("\r\x1b[2K")
+                self._status_shown = False
+            self._write_text(line + "\n")
+            self._stream.flush()
+        except (BrokenPipeError, ValueError):  # closed pipe / stream: the display is best effort
+            pass
+
+    def _write_text(self, text: str) -> None:
+        """Write; characters the stream's encoding lacks (a task name, a message) become '?'."""
+        assert self._stream is not None
+        try:
+            self._stream.write(text)
+        except UnicodeEncodeError:
+            enc = getattr(self._stream, "encoding", None) or "ascii"
+            self._stream.write(text.encode(enc, errors="replace").decode(enc))
+
+    def _draw_status(self) -> None:
+        if not self.tty or self._stream is None:
+            return
+        text = self.status_text()
+        if not text:
+            return
+        width = self._width or shutil.get_terminal_size((100, 24)).columns
+        if len(text) > width - 1:
+            text = text[: max(width - 4, 10)] + "..."
+        try:
+            self._write_text("\r\x1b[2K" + text)
+            self._stream.flush()
+            self._status_shown = True
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def note(self, line: str) -> None:
+        """A line from elsewhere (another stage): printed above the status line."""
+        with self._lock:
+            self._emit(line)
+            self._draw_status()
+
+    def close(self) -> None:
+        """Stop the clock and remove the status line (call in a finally)."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=2)
+            self._ticker = None
+        with self._lock:
+            if self._status_shown and self._stream is not None:
+                try:
+                    self._stream.write("\r\x1b[2K")
+                    self._stream.flush()
+                except (BrokenPipeError, ValueError):
+                    pass
+                self._status_shown = False
+
+    def _start_ticker(self) -> None:
+        if not self.tty or self._ticker is not None or self._tick <= 0:
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(self._tick):
+                with self._lock:
+                    if self._status_shown:
+                        self._draw_status()
+
+        self._ticker = threading.Thread(target=loop, name="gpu-install-progress", daemon=True)
+        self._ticker.start()
+
+    # ------------------------------------------------------------------ runs
+
+    def start_run(self, playbook: str, host_count: Callable[[str], int | None] | None = None,
+                  hosts: Iterable[str] = ()) -> None:
+        """A playbook run begins (the seam calls it): host_count maps a play's pattern to its number of hosts."""
+        with self._lock:
+            self._run = _Run(playbook=playbook, started=self._clock())
+            self._host_count = host_count or (lambda pattern: None)
+            self._host_width = max([len(h) for h in hosts] + [self._host_width])
+        self._start_ticker()
+
+    def finish_run(self) -> dict[str, HostRecap]:
+        """The run ended: its per-host recap (counts from the stats event when there was one)."""
+        with self._lock:
+            run = self._run
+            seconds = self._clock() - run.started if run.started else 0.0
+            self.runs.append((run.playbook, run.hosts, seconds))
+            bad = len(run.bad_hosts)
+            summary = (f"-- {run.playbook or 'run'}: {len(run.hosts)} hosts, {run.changed} changed, "
+                       f"{bad} failed/unreachable ({seconds:.1f}s)")
+            self._emit(summary)
+            return run.hosts
+
+    def recap(self) -> str:
+        """The per-host table of the last finished run ('' before any)."""
+        if not self.runs:
+            return ""
+        playbook, hosts, seconds = self.runs[-1]
+        return recap_table(hosts, title=f"RECAP {playbook} ({seconds:.1f}s)")
+
+    # ------------------------------------------------------------------ events
+
+    def status_text(self) -> str:
+        run = self._run
+        if not run.play and not run.task:
+            return ""
+        total = run.play_total
+        done = len(run.task_done)
+        parts = [f"{done}/{total if total is not None else '?'} hosts"]
+        parts.append(f"changed {run.changed}")
+        parts.append(f"failed {len(run.bad_hosts)}")
+        parts.append(run.task or run.play)
+        if run.retry:
+            parts.append(run.retry)
+        elapsed = self._clock() - run.started if run.started else 0.0
+        parts.append(f"{int(elapsed) // 60:d}:{int(elapsed) % 60:02d}")
+        return " - ".join(parts)
+
+    def _host(self, host: str) -> str:
+        self._host_width = max(self._host_width, len(host))
+        return f"[{host}]".ljust(self._host_width + 2)
+
+    def event(self, event: dict[str, Any]) -> None:
+        """One ansible-runner job event."""
+        with self._lock:
+            for line in self._lines(event):
+                self._emit(line)
+            self._draw_status()
+
+    def _lines(self, event: dict[str, Any]) -> list[str]:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        run = self._run
+        if kind == "playbook_on_play_start":
+            name = str(data.get("play") or data.get("name") or "")
+            pattern = str(data.get("play_pattern") or data.get("pattern") or "")
+            run.play, run.task, run.task_done = name, "", set()
+            run.play_total = self._host_count(pattern) if pattern else None
+            count = run.play_total
+            return [f"== {name}" + (f" ({count} host{'s' if count != 1 else ''})" if count is not None else "")]
+        if kind in ("playbook_on_task_start", "playbook_on_handler_task_start"):
+            run.task = str(data.get("task") or data.get("name") or "")
+            run.task_done, run.retry = set(), ""
+            return []
+        if kind == "runner_retry":
+            res = data.get("res") or {}
+            run.retry = f"retry {res.get('attempts', '?')}/{res.get('retries', '?')} on {data.get('host', '?')}"
+            return []
+        if kind == "playbook_on_stats":
+            return self._stats(data)
+        status = result_status(event)
+        if status is None:
+            return []
+        return self._result(status, data)
+
+    def _result(self, status: str, data: dict[str, Any]) -> list[str]:
+        run = self._run
+        host = str(data.get("host") or "?")
+        task = str(data.get("task") or "")
+        res = data.get("res") or {}
+        try:
+            seconds = float(data.get("duration") or 0.0)
+        except (TypeError, ValueError):
+            seconds = 0.0
+        rec = run.hosts.setdefault(host, HostRecap())
+        rec.seconds += seconds
+        counter = {"ok": "ok", "changed": "changed", "failed": "failed", "unreachable": "unreachable",
+                   "skipped": "skipped", "ignored": "ok"}[status]
+        setattr(rec, counter, getattr(rec, counter) + 1)
+        if status == "changed":
+            rec.ok += 1  # Ansible counts a changed result as ok too
+            run.changed += 1
+        if status in ("failed", "unreachable"):
+            run.bad_hosts.add(host)
+        run.task_done.add(host)
+        run.retry = ""
+        if not self.verbose and (status in ("skipped", "ignored") or
+                                 (status == "ok" and data.get("task_action") in QUIET_ACTIONS)):
+            return []
+        lines = [f"{self._host(host)} {status:<{STATUS_WIDTH}}  {task}  ({seconds:.1f}s)"]
+        pad = self._host(host) + "    "
+        if status in ("failed", "unreachable", "ignored"):
+            lines.append(pad + message(res))
+        elif REPORT_TASK.search(task) and status in ("ok", "changed"):
+            lines += [pad + m for m in report_lines(res)]
+        if status == "changed" or self.verbose:
+            lines += [pad + "  " + d for d in diff_lines(res)]
+        return lines
+
+    def _stats(self, data: dict[str, Any]) -> list[str]:
+        """Ansible's own per-host counts replace the tallies (they also count what has no result event)."""
+        run = self._run
+        run.stats_seen = True
+        keys = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable", "skipped": "skipped"}
+        names: set[str] = set()
+        for key in (*keys, "processed"):
+            names |= set(data.get(key) or {})
+        for host in names:
+            rec = run.hosts.setdefault(host, HostRecap())
+            for key, attr in keys.items():
+                setattr(rec, attr, int((data.get(key) or {}).get(host, 0)))
+        return []
