@@ -3,7 +3,9 @@
 apply: preflight → node roles (installer.apply: playbooks/preflight.yml, site.yml) → operator
 (installer.operator: namespace, pull Secret, helm upgrade --install). Everything the operator stage
 needs (chart, kubeconfig, rendered values, registry credentials) is resolved BEFORE any host is
-touched, so a missing piece is a configuration error (exit 2) with nothing changed.
+touched, so a missing piece is a configuration error (exit 2) with nothing changed. Last, when a MIG
+layout is configured (site mig.config, inventory gpu_install_mig_config), the mig stage labels the GPU
+nodes nvidia.com/mig.config (installer.mig; names checked before any host is touched too).
 
 uninstall: the reverse, guarded by --yes: the Helm release and gpu-install's pull Secret first
 (installer.operator.uninstall), then playbooks/uninstall.yml with gpu_install_action=remove (runtime
@@ -105,6 +107,7 @@ def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Sum
     summary.check = opts.check
     skip_reason = operator_selected(opts, op)
     prepared = None if skip_reason else prepare_operator(site, op)
+    mig_wanted = not skip_reason and prepare_mig(site, opts)
 
     stage = "preflight"
     try:
@@ -125,6 +128,7 @@ def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Sum
 
     if skip_reason:
         summary.add("operator", "skipped", skip_reason)
+        summary.add("mig", "skipped", "runs with the operator stage")
         return summary
     name = f"release {site.operator.releaseName} in namespace {site.operator.namespace}"
     try:
@@ -141,8 +145,40 @@ def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Sum
             summary.add("operator", "changed" if report.changed else "unchanged", report.lines()[-2])
     except GpuInstallError as exc:
         summary.add("operator", "FAILED", exc.message[:300])
+        summary.add("mig", "not run")
         raise
+    if not mig_wanted:
+        summary.add("mig", "skipped", "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)")
+        return summary
+    run_mig(site, opts, prepared.kubeconfig, summary, say)
     return summary
+
+
+def prepare_mig(site: Site, opts: nodes.Options) -> bool:
+    """True when some GPU node gets a MIG layout; the config names are checked before any host is touched."""
+    from installer import mig
+
+    plans = mig.plan(site, opts.inventory)
+    if plans:
+        mig.check_names(site, plans)
+    return bool(plans)
+
+
+def run_mig(site: Site, opts: nodes.Options, kubeconfig, summary: Summary, say: Progress) -> None:
+    """Label the GPU nodes nvidia.com/mig.config (installer.mig: every node checked before any is labelled);
+    in check mode only report what would be set."""
+    from installer import mig
+
+    say(f"stage mig: {mig.LABEL} on the GPU nodes" + (" (check mode)" if opts.check else ""))
+    try:
+        results = mig.label_nodes(site, opts.inventory, str(kubeconfig), dry_run=opts.check,
+                                  progress=lambda m: say(f"mig: {m}"))
+    except GpuInstallError as exc:
+        summary.add("mig", "FAILED", exc.message[:300])
+        raise
+    changed = sum(r.changed for r in results)
+    outcome = ("would change" if opts.check else "changed") if changed else "unchanged"
+    summary.add("mig", outcome, f"{mig.LABEL} on {len(results)} node(s), {changed} set")
 
 
 # ---------------------------------------------------------------- uninstall

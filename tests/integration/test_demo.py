@@ -99,6 +99,9 @@ def test_demo_apply_twice_then_uninstall(demo):
     # second apply: nothing changed on any node, the release unchanged
     second = (where / "apply-2.txt").read_text()
     assert "apply ok: nodes changed=0;" in second and re.search(r"operator +unchanged", second), second
+    # the mig stage labelled every GPU node nvidia.com/mig.config=all-disabled on the first apply, not again
+    assert re.search(r"mig +changed - nvidia.com/mig.config on 2 node\(s\), 2 set", first), first
+    assert re.search(r"mig +unchanged", second), second
     stats = site_stats(state, "site")
     assert set(nodes) <= set(stats) and all(stats[n]["changed"] == 0 and stats[n]["ok"] > 0 for n in nodes), stats
 

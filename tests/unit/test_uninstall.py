@@ -297,12 +297,31 @@ def test_apply_without_chart_or_kubeconfig_exit_2_before_any_host(local_setup, c
     assert not (Path(str(tmp_path / "state")) / "runs").exists()  # no playbook ran at all
 
 
+def test_apply_bad_mig_layout_exit_2_before_any_host(local_setup, cli, tmp_path):
+    import yaml
+
+    site, inv, daemon = local_setup
+    doc = yaml.safe_load(inv.read_text())
+    doc["all"]["children"]["gpu_nodes"]["hosts"]["gpu1"]["gpu_install_mig_config"] = "all-1g.10gbb"
+    inv.write_text(yaml.safe_dump(doc))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\nusers: []\ncontexts: []\n")
+    chart = Path(__file__).resolve().parent.parent / "fixtures" / "charts" / "gpu-operator-fixture"
+    rc, out, err = cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--chart", chart, "--kubeconfig", kubeconfig)
+    assert rc == 2, (out, err)
+    assert "host gpu1: gpu_install_mig_config: all-1g.10gbb is not in GPU Operator v24.9.2" in err, err
+    assert "all-1g.10gb" in err  # the nearest names
+    assert daemon.read_text() == '{"log-level": "warn"}\n'
+    assert not (Path(str(tmp_path / "state")) / "runs").exists()  # no playbook ran at all
+
+
 def test_apply_skip_operator_summary_then_uninstall(local_setup, cli):
     site, inv, daemon = local_setup
     rc, out, err = cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator")
     assert rc == 0, err
     assert re.search(r"preflight +ok", out) and re.search(r"nodes +changed", out), out
     assert re.search(r"operator +skipped - --skip-operator", out), out
+    assert re.search(r"mig +skipped", out), out
     rc, out, err = cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator")
     assert rc == 0 and re.search(r"nodes +unchanged - changed=0", out) and "apply ok: nodes changed=0" in out, out
 
