@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import yaml
 from installer import apply
 from installer.config import parse_site
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
+from tests.unit.library_modules import load_module
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "nvidia_driver", "nvidia_container_toolkit",
@@ -146,9 +146,7 @@ def test_os_maps_have_the_same_keys(role, os_files):
 
 # ---------------------------------------------------------------- preflight probe (pure)
 
-spec = importlib.util.spec_from_file_location("probe", ROOT / "library" / "gpu_install_preflight.py")
-probe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe)
+probe = load_module("gpu_install_preflight")
 SUPPORTED = yaml.safe_load((ROOT / "roles/preflight/defaults/main.yml").read_text())["preflight_supported_os"]
 
 

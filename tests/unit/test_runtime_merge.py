@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-LIBRARY = Path(__file__).resolve().parent.parent.parent / "library"
+from tests.unit.library_modules import load_module as load
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, LIBRARY / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 dj = load("gpu_install_daemon_json")

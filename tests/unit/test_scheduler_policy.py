@@ -5,7 +5,6 @@ tests/integration/test_scheduler_policy.py.)"""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,15 +16,11 @@ from installer import apply
 from installer.config import parse_site
 from installer.errors import ConfigError
 from installer.lab import kube, staticpods
+from tests.unit.library_modules import load_module as _module
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "library" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 pol = _module("gpu_install_scheduler_policy")

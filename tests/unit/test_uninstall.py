@@ -5,7 +5,6 @@ for the rollback test, which uses a service that does not exist so the restart f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -17,8 +16,7 @@ from hypothesis import strategies as st
 from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
 from tests.unit.test_ansible_roles import (USER_TOML, apply_role, backups, containerd_bin, containerd_vars,
                                            docker_vars)
-
-LIBRARY = Path(__file__).resolve().parent.parent.parent / "library"
+from tests.unit.library_modules import LIBRARY, load_module as load
 
 
 @pytest.fixture(autouse=True)
@@ -26,11 +24,6 @@ def state(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_INSTALL_STATE", str(tmp_path / "state"))
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, LIBRARY / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 dj = load("gpu_install_daemon_json")

@@ -4,26 +4,15 @@ filesystem is the manifest's, not the host's), a crash loop backs off, a deleted
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from installer.lab import kube, staticpods
+from tests.integration.kubernetes.test_control_plane import wait_for
 
 pytestmark = pytest.mark.kubernetes
-
-
-def _wait(what, fn, timeout=60.0):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def _healthy_pid(cp: kube.ControlPlane):
@@ -36,7 +25,7 @@ def test_static_pod_follows_its_manifest(control_plane):
     manifest = cp.scheduler_manifest
     original = manifest.read_text()
     log = Path(cp.static_pods()["kube-scheduler"]["log"])
-    first = _wait("a healthy scheduler", lambda: _healthy_pid(cp))
+    first = wait_for("a healthy scheduler", lambda: _healthy_pid(cp))
     first_rec = kube._identity(first)
     try:
         # the container sees only its mounts: /etc/kubernetes/scheduler.conf is the hostPath File
@@ -48,26 +37,26 @@ def test_static_pod_follows_its_manifest(control_plane):
 
         # content change -> the old process is stopped, a new one started
         manifest.write_text(original + "# changed\n")
-        second = _wait("a new healthy scheduler", lambda: (p := _healthy_pid(cp)) and p != first and p)
+        second = wait_for("a new healthy scheduler", lambda: (p := _healthy_pid(cp)) and p != first and p)
         assert not kube._alive(first_rec) and staticpods.alive(cp.static_pods()["kube-scheduler"])
 
         # a forgotten volume mount: the real binary cannot find its kubeconfig and crash-loops
         doc = yaml.safe_load(original)
         doc["spec"]["containers"][0].pop("volumeMounts")
         manifest.write_text(yaml.safe_dump(doc))
-        _wait("the crash loop", lambda: cp.static_pods()["kube-scheduler"]["restarts"] >= 2, timeout=90)
+        wait_for("the crash loop", lambda: cp.static_pods()["kube-scheduler"]["restarts"] >= 2, timeout=90)
         text = log.read_text()
         assert "scheduler.conf: no such file or directory" in text, text[-2000:]
         assert "restarting in" in text and "(back-off)" in text
 
         # an unparsable manifest: logged, the old process stopped
         manifest.write_text("kind: Pod\n  bad: [\n")
-        _wait("no scheduler", lambda: "pid" not in cp.static_pods()["kube-scheduler"] and
+        wait_for("no scheduler", lambda: "pid" not in cp.static_pods()["kube-scheduler"] and
               cp.static_pods()["kube-scheduler"]["error"])
         # a deleted manifest stops it; a restored one starts it again
         manifest.unlink()
-        _wait("the pod gone", lambda: "kube-scheduler" not in cp.static_pods())
+        wait_for("the pod gone", lambda: "kube-scheduler" not in cp.static_pods())
         assert second not in [r.get("pid") for r in cp.static_pods().values()]
     finally:
         manifest.write_text(original)
-    _wait("the scheduler back", lambda: _healthy_pid(cp), timeout=90)
+    wait_for("the scheduler back", lambda: _healthy_pid(cp), timeout=90)
