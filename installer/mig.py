@@ -143,12 +143,15 @@ def check_node(site: Site, p: Plan, labels: dict[str, str]) -> str | None:
 
 
 def label_nodes(site: Site, inventory: str, kubeconfig: str | None = None, *, dry_run: bool = False,
-                progress: Callable[[str], None] | None = None, client: Any = None) -> list[Result]:
+                progress: Callable[[str], None] | None = None, client: Any = None,
+                plans: list[Plan] | None = None) -> list[Result]:
     """Label each GPU node of the inventory nvidia.com/mig.config=<its config>. All nodes are checked first;
-    a problem on any node raises ConfigError and labels nothing. Returns one Result per labelled node."""
+    a problem on any node raises ConfigError and labels nothing. Returns one Result per labelled node.
+    plans: plan(site, inventory) when the caller has it already (apply's mig stage), else computed here."""
     from installer import kube
 
-    plans = plan(site, inventory)
+    if plans is None:
+        plans = plan(site, inventory)
     if not plans:
         if progress:
             progress("mig: no MIG layout configured (site mig.config / inventory gpu_install_mig_config): nothing to label")

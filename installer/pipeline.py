@@ -107,7 +107,7 @@ def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Sum
     summary.check = opts.check
     skip_reason = operator_selected(opts, op)
     prepared = None if skip_reason else prepare_operator(site, op)
-    mig_wanted = not skip_reason and prepare_mig(site, opts)
+    mig_plans = [] if skip_reason else prepare_mig(site, opts)
 
     stage = "preflight"
     try:
@@ -147,24 +147,24 @@ def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Sum
         summary.add("operator", "FAILED", exc.message[:300])
         summary.add("mig", "not run")
         raise
-    if not mig_wanted:
+    if not mig_plans:
         summary.add("mig", "skipped", "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)")
         return summary
-    run_mig(site, opts, prepared.kubeconfig, summary, say)
+    run_mig(site, opts, prepared.kubeconfig, mig_plans, summary, say)
     return summary
 
 
-def prepare_mig(site: Site, opts: nodes.Options) -> bool:
-    """True when some GPU node gets a MIG layout; the config names are checked before any host is touched."""
+def prepare_mig(site: Site, opts: nodes.Options) -> list:
+    """The GPU nodes that get a MIG layout (installer.mig.Plan); names checked before any host is touched."""
     from installer import mig
 
     plans = mig.plan(site, opts.inventory)
     if plans:
         mig.check_names(site, plans)
-    return bool(plans)
+    return plans
 
 
-def run_mig(site: Site, opts: nodes.Options, kubeconfig, summary: Summary, say: Progress) -> None:
+def run_mig(site: Site, opts: nodes.Options, kubeconfig, plans: list, summary: Summary, say: Progress) -> None:
     """Label the GPU nodes nvidia.com/mig.config (installer.mig: every node checked before any is labelled);
     in check mode only report what would be set."""
     from installer import mig
@@ -172,7 +172,7 @@ def run_mig(site: Site, opts: nodes.Options, kubeconfig, summary: Summary, say: 
     say(f"stage mig: {mig.LABEL} on the GPU nodes" + (" (check mode)" if opts.check else ""))
     try:
         results = mig.label_nodes(site, opts.inventory, str(kubeconfig), dry_run=opts.check,
-                                  progress=lambda m: say(f"mig: {m}"))
+                                  progress=lambda m: say(f"mig: {m}"), plans=plans)
     except GpuInstallError as exc:
         summary.add("mig", "FAILED", exc.message[:300])
         raise
