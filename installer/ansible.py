@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from installer import content
 from installer.errors import (
     EXIT_HOST_FAILURES,
     EXIT_OK,
@@ -30,8 +31,6 @@ from installer.errors import (
     GpuInstallError,
 )
 
-ROOT = Path(__file__).resolve().parent.parent  # repository root: ansible.cfg, playbooks/, roles/, library/
-PLAYBOOKS = ROOT / "playbooks"
 SECRET_KEY = re.compile(r"pass(word|wd|phrase)?|secret|token|credential|private_?key|api_?key|auth", re.I)
 ENV_KEEP = {"SSH_AUTH_SOCK", "XAUTHORITY"}  # needed by ssh, not credentials themselves
 STAT_KEYS = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable", "skipped": "skipped",
@@ -165,7 +164,7 @@ def inventory_hosts(inventory: Path, limit: str | None) -> tuple[list[str], Call
     from contextlib import redirect_stderr, redirect_stdout
 
     saved = os.environ.get("ANSIBLE_CONFIG")
-    os.environ["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")  # read when ansible.constants is first imported
+    os.environ["ANSIBLE_CONFIG"] = str(content.ansible_cfg())  # read when ansible.constants is first imported
     try:
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
             from ansible.inventory.manager import InventoryManager
@@ -216,7 +215,7 @@ def run_playbook(
     check_extravars(extravars)
     pb = Path(playbook)
     if not pb.is_absolute():
-        pb = PLAYBOOKS / pb
+        pb = content.playbooks_dir() / pb
     if not pb.is_file():
         raise EnvironmentProblem(f"playbook {pb} not found", hint="run from a complete gpu-install checkout")
     inv = Path(inventory)
@@ -257,7 +256,7 @@ def run_playbook(
 
     cmdline = " ".join(x for x, on in (("--check", check), ("--diff", diff)) if on)
     bindir = os.path.dirname(_ansible_playbook())
-    envvars = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+    envvars = {"ANSIBLE_CONFIG": str(content.ansible_cfg()), "ANSIBLE_NOCOLOR": "1",
                "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
     with _scrubbed_environ(list(scrub_env or [])):
         if display is not None:  # inside: a dynamic inventory script sees the same scrubbed environment
@@ -266,7 +265,7 @@ def run_playbook(
         try:
             runner = ansible_runner.run(
                 private_data_dir=str(private),
-                project_dir=str(ROOT),
+                project_dir=str(content.root()),
                 playbook=str(pb),
                 inventory=str(inv.resolve()),
                 extravars=extravars,

@@ -12,7 +12,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
-from installer import PROJECT_ROOT
+from installer import content
 from installer.errors import ConfigError
 
 ENV_CATALOG = "GPU_INSTALL_CATALOG"
@@ -123,7 +123,7 @@ class Catalog:
     @classmethod
     def default(cls) -> "Catalog":
         env = os.environ.get(ENV_CATALOG)
-        return _catalog(Path(env) if env else PROJECT_ROOT / "values" / "catalog")
+        return _catalog(Path(env) if env else content.catalog_dir())
 
     def releases(self) -> list[str]:
         tags = [p.stem for p in self.root.glob("v*.yaml") if parse_release(p.stem)]

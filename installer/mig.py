@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-from installer import PROJECT_ROOT
+from installer import content
 from installer.catalog import Catalog, parse_release
 from installer.config import Site
 from installer.errors import ConfigError
@@ -31,7 +31,6 @@ NODE_NAME_VAR = "gpu_install_node_name"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 CAPABLE_LABEL = "nvidia.com/mig.capable"
 DISABLED = "all-disabled"
-MODELS_FILE = PROJECT_ROOT / "values" / "mig" / "models.yaml"
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _PRODUCT_SUFFIX = re.compile(r"-(MIG-.*|SHARED)$")  # GFD: MIG single strategy / shared (time-slicing) suffixes
 
@@ -45,10 +44,10 @@ class Model:
 
 
 @lru_cache(maxsize=1)
-def models(path: Path = MODELS_FILE) -> tuple[Model, ...]:
+def models(path: Path | None = None) -> tuple[Model, ...]:
     import yaml
 
-    doc = yaml.safe_load(path.read_text())
+    doc = yaml.safe_load((path or content.mig_models_file()).read_text())
     return tuple(Model(m["model"], tuple(re.compile(p, re.I) for p in m["products"]), frozenset(m["configs"]),
                        m.get("allBalancedFrom")) for m in doc["models"])
 

@@ -61,7 +61,9 @@ def test_models_file_is_what_the_generator_makes(tmp_path):
 
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-mig-models.py"), "--upstream", str(MIG_UPSTREAM),
                     "--out", str(out)], check=True, capture_output=True)
-    assert out.read_text() == mig.MODELS_FILE.read_text()
+    from installer import content
+
+    assert out.read_text() == content.mig_models_file().read_text()
 
 
 def test_models_configs_are_release_config_names():
