@@ -38,6 +38,7 @@ STAT_KEYS = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "un
 
 Progress = Callable[[str], None]
 if TYPE_CHECKING:
+    from installer.plan import Inventory
     from installer.progress import Display
 
 
@@ -157,41 +158,6 @@ def _message(res: dict[str, Any]) -> str:
     return message(res)
 
 
-def inventory_hosts(inventory: Path, limit: str | None) -> tuple[list[str], Callable[[str], int | None]] | None:
-    """The inventory's hosts (after --limit) and a play pattern -> host count function, read with Ansible's own
-    inventory code under this bundle's ansible.cfg; None when that is not possible (the run reports it)."""
-    import io
-    from contextlib import redirect_stderr, redirect_stdout
-
-    saved = os.environ.get("ANSIBLE_CONFIG")
-    os.environ["ANSIBLE_CONFIG"] = str(content.ansible_cfg())  # read when ansible.constants is first imported
-    try:
-        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-            from ansible.inventory.manager import InventoryManager
-            from ansible.parsing.dataloader import DataLoader
-
-            manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
-            if limit:
-                manager.subset(limit)
-            names = [h.name for h in manager.get_hosts("all")]
-    except Exception:  # noqa: BLE001 - only the header counts depend on it; ansible-playbook says what is wrong
-        return None
-    finally:
-        if saved is None:
-            os.environ.pop("ANSIBLE_CONFIG", None)
-        else:
-            os.environ["ANSIBLE_CONFIG"] = saved
-
-    def count(pattern: str) -> int | None:
-        try:
-            with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-                return len(manager.get_hosts(pattern))
-        except Exception:  # noqa: BLE001
-            return None
-
-    return names, count
-
-
 def run_playbook(
     playbook: str | os.PathLike[str],
     inventory: str | os.PathLike[str],
@@ -206,11 +172,13 @@ def run_playbook(
     scrub_env: list[str] | None = None,
     run_dir: Path | None = None,
     display: Display | None = None,
+    inventory_info: Inventory | None = None,
 ) -> RunResult:
     """Run a playbook; the result's exit_code() maps per-host stats to gpu-install exit codes.
 
     display (installer.progress.Display) gets every job event and the run's start and end; progress (a line
-    sink) gets the same plain lines when no display is given."""
+    sink) gets the same plain lines when no display is given. inventory_info (the plan's inventory, read once)
+    gives the display each play's host count."""
     extravars = dict(extravars or {})
     check_extravars(extravars)
     pb = Path(playbook)
@@ -260,8 +228,10 @@ def run_playbook(
                "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
     with _scrubbed_environ(list(scrub_env or [])):
         if display is not None:  # inside: a dynamic inventory script sees the same scrubbed environment
-            known = inventory_hosts(inv, limit)
-            display.start_run(pb.name, *((known[1], known[0]) if known else ()))
+            if inventory_info is not None:
+                display.start_run(pb.name, inventory_info.count, list(inventory_info.hosts))
+            else:
+                display.start_run(pb.name)
         try:
             runner = ansible_runner.run(
                 private_data_dir=str(private),

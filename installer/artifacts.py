@@ -1,17 +1,19 @@
-"""What an install pulls: computed from the same Plan as the rendered values, never by hand.
+"""What an install pulls: computed from the same resolved components and values as the rendered values, never by hand.
 
 Fail closed: an image we cannot resolve (a user-built image without coordinates, a driver tag
-without the nodes' OS) is an error, not a warning.
+without the nodes' OS) is an error, not a warning. installer.plan.Plan.images calls images().
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterable
 
+from installer.catalog import Release
 from installer.config import Site
 from installer.errors import ConfigError
 from installer.facts import Node
-from installer.render.values import Plan, ResolvedComponent, destination_repository, plan
+from installer.render.values import ResolvedComponent, deployed, destination_repository
 
 
 @dataclass(frozen=True, order=True)
@@ -24,19 +26,18 @@ class Image:
         return {"source": self.source, "destination": self.destination}
 
 
-def _tags(p: Plan, comp: ResolvedComponent) -> list[str]:
+def _tags(site: Site, release: Release, nodes: tuple[Node, ...], comp: ResolvedComponent) -> list[str]:
     version = comp.version or ""
     if not comp.spec.os_suffix or version.startswith("sha256:"):
         return [version]
-    if not p.nodes:
+    if not nodes:
         raise ConfigError(
             f"the {comp.name} image tag depends on the nodes' OS ({version}-<osTag>)",
             hint="pass -i inventory (hosts in group gpu_nodes with gpu_install_os) or --os ubuntu22.04",
         )
-    release = p.release.version
-    precompiled = comp.name == "driver" and p.site.driver.mode == "precompiled"
+    precompiled = comp.name == "driver" and site.driver.mode == "precompiled"
     tags = set()
-    for node in p.nodes:
+    for node in nodes:
         if precompiled:
             if not node.kernel:
                 raise ConfigError(
@@ -44,29 +45,27 @@ def _tags(p: Plan, comp: ResolvedComponent) -> list[str]:
                     f"{version}-<kernel>-<osTag>",
                     hint="set gpu_install_kernel in the inventory (or pass --kernel with --os)",
                 )
-            tags.add(f"{version}-{node.kernel}-{node.os_tag(release)}")
+            tags.add(f"{version}-{node.kernel}-{node.os_tag(release.version)}")
         else:
-            tags.add(f"{version}-{node.os_tag(release)}")
+            tags.add(f"{version}-{node.os_tag(release.version)}")
     return sorted(tags)
 
 
-def images_for(p: Plan) -> list[Image]:
+def images(site: Site, release: Release, components: Iterable[ResolvedComponent], values: dict[str, Any],
+           nodes: tuple[Node, ...]) -> list[Image]:
+    """Every image the deployed components pull, source → destination in the private registry."""
     out: dict[str, Image] = {}
-    for comp in p.components.values():
-        if not p.deployed(comp):
+    for comp in components:
+        if not deployed(values, release, comp):
             continue
         if not comp.repository or not comp.version:
             raise ConfigError(
                 f"{comp.name} is enabled but its image is not published upstream (user-built)",
                 hint=f"set components.{comp.name}.repository and components.{comp.name}.version in the site file",
             )
-        dest_repo = destination_repository(comp.repository, p.site.registry)
-        for tag in _tags(p, comp):
+        dest_repo = destination_repository(comp.repository, site.registry)
+        for tag in _tags(site, release, nodes, comp):
             src = comp.source_ref(tag)
             dst = src.replace(comp.repository, dest_repo, 1)
             out.setdefault(src, Image(src, dst, comp.name))
     return sorted(out.values())
-
-
-def image_list(site: Site, nodes: list[Node] | None = None) -> list[Image]:
-    return images_for(plan(site, nodes))

@@ -315,7 +315,8 @@ def site_schema() -> dict[str, Any]:
 
 
 def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> Site:
-    """Read, validate and resolve a site file (catalog release checked too)."""
+    """Read and validate a site file; relative file references become relative to it. The catalog release and
+    everything that depends on it are checked by installer.plan.resolve."""
     if not path:
         raise ConfigError("no site file given", hint="pass -s site.yaml (or set GPU_INSTALL_SITE)")
     data = read_yaml(Path(path), what="site file")
@@ -339,10 +340,6 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
         site.driver.runfile = str(base / runfile)
     if reg.pullSecret and reg.pullSecret.dockerConfigFile and not reg.pullSecret.dockerConfigFile.is_absolute():
         reg.pullSecret.dockerConfigFile = base / reg.pullSecret.dockerConfigFile
-    # the release must exist: normalise '24.9.2' to 'v24.9.2'
-    from installer.catalog import Catalog
-
-    site.operator.version = Catalog.default().resolve(site.operator.version)
     return site
 
 

@@ -194,12 +194,6 @@ def ensure_namespace(client, name: str, timeout: float = 120) -> str:
             raise _api_error(f"create namespace {name}", exc) from None
 
 
-def ensure_pull_secret(client, namespace: str, registry: Registry,
-                       environ: Mapping[str, str] | None = None) -> str:
-    """Create or update the pull Secret. 'created' | 'updated' | 'unchanged'."""
-    return ensure_secret(client, pull_secret_body(registry, namespace, environ))
-
-
 def ensure_secret(client, body: dict[str, Any]) -> str:
     """Create or update a Secret from its full body. 'created' | 'updated' | 'unchanged'."""
     from kubernetes import client as k

@@ -2,7 +2,8 @@
 
 The site's `mig.config` is the cluster default; the inventory host var `gpu_install_mig_config` overrides it per
 node (`gpu_install_node_name` names the Kubernetes Node when it differs from the inventory host name).
-label_nodes() checks every node before it labels any:
+installer.plan resolves each node's config (and checks the names) once; label_nodes() checks every node before it
+labels any:
 - the name is one of the release's default mig-parted configs (values/catalog: migConfigs), unless
   `mig.configMap` names a custom ConfigMap (then any valid label value);
 - where the Node says what GPU it has (GFD labels): `nvidia.com/mig.capable=false` allows only all-disabled;
@@ -18,16 +19,19 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from installer import content
-from installer.catalog import Catalog, parse_release
+from installer.catalog import Release
 from installer.config import Site
 from installer.errors import ConfigError
+from installer.facts import NODE_NAME_VAR
+
+if TYPE_CHECKING:
+    from installer.plan import Plan
 
 LABEL = "nvidia.com/mig.config"
 HOST_VAR = "gpu_install_mig_config"
-NODE_NAME_VAR = "gpu_install_node_name"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 CAPABLE_LABEL = "nvidia.com/mig.capable"
 DISABLED = "all-disabled"
@@ -60,8 +64,8 @@ def model_of(product: str | None) -> Model | None:
     return next((m for m in models() if any(p.search(base) for p in m.products)), None)
 
 
-@dataclass
-class Plan:
+@dataclass(frozen=True)
+class Assignment:
     host: str        # inventory host
     node: str        # Kubernetes Node name
     config: str
@@ -84,12 +88,10 @@ class Result:
         return f"{self.node}: {LABEL}={self.config} ({self.source}{gpu}) {what}"
 
 
-def plan(site: Site, inventory: str) -> list[Plan]:
-    """Which config each GPU node of the inventory gets (nodes without one are left alone)."""
-    from installer.facts import gpu_host_vars
-
+def assignments(site: Site, gpu_hosts: list[tuple[str, dict[str, Any]]]) -> list[Assignment]:
+    """Which config each GPU node gets (nodes without one are left alone); gpu_hosts: (host, its inventory vars)."""
     out = []
-    for host, hv in gpu_host_vars(inventory):
+    for host, hv in gpu_hosts:
         override = hv.get(HOST_VAR)
         if override is not None and not isinstance(override, str):
             raise ConfigError(f"host {host}: {HOST_VAR} must be a string, not {type(override).__name__}",
@@ -98,13 +100,12 @@ def plan(site: Site, inventory: str) -> list[Plan]:
         if not config:
             continue
         node = str(hv.get(NODE_NAME_VAR) or host)
-        out.append(Plan(host, node, config, f"inventory {HOST_VAR}" if override else "site mig.config"))
+        out.append(Assignment(host, node, config, f"inventory {HOST_VAR}" if override else "site mig.config"))
     return out
 
 
-def check_names(site: Site, plans: list[Plan]) -> None:
+def check_names(site: Site, release: Release, plans: list[Assignment]) -> None:
     """Every config is one the release's mig-manager knows (or a valid label value with a custom ConfigMap)."""
-    release = Catalog.default().get(site.operator.version)
     problems = []
     for p in plans:
         where = f"host {p.host}: {HOST_VAR}" if p.source.startswith("inventory") else "mig.config"
@@ -120,7 +121,7 @@ def check_names(site: Site, plans: list[Plan]) -> None:
                                "or set mig.configMap to your own ConfigMap; nothing was labelled")
 
 
-def check_node(site: Site, p: Plan, labels: dict[str, str]) -> str | None:
+def check_node(site: Site, release: Release, p: Assignment, labels: dict[str, str]) -> str | None:
     """A problem of this config on this node's GPU (from its GFD labels), or None."""
     if labels.get(CAPABLE_LABEL) == "false" and p.config != DISABLED:
         return (f"node {p.node}: {p.config} ({p.source}) but the node reports {CAPABLE_LABEL}=false "
@@ -130,32 +131,27 @@ def check_node(site: Site, p: Plan, labels: dict[str, str]) -> str | None:
     model = model_of(labels.get(PRODUCT_LABEL))
     if model is None:
         return None
-    release = site.operator.version
-    ok = model.configs & set(Catalog.default().get(release).mig_configs or model.configs)
-    if p.config == "all-balanced" and model.all_balanced_from and \
-            (parse_release(release) or (0,)) < (parse_release(model.all_balanced_from) or (0,)):
+    ok = model.configs & set(release.mig_configs or model.configs)
+    if p.config == "all-balanced" and model.all_balanced_from and not release.at_least(model.all_balanced_from):
         ok = ok - {"all-balanced"}
     if p.config not in ok:
         return (f"node {p.node}: {p.config} ({p.source}) does not apply to its GPU {labels[PRODUCT_LABEL]} "
-                f"({model.name}); configs for it in {release}: {', '.join(sorted(ok))}")
+                f"({model.name}); configs for it in {release.version}: {', '.join(sorted(ok))}")
     return None
 
 
-def label_nodes(site: Site, inventory: str, kubeconfig: str | None = None, *, dry_run: bool = False,
-                progress: Callable[[str], None] | None = None, client: Any = None,
-                plans: list[Plan] | None = None) -> list[Result]:
-    """Label each GPU node of the inventory nvidia.com/mig.config=<its config>. All nodes are checked first;
-    a problem on any node raises ConfigError and labels nothing. Returns one Result per labelled node.
-    plans: plan(site, inventory) when the caller has it already (apply's mig stage), else computed here."""
+def label_nodes(plan: Plan, kubeconfig: str | None = None, *, dry_run: bool = False,
+                progress: Callable[[str], None] | None = None, client: Any = None) -> list[Result]:
+    """Label each GPU node of the plan nvidia.com/mig.config=<its config>. All nodes are checked first;
+    a problem on any node raises ConfigError and labels nothing. Returns one Result per labelled node."""
     from installer import kube
 
-    if plans is None:
-        plans = plan(site, inventory)
+    plans = list(plan.mig)
+    site, release = plan.site, plan.release
     if not plans:
         if progress:
             progress("mig: no MIG layout configured (site mig.config / inventory gpu_install_mig_config): nothing to label")
         return []
-    check_names(site, plans)
     if client is None:
         client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
     current = kube.node_labels(client, [p.node for p in plans])
@@ -163,7 +159,7 @@ def label_nodes(site: Site, inventory: str, kubeconfig: str | None = None, *, dr
     if missing:
         raise ConfigError("not in the cluster: " + ", ".join(f"node {p.node} (inventory host {p.host})" for p in missing),
                           hint=f"set {NODE_NAME_VAR} for hosts whose Kubernetes node name differs; nothing was labelled")
-    problems = [msg for p in plans if (msg := check_node(site, p, current[p.node] or {}))]
+    problems = [msg for p in plans if (msg := check_node(site, release, p, current[p.node] or {}))]
     if problems:
         raise ConfigError("; ".join(problems), hint="pick a config for that GPU model (per node: "
                           f"{HOST_VAR} in the inventory); nothing was labelled")

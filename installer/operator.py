@@ -1,7 +1,7 @@
 """Install, inspect and remove the GPU Operator Helm release (apply step "operator install").
 
-install(): namespace → pull Secret → `helm upgrade --install` of the chart with the rendered values
-(installer.render.values.render_values, the same values `gpu-install render` prints), waiting up to
+install(): namespace → pull Secret → `helm upgrade --install` of the chart with the plan's values
+(installer.plan: the same values `gpu-install render` prints), waiting up to
 a timeout for the release's workloads. Kubernetes API calls go through installer.kube, Helm through
 installer.helm. A second install with the same chart and values changes nothing and reports so.
 """
@@ -12,11 +12,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from installer import helm, kube
-from installer.config import Site
 from installer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from installer.plan import Plan
 
 ENV_CHART = "GPU_INSTALL_CHART"
 Progress = Callable[[str], None]
@@ -76,28 +78,27 @@ class Prepared:
     the environment) and the kubeconfig file. Missing pieces raise ConfigError (exit 2)."""
 
     chart: str
-    values: dict
-    secret_body: dict | None
+    values: dict[str, Any]
+    secret_body: dict[str, Any] | None
     kubeconfig: Path
 
 
-def prepare(site: Site, kubeconfig: str | os.PathLike[str] | None,
+def prepare(plan: Plan, kubeconfig: str | os.PathLike[str] | None,
             chart_ref: str | os.PathLike[str] | None) -> Prepared:
-    from installer.render.values import render_values
-
+    site = plan.site
     ref = check_chart_ref(chart_ref)
-    values = render_values(site)  # validated against the release's keys before touching the cluster
     # credentials resolved before anything is touched: a missing env var changes nothing
     secret_body = kube.pull_secret_body(site.registry, site.operator.namespace) if site.registry.pullSecret else None
-    return Prepared(ref, values, secret_body, kube.resolve_kubeconfig(kubeconfig))
+    return Prepared(ref, plan.values, secret_body, kube.resolve_kubeconfig(kubeconfig))
 
 
-def install(site: Site, kubeconfig: str | os.PathLike[str] | None, chart_ref: str | os.PathLike[str] | None,
-            timeout: float = 300, progress: Progress | None = None, wait: bool = True,
-            prepared: Prepared | None = None) -> InstallReport:
+def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Progress | None = None,
+            wait: bool = True) -> InstallReport:
+    """Namespace, pull Secret, `helm upgrade --install` with what prepare() checked."""
+    site = plan.site
     say = progress or _quiet
     t0 = time.monotonic()
-    pre = prepared or prepare(site, kubeconfig, chart_ref)
+    pre = prepared
     ref, values, kc = pre.chart, pre.values, pre.kubeconfig
     ns = site.operator.namespace
     ps = site.registry.pullSecret
@@ -146,8 +147,9 @@ class PlanReport:
         return out
 
 
-def plan(site: Site, prepared: Prepared) -> PlanReport:
+def preview(plan: Plan, prepared: Prepared) -> PlanReport:
     """Read-only: namespace, pull Secret and what helm upgrade --install would do (apply --check)."""
+    site = plan.site
     client = kube.api_client(prepared.kubeconfig)
     ns, ps = site.operator.namespace, site.registry.pullSecret
     phase = kube.namespace_phase(client, ns)
@@ -181,7 +183,8 @@ class StatusReport:
         return out
 
 
-def status(site: Site, kubeconfig: str | os.PathLike[str] | None) -> StatusReport:
+def status(plan: Plan, kubeconfig: str | os.PathLike[str] | None) -> StatusReport:
+    site = plan.site
     kc = kube.resolve_kubeconfig(kubeconfig)
     client = kube.api_client(kc)
     ns = site.operator.namespace
@@ -207,10 +210,11 @@ class UninstallReport:
         return out
 
 
-def uninstall(site: Site, kubeconfig: str | os.PathLike[str] | None, yes: bool, delete_namespace: bool = False,
+def uninstall(plan: Plan, kubeconfig: str | os.PathLike[str] | None, yes: bool, delete_namespace: bool = False,
               timeout: float = 300, progress: Progress | None = None) -> UninstallReport:
     """Reverse install(): helm uninstall, delete the pull Secret gpu-install made; the namespace
     only with delete_namespace. Refuses without yes (nothing is touched)."""
+    site = plan.site
     ns, name = site.operator.namespace, site.operator.releaseName
     if not yes:
         what = f"Helm release {name} and its resources in namespace {ns}" + (" and the namespace" if delete_namespace else "")

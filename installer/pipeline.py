@@ -17,17 +17,21 @@ Each stage's outcome is collected in a Summary, printed by the CLI also when a s
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from installer import apply as nodes
-from installer.config import Site
 from installer.errors import ConfigError, GpuInstallError
+
+if TYPE_CHECKING:
+    from installer.operator import Prepared
+    from installer.plan import Plan
+    from installer.progress import Display
 
 Progress = Callable[[str], None]
 SKIP_HINT = "or pass --skip-operator to configure the nodes only"
 
 
-@dataclass
+@dataclass(frozen=True)
 class OperatorOptions:
     enabled: bool = True  # --skip-operator turns it off
     kubeconfig: str | None = None  # --kubeconfig, else $KUBECONFIG, else ~/.kube/config
@@ -68,14 +72,18 @@ def _split(tags: str | None) -> set[str]:
     return {t.strip() for t in (tags or "").split(",") if t.strip()}
 
 
-def operator_selected(opts: nodes.Options, op: OperatorOptions) -> str | None:
+def _say(display: Display | None) -> Progress:
+    return display.note if display is not None else (lambda _: None)
+
+
+def operator_selected(run: nodes.RunOptions, op: OperatorOptions) -> str | None:
     """None when the operator stage runs, else why not (it is tagged `operator` for --tags/--skip-tags)."""
     if not op.enabled:
         return "--skip-operator"
-    tags = _split(opts.tags)
+    tags = _split(run.tags)
     if tags and not tags & {"operator", "all"}:
-        return f"--tags {opts.tags} does not include operator"
-    if "operator" in _split(opts.skip_tags):
+        return f"--tags {run.tags} does not include operator"
+    if "operator" in _split(run.skip_tags):
         return "--skip-tags operator"
     return None
 
@@ -84,12 +92,12 @@ def _with_skip_hint(exc: ConfigError) -> ConfigError:
     return ConfigError(f"operator stage: {exc.message}", hint=f"{exc.hint}; {SKIP_HINT}" if exc.hint else SKIP_HINT)
 
 
-def prepare_operator(site: Site, op: OperatorOptions):
+def prepare_operator(plan: Plan, op: OperatorOptions) -> Prepared:
     """Chart, values, credentials and kubeconfig checked before any host is touched (exit 2 if missing)."""
     from installer import operator
 
     try:
-        return operator.prepare(site, op.kubeconfig, op.chart or site.operator.chart)
+        return operator.prepare(plan, op.kubeconfig, op.chart or plan.site.operator.chart)
     except ConfigError as exc:
         raise _with_skip_hint(exc) from None
 
@@ -98,26 +106,26 @@ def _nodes_detail(res) -> str:
     return f"changed={res.changed} on {len(res.hosts)} host(s); run records {res.artifacts}"
 
 
-def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Summary,
-              progress: Progress | None = None) -> Summary:
-    """preflight → nodes → operator; raises the first stage's error after recording it in summary."""
+def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: Summary,
+              display: Display | None = None) -> Summary:
+    """preflight → nodes → operator → mig; raises the first stage's error after recording it in summary."""
     from installer import operator
 
-    say = progress or (lambda _: None)
-    summary.check = opts.check
-    skip_reason = operator_selected(opts, op)
-    prepared = None if skip_reason else prepare_operator(site, op)
-    mig_plans = [] if skip_reason else prepare_mig(site, opts)
+    say = _say(display)
+    site = plan.site
+    summary.check = run.check
+    skip_reason = operator_selected(run, op)
+    prepared = None if skip_reason else prepare_operator(plan, op)
 
     stage = "preflight"
     try:
-        pre = nodes.preflight(site, opts)
+        pre = nodes.preflight(plan, run, display)
         summary.add("preflight", "ok", f"{len(pre.hosts)} host(s) checked, read-only")
         stage = "nodes"
         say("stage nodes: playbooks/site.yml")
-        res = nodes.run_nodes("site.yml", site, opts)
+        res = nodes.run_nodes("site.yml", plan, run, display)
         summary.nodes_changed = res.changed
-        outcome = ("would change" if opts.check else "changed") if res.changed else "unchanged"
+        outcome = ("would change" if run.check else "changed") if res.changed else "unchanged"
         summary.add("nodes", outcome, _nodes_detail(res))
     except GpuInstallError as exc:
         summary.add(stage, "FAILED", exc.message.split(" (run artifacts")[0][:300])
@@ -126,67 +134,56 @@ def run_apply(site: Site, opts: nodes.Options, op: OperatorOptions, summary: Sum
         summary.add("operator", "not run" if not skip_reason else "skipped", skip_reason or "")
         raise
 
-    if skip_reason:
-        summary.add("operator", "skipped", skip_reason)
+    if skip_reason or prepared is None:
+        summary.add("operator", "skipped", skip_reason or "")
         summary.add("mig", "skipped", "runs with the operator stage")
         return summary
     name = f"release {site.operator.releaseName} in namespace {site.operator.namespace}"
     try:
-        if opts.check:
+        if run.check:
             say(f"stage operator (check mode): comparing {name} with chart {prepared.chart}")
-            plan = operator.plan(site, prepared)
-            for line in plan.lines():
+            report = operator.preview(plan, prepared)
+            for line in report.lines():
                 say(f"operator: {line}")
-            summary.add("operator", "would change" if plan.changed else "unchanged", plan.lines()[-1])
+            summary.add("operator", "would change" if report.changed else "unchanged", report.lines()[-1])
         else:
             say(f"stage operator: {name}, chart {prepared.chart}")
-            report = operator.install(site, None, None, timeout=op.timeout, wait=op.wait,
-                                      progress=lambda m: say(f"operator: {m}"), prepared=prepared)
-            summary.add("operator", "changed" if report.changed else "unchanged", report.lines()[-2])
+            done = operator.install(plan, prepared, timeout=op.timeout, wait=op.wait,
+                                    progress=lambda m: say(f"operator: {m}"))
+            summary.add("operator", "changed" if done.changed else "unchanged", done.lines()[-2])
     except GpuInstallError as exc:
         summary.add("operator", "FAILED", exc.message[:300])
         summary.add("mig", "not run")
         raise
-    if not mig_plans:
+    if not plan.mig:
         summary.add("mig", "skipped", "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)")
         return summary
-    run_mig(site, opts, prepared.kubeconfig, mig_plans, summary, say)
+    run_mig(plan, run.check, str(prepared.kubeconfig), summary, say)
     return summary
 
 
-def prepare_mig(site: Site, opts: nodes.Options) -> list:
-    """The GPU nodes that get a MIG layout (installer.mig.Plan); names checked before any host is touched."""
-    from installer import mig
-
-    plans = mig.plan(site, opts.inventory)
-    if plans:
-        mig.check_names(site, plans)
-    return plans
-
-
-def run_mig(site: Site, opts: nodes.Options, kubeconfig, plans: list, summary: Summary, say: Progress) -> None:
+def run_mig(plan: Plan, check: bool, kubeconfig: str, summary: Summary, say: Progress) -> None:
     """Label the GPU nodes nvidia.com/mig.config (installer.mig: every node checked before any is labelled);
     in check mode only report what would be set."""
     from installer import mig
 
-    say(f"stage mig: {mig.LABEL} on the GPU nodes" + (" (check mode)" if opts.check else ""))
+    say(f"stage mig: {mig.LABEL} on the GPU nodes" + (" (check mode)" if check else ""))
     try:
-        results = mig.label_nodes(site, opts.inventory, str(kubeconfig), dry_run=opts.check,
-                                  progress=lambda m: say(f"mig: {m}"), plans=plans)
+        results = mig.label_nodes(plan, kubeconfig, dry_run=check, progress=lambda m: say(f"mig: {m}"))
     except GpuInstallError as exc:
         summary.add("mig", "FAILED", exc.message[:300])
         raise
     changed = sum(r.changed for r in results)
-    outcome = ("would change" if opts.check else "changed") if changed else "unchanged"
+    outcome = ("would change" if check else "changed") if changed else "unchanged"
     summary.add("mig", outcome, f"{mig.LABEL} on {len(results)} node(s), {changed} set")
 
 
 # ---------------------------------------------------------------- uninstall
 
 
-def removal_plan(site: Site, op: OperatorOptions) -> list[str]:
+def removal_plan(plan: Plan, op: OperatorOptions) -> list[str]:
     """What uninstall removes (printed without --yes, and before it acts)."""
-    ev = nodes.role_vars(site)
+    site, ev = plan.site, plan.role_vars
     out: list[str] = []
     if op.enabled:
         ns, rel = site.operator.namespace, site.operator.releaseName
@@ -210,16 +207,16 @@ def removal_plan(site: Site, op: OperatorOptions) -> list[str]:
     return out
 
 
-def run_uninstall(site: Site, opts: nodes.Options, op: OperatorOptions, yes: bool, summary: Summary,
-                  progress: Progress | None = None) -> Summary:
+def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: bool, summary: Summary,
+                  display: Display | None = None) -> Summary:
     from installer import kube, operator
 
-    say = progress or (lambda _: None)
-    skip_reason = operator_selected(opts, op)
+    say = _say(display)
+    skip_reason = operator_selected(run, op)
     op = replace(op, enabled=skip_reason is None)
-    plan = removal_plan(site, op)
+    todo = removal_plan(plan, op)
     if not yes:
-        raise ConfigError("uninstall would remove:\n    " + "\n    ".join(plan) + "\nnot confirmed; nothing was changed",
+        raise ConfigError("uninstall would remove:\n    " + "\n    ".join(todo) + "\nnot confirmed; nothing was changed",
                           hint="re-run with --yes to confirm")
     kubeconfig = None
     if op.enabled:  # checked before anything is touched
@@ -227,11 +224,11 @@ def run_uninstall(site: Site, opts: nodes.Options, op: OperatorOptions, yes: boo
             kubeconfig = kube.resolve_kubeconfig(op.kubeconfig)
         except ConfigError as exc:
             raise _with_skip_hint(exc) from None
-    for line in plan:
+    for line in todo:
         say(f"uninstall: {line}")
     if op.enabled:
         try:
-            rep = operator.uninstall(site, kubeconfig, yes=True, delete_namespace=op.delete_namespace,
+            rep = operator.uninstall(plan, kubeconfig, yes=True, delete_namespace=op.delete_namespace,
                                      timeout=op.timeout, progress=lambda m: say(f"operator: {m}"))
             summary.add("operator", "removed" if rep.release_removed else "unchanged", "; ".join(rep.lines()))
         except GpuInstallError as exc:
@@ -242,7 +239,7 @@ def run_uninstall(site: Site, opts: nodes.Options, op: OperatorOptions, yes: boo
         summary.add("operator", "skipped", skip_reason or "")
     try:
         say("stage nodes: playbooks/uninstall.yml")
-        res = nodes.run_nodes("uninstall.yml", site, _remove(opts))
+        res = nodes.run_nodes("uninstall.yml", plan, run.removing(), display)
         summary.nodes_changed = res.changed
         summary.add("nodes", "changed" if res.changed else "unchanged", _nodes_detail(res))
     except GpuInstallError as exc:
@@ -250,7 +247,3 @@ def run_uninstall(site: Site, opts: nodes.Options, op: OperatorOptions, yes: boo
         raise
     summary.add("packages", "kept", "driver and toolkit packages stay installed")
     return summary
-
-
-def _remove(opts: nodes.Options) -> nodes.Options:
-    return replace(opts, extra={**(opts.extra or {}), "gpu_install_action": "remove"})

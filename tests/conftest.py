@@ -46,6 +46,21 @@ def cli(capsys):
     return run
 
 
+def plan_of(site, nodes=None, inventory: str | None = None, **options):
+    """installer.plan.resolve for a parsed site, with GPU nodes given directly or from an inventory."""
+    from installer.plan import Options, resolve
+
+    return resolve(site, Options(inventory=str(inventory) if inventory else None, **options), facts=nodes)
+
+
+def nodes_of(inventory) -> list:
+    """The GPU nodes installer.plan reads from an inventory."""
+    from installer.facts import node_from_vars
+    from installer.plan import gpu_host_vars, load_inventory
+
+    return [node_from_vars(name, hv) for name, hv in gpu_host_vars(load_inventory(str(inventory)))]
+
+
 def upstream_available() -> bool:
     return (UPSTREAM / "matrix.json").is_file()
 

@@ -2,20 +2,20 @@
 
 Every image-bearing component of the release gets repository/image/version pinned and pointing at
 the private registry, plus the pull secret where the component has the field; the rendered tree is
-then checked against the release's accepted keys. `installer.artifacts` derives the image list from
-the same `Plan`, so what is rendered and what is mirrored can never drift apart.
+then checked against the release's accepted keys. installer.plan.resolve builds the values once and
+`installer.artifacts` derives the image list from the same values, so what is rendered and what is
+mirrored can never drift apart.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from installer.catalog import Catalog, Component, Release, image_ref, join_path, split_path
+from installer.catalog import Component, Release, image_ref, join_path, split_path
 from installer.config import Registry, Site
 from installer.errors import ConfigError
-from installer.facts import Node
 
 TIME_SLICING_CONFIGMAP = "time-slicing-config"
 TIME_SLICING_KEY = "any"
@@ -39,32 +39,26 @@ class ResolvedComponent:
         return image_ref(self.repository, self.image, tag or self.version or "")
 
 
-@dataclass
-class Plan:
-    site: Site
-    release: Release
-    values: dict[str, Any]
-    components: dict[str, ResolvedComponent] = field(default_factory=dict)
-    nodes: list[Node] = field(default_factory=list)
+def effective(values: dict[str, Any], release: Release, path: str) -> Any:
+    """Value of a values path after rendering: rendered value, else the chart default."""
+    node: Any = values
+    for part in split_path(path):
+        if not isinstance(node, dict) or part not in node:
+            return release.defaults.get(path)
+        node = node[part]
+    return node
 
-    def effective(self, path: str) -> Any:
-        """Value of a values path after rendering: rendered value, else the chart default."""
-        node: Any = self.values
-        for part in split_path(path):
-            if not isinstance(node, dict) or part not in node:
-                return self.release.defaults.get(path)
-            node = node[part]
-        return node
 
-    def deployed(self, comp: ResolvedComponent) -> bool:
-        spec = comp.spec
-        if spec.enabled_path:
-            enabled = self.effective(spec.enabled_path)
-            if enabled is None:
-                enabled = spec.enabled
-        else:
-            enabled = True if spec.enabled is None else spec.enabled
-        return bool(enabled) and all(bool(self.effective(g)) for g in spec.gates)
+def deployed(values: dict[str, Any], release: Release, comp: ResolvedComponent) -> bool:
+    """Does the chart deploy this component with these values (its enabled switch, else its default, and its gates)?"""
+    spec = comp.spec
+    if spec.enabled_path:
+        enabled = effective(values, release, spec.enabled_path)
+        if enabled is None:
+            enabled = spec.enabled
+    else:
+        enabled = True if spec.enabled is None else spec.enabled
+    return bool(enabled) and all(bool(effective(values, release, g)) for g in spec.gates)
 
 
 # ---------------------------------------------------------------- registry mapping
@@ -165,14 +159,13 @@ def resolve_components(site: Site, release: Release) -> dict[str, ResolvedCompon
     return out
 
 
-def plan(site: Site, nodes: list[Node] | None = None, catalog: Catalog | None = None) -> Plan:
-    release = (catalog or Catalog.default()).get(site.operator.version)
+def build_values(site: Site, release: Release, components: dict[str, ResolvedComponent]) -> dict[str, Any]:
+    """The Helm values for this release (installer.plan.resolve calls it once per command)."""
     values: dict[str, Any] = {}
-    p = Plan(site, release, values, resolve_components(site, release), list(nodes or []))
     secret = site.registry.pullSecret.name if site.registry.pullSecret else None
 
     # images: every component pinned, pointing at the private registry
-    for comp in p.components.values():
+    for comp in components.values():
         spec = comp.spec
         if comp.repository and comp.version:
             dest = destination_repository(comp.repository, site.registry)
@@ -208,9 +201,9 @@ def plan(site: Site, nodes: list[Node] | None = None, catalog: Catalog | None = 
         _set(values, "sandboxWorkloads.enabled", True)
 
     if site.values:
-        p.values = values = deep_merge(values, site.values)
+        values = deep_merge(values, site.values)
     check_keys(values, release)
-    return p
+    return values
 
 
 def _require(release: Release, key: str, field_name: str, why: str) -> None:
@@ -301,11 +294,8 @@ def _render_device_plugin(site: Site, release: Release, values: dict[str, Any]) 
     _set(values, "devicePlugin.config.data", {TIME_SLICING_KEY: yaml.safe_dump(config, sort_keys=False)})
 
 
-def render_values(site: Site, nodes: list[Node] | None = None) -> dict[str, Any]:
-    return plan(site, nodes).values
-
-
 def values_to_yaml(values: dict[str, Any], site: Site) -> str:
+    """The values file `gpu-install render` writes (deterministic: keys sorted, embedded files as blocks)."""
     import yaml
 
     global _Dumper

@@ -215,6 +215,16 @@ def test_config_format_v1beta1(sched):
     _extender_case(sched, nodes[0], "config", **ext)
 
 
+def _apply_control_plane(sched, site, run):
+    """apply's node stages (preflight, site.yml) on the resolved plan, limited to the control-plane host."""
+    from installer import apply
+    from tests.conftest import plan_of
+
+    plan = plan_of(site, inventory=str(sched.lab.inventory), limit="bastion")
+    apply.preflight(plan, run)
+    return apply.run_nodes("site.yml", plan, run)
+
+
 def test_broken_policy_is_rolled_back(sched, monkeypatch):
     from installer import apply
     from installer.config import parse_site
@@ -225,11 +235,11 @@ def test_broken_policy_is_rolled_back(sched, monkeypatch):
     monkeypatch.setenv("GPU_INSTALL_STATE", str(sched.state))
     site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"}})
     broken = [{"urlPrefix": sched.ext.url, "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": 0}]
-    opts = apply.Options(inventory=str(sched.lab.inventory), limit="bastion", tags="scheduler",
-                         extra={"scheduler_policy_extenders": broken, "scheduler_policy_format": "policy"})
+    run = apply.RunOptions(tags="scheduler",
+                           extra={"scheduler_policy_extenders": broken, "scheduler_policy_format": "policy"})
     t0 = time.monotonic()
     with pytest.raises(HostFailures) as exc:
-        apply.apply(site, opts)
+        _apply_control_plane(sched, site, run)
     print(f"broken policy: rollback reported after {time.monotonic() - t0:.1f}s")
     assert exc.value.exit_code == 4
     msg = exc.value.message
@@ -248,14 +258,13 @@ def test_removal_restores_the_original_manifest(sched, monkeypatch):
 
     monkeypatch.setenv("GPU_INSTALL_STATE", str(sched.state))
     site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"}})
-    opts = apply.Options(inventory=str(sched.lab.inventory), limit="bastion", tags="scheduler",
-                         extra={"gpu_install_action": "remove"})
-    _, res = apply.apply(site, opts)
+    run = apply.RunOptions(tags="scheduler", extra={"gpu_install_action": "remove"})
+    res = _apply_control_plane(sched, site, run)
     assert res.hosts["bastion"].changed >= 1
     assert sched.manifest.read_bytes() == sched.original
     assert not list(sched.etc.glob("gpu-install-scheduler-*"))
     cmd = sched.scheduler_cmdline()
     assert not any(a.startswith(("--config", "--policy-config-file")) for a in cmd), cmd
     assert sched.scheduler()["healthy"]
-    _, again = apply.apply(site, opts)
+    again = _apply_control_plane(sched, site, run)
     assert again.hosts["bastion"].changed == 0

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from installer import apply
+from installer.render.role_vars import toolkit_package_version
 from installer.config import parse_site
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
+from tests.conftest import plan_of
 from tests.unit.library_modules import load_module
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -34,6 +37,10 @@ def test_defaults_and_argument_specs_do_not_drift(role):
         assert opts[key].get("description"), key
 
 
+def role_vars_of(s) -> dict:
+    return dict(plan_of(s).role_vars)
+
+
 def site(**over):
     data = {"operator": {"version": "v24.9.2"}, "registry": {"host": "reg.lab:5000", "insecure": True},
             "runtime": "docker", "toolkit": {"mode": "host"}, "driver": {"mode": "host"}}
@@ -49,49 +56,49 @@ def site(**over):
                                               "runfileSha256": "a" * 64}}])
 def test_role_vars_only_declared_variables(over):
     declared = {k for r in ROLES for k in specs(r)} | {"gpu_install_action"}
-    ev = apply.role_vars(site(**over))
+    ev = role_vars_of(site(**over))
     assert set(ev) <= declared
     json.dumps(ev)
 
 
 def test_role_vars_mapping():
-    ev = apply.role_vars(site())
+    ev = role_vars_of(site())
     assert ev["docker_runtime_enabled"] and not ev["containerd_runtime_enabled"]
     assert ev["docker_runtime_insecure_registries"] == ["reg.lab:5000"]
-    ev = apply.role_vars(site(runtime="containerd", cdi={"enabled": True}))
+    ev = role_vars_of(site(runtime="containerd", cdi={"enabled": True}))
     assert ev["containerd_runtime_enabled"] and ev["containerd_runtime_set_default"] is False
     assert ev["containerd_runtime_registry_config_path"] == "/etc/containerd/certs.d"
-    assert not apply.role_vars(site(toolkit={"mode": "operator"}))["docker_runtime_enabled"]
-    ev = apply.role_vars(site(runtime="containerd", registry={"host": "Reg.lab:5000", "ca": "ca.pem"}))
+    assert not role_vars_of(site(toolkit={"mode": "operator"}))["docker_runtime_enabled"]
+    ev = role_vars_of(site(runtime="containerd", registry={"host": "Reg.lab:5000", "ca": "ca.pem"}))
     assert ev["registry_trust_enabled"] and ev["registry_trust_host"] == "reg.lab:5000"
     assert Path(ev["registry_trust_ca_src"]).is_absolute() and ev["registry_trust_ca_src"].endswith("/ca.pem")
     assert ev["registry_trust_containerd_config_path"] == "/etc/containerd/certs.d"
     assert ev["registry_trust_docker_certs_d"] == ""
-    assert not apply.role_vars(site(registry={"host": "r:1"}))["registry_trust_enabled"]
+    assert not role_vars_of(site(registry={"host": "r:1"}))["registry_trust_enabled"]
 
 
 def test_role_vars_driver_and_toolkit():
-    ev = apply.role_vars(site())
+    ev = role_vars_of(site())
     assert ev["nvidia_driver_mode"] == "host" and "nvidia_driver_package_version" not in ev  # the role's default branch
     assert ev["nvidia_container_toolkit_enabled"] and ev["nvidia_container_toolkit_version"] == "1.17.4"  # v24.9.2
-    ev = apply.role_vars(site(driver={"mode": "precompiled", "version": "550"}, toolkit={"mode": "host", "version": "1.17.8"}))
+    ev = role_vars_of(site(driver={"mode": "precompiled", "version": "550"}, toolkit={"mode": "host", "version": "1.17.8"}))
     assert ev["nvidia_driver_mode"] == "precompiled" and ev["nvidia_driver_package_version"] == "550"
     assert ev["nvidia_container_toolkit_version"] == "1.17.8"
-    ev = apply.role_vars(site(toolkit={"mode": "operator"}))
+    ev = role_vars_of(site(toolkit={"mode": "operator"}))
     assert ev["nvidia_container_toolkit_enabled"] is False and "nvidia_container_toolkit_version" not in ev
     with pytest.raises(ConfigError, match="not a toolkit version"):
-        apply.role_vars(site(toolkit={"mode": "host", "version": "latest"}))
+        role_vars_of(site(toolkit={"mode": "host", "version": "latest"}))
 
 
 def test_role_vars_runfile():
     url = "https://mirror.lab/files/NVIDIA-Linux-x86_64-535.216.03.run"
-    ev = apply.role_vars(site(driver={"mode": "runfile", "runfile": url, "runfileSha256": "AB" * 32}))
+    ev = role_vars_of(site(driver={"mode": "runfile", "runfile": url, "runfileSha256": "AB" * 32}))
     assert ev["nvidia_driver_mode"] == "runfile" and ev["nvidia_driver_runfile"] == url
     assert ev["nvidia_driver_runfile_sha256"] == "ab" * 32  # normalised to lower case, as get_url/stat print it
     assert ev["nvidia_driver_package_version"] == "535.216.03"  # from the file name
-    ev = apply.role_vars(site(driver={"mode": "runfile", "runfile": "/srv/driver.run", "version": "550.54.15"}))
+    ev = role_vars_of(site(driver={"mode": "runfile", "runfile": "/srv/driver.run", "version": "550.54.15"}))
     assert ev["nvidia_driver_package_version"] == "550.54.15" and ev["nvidia_driver_runfile_sha256"] == ""
-    assert "nvidia_driver_runfile" not in apply.role_vars(site())
+    assert "nvidia_driver_runfile" not in role_vars_of(site())
 
 
 @pytest.mark.parametrize("driver,problem", [
@@ -126,13 +133,13 @@ def test_runfile_path_relative_to_the_site_file(tmp_path):
 @pytest.mark.parametrize("tag,want", [("v1.17.4-ubuntu20.04", "1.17.4"), ("v1.18.0", "1.18.0"), ("1.17.4", "1.17.4"),
                                       ("v1.14.6-ubi8", "1.14.6"), ("1.17.4-1", "1.17.4-1"), (" v1.20.0 ", "1.20.0")])
 def test_toolkit_package_version(tag, want):
-    assert apply.toolkit_package_version(tag) == want
+    assert toolkit_package_version(tag) == want
 
 
 @pytest.mark.parametrize("tag", ["latest", "v1", "1.17.4-", "sha256:abc", "1.x.4"])
 def test_toolkit_package_version_refuses(tag):
     with pytest.raises(ConfigError):
-        apply.toolkit_package_version(tag)
+        toolkit_package_version(tag)
 
 
 @pytest.mark.parametrize("role,os_files", [("nvidia_driver", ["Debian", "Ubuntu", "RedHat"]),
@@ -260,19 +267,39 @@ def options(tmp_path, inv, node_root, **kw):
     extra = {"preflight_root": str(node_root), "preflight_min_free_gb": 0.001, "docker_runtime_daemon_json": str(daemon),
              "docker_runtime_restart": False, "docker_runtime_options": {"iptables": False},
              "nvidia_driver_enabled": False, "nvidia_container_toolkit_enabled": False}
-    return apply.Options(inventory=inv, extra=extra, **kw), daemon
+    return NodeRun(inv, apply.RunOptions(extra=extra, **kw)), daemon
+
+
+@dataclass
+class NodeRun:
+    inventory: str
+    run: apply.RunOptions
+
+    @property
+    def extra(self) -> dict:
+        return self.run.extra  # a dict: tests switch roles on in place
+
+
+def preflight(s, opts: NodeRun):
+    return apply.preflight(plan_of(s, inventory=opts.inventory), opts.run)
+
+
+def apply_nodes(s, opts: NodeRun):
+    """apply's first two stages: preflight (read-only) then playbooks/site.yml, on the resolved plan."""
+    plan = plan_of(s, inventory=opts.inventory)
+    return apply.preflight(plan, opts.run), apply.run_nodes("site.yml", plan, opts.run)
 
 
 def test_apply_end_to_end_then_changed_0(tmp_path):
     node = fake_node(tmp_path / "node")
     opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL, "gpu2": LOCAL}), node)
     daemon.write_text('{"log-level": "warn"}')
-    pre, res = apply.apply(site(), opts)
+    pre, res = apply_nodes(site(), opts)
     assert set(pre.hosts) >= {"gpu1", "gpu2"} and pre.changed == 0
     assert res.changed >= 1
     doc = json.loads(daemon.read_text())
     assert doc["log-level"] == "warn" and doc["default-runtime"] == "nvidia" and doc["iptables"] is False
-    _, again = apply.apply(site(), opts)
+    _, again = apply_nodes(site(), opts)
     assert all(s.changed == 0 for s in again.hosts.values())
 
 
@@ -286,7 +313,7 @@ def test_driver_mode_preinstalled_without_nvidia_smi_fails_that_host(tmp_path):
     opts, _ = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node)
     opts.extra["nvidia_driver_enabled"] = True
     with pytest.raises(HostFailures, match="gpu1: driver.mode is preinstalled but nvidia-smi failed") as exc:
-        apply.apply(site(driver={"mode": "preinstalled"}, toolkit={"mode": "operator"}), opts)
+        apply_nodes(site(driver={"mode": "preinstalled"}, toolkit={"mode": "operator"}), opts)
     assert exc.value.exit_code == 4
 
 
@@ -295,14 +322,14 @@ def test_driver_mode_operator_on_a_clean_machine_passes(tmp_path):
     node = fake_node(tmp_path / "node")
     opts, _ = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node)
     opts.extra["nvidia_driver_enabled"] = True
-    _, res = apply.apply(site(driver={"mode": "operator"}, toolkit={"mode": "operator"}), opts)
+    _, res = apply_nodes(site(driver={"mode": "operator"}, toolkit={"mode": "operator"}), opts)
     assert res.hosts["gpu1"].changed == 0 and res.hosts["gpu1"].ok >= 3
 
 
 def test_apply_check_mode_changes_nothing(tmp_path):
     node = fake_node(tmp_path / "node")
     opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node, check=True)
-    apply.apply(site(), opts)
+    apply_nodes(site(), opts)
     assert not daemon.exists()
 
 
@@ -310,7 +337,7 @@ def test_preflight_problem_exit_3_nothing_changed(tmp_path, capsys):
     node = fake_node(tmp_path / "node", modules=["nouveau"])
     opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node)
     with pytest.raises(PreflightError, match="gpu1: the nouveau driver is loaded") as exc:
-        apply.apply(site(), opts)
+        apply_nodes(site(), opts)
     assert exc.value.exit_code == 3 and not daemon.exists()
 
 
@@ -318,7 +345,7 @@ def test_missing_group_is_config_error_nothing_changed(tmp_path):
     node = fake_node(tmp_path / "node")
     opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}, groups=()), node)
     with pytest.raises(ConfigError, match="group 'kube_control_plane' is missing") as exc:
-        apply.apply(site(), opts)
+        apply_nodes(site(), opts)
     assert exc.value.exit_code == 2 and not daemon.exists()
 
 
@@ -326,7 +353,7 @@ def test_removed_variable_named_with_fix(tmp_path):
     node = fake_node(tmp_path / "node")
     opts, _ = options(tmp_path, inventory(tmp_path, {"gpu1": dict(LOCAL, nvidia_driver_version="550")}), node)
     with pytest.raises(ConfigError, match="host gpu1: variable 'nvidia_driver_version' was removed; set driver.version"):
-        apply.preflight(site(), opts)
+        preflight(site(), opts)
 
 
 def test_unreachable_node_others_finish_exit_5(tmp_path):
@@ -335,7 +362,7 @@ def test_unreachable_node_others_finish_exit_5(tmp_path):
             "ansible_ssh_common_args": "-o ConnectTimeout=3 -o BatchMode=yes -o StrictHostKeyChecking=no"}
     opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL, "dead": dead}), node)
     with pytest.raises(HostsUnreachable, match="unreachable: dead") as exc:
-        apply.preflight(site(), opts)
+        preflight(site(), opts)
     assert exc.value.exit_code == 5
 
 

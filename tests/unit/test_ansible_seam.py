@@ -61,13 +61,16 @@ DEAD = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port"
 
 def test_all_ok_exit_0_and_progress_lines(tmp_path, FIXTURE):
     lines: list[str] = []
-    res = seam.run_playbook(FIXTURE, inventory(tmp_path, {"a": LOCAL, "b": LOCAL}), {"fixture_changed": True},
-                            progress=lines.append)
+    from installer.plan import load_inventory
+
+    inv = inventory(tmp_path, {"a": LOCAL, "b": LOCAL})
+    res = seam.run_playbook(FIXTURE, inv, {"fixture_changed": True}, progress=lines.append,
+                            inventory_info=load_inventory(str(inv)))
     assert res.exit_code() == EXIT_OK
     assert set(res.hosts) == {"a", "b"}
     assert res.hosts["a"].changed == 1 and res.hosts["a"].failed == 0
     assert "[a] changed      Fixture | Touch a file  (" in "\n".join(lines)
-    assert lines[0] == "== Exit code fixture (2 hosts)"  # host count from the inventory
+    assert lines[0] == "== Exit code fixture (2 hosts)"  # host count from the inventory the plan read
 
 
 def test_failed_host_exit_4_others_finish(tmp_path, FIXTURE):

@@ -21,7 +21,10 @@ def test_unknown_release_names_nearest(cli, write_site, site_data):
 
 def test_release_without_v_prefix_is_normalised(write_site, site_data):
     site_data["operator"]["version"] = "23.9.2"
-    assert load_site(write_site(site_data)).operator.version == "v23.9.2"
+    from tests.conftest import plan_of
+
+    plan = plan_of(load_site(write_site(site_data)))
+    assert plan.site.operator.version == plan.release.version == "v23.9.2"
 
 
 def test_malformed_yaml_points_at_position(cli, tmp_path):

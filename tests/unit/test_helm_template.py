@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from installer.config import parse_site
-from installer.render.values import render_values
+from tests.conftest import plan_of
 from installer.tools import find_helm
 from tests.conftest import ROOT
 
@@ -44,7 +44,7 @@ def test_helm_template_with_rendered_values(release):
         "registry": {"host": "registry.lab:5000", "prefix": "gpu", "pullSecret": {"name": "gpu-registry"}},
         "devicePlugin": {"timeSlicing": {"replicas": 2}} if release != "v1.11.0" else {},
     })
-    resources = template(CHART, render_values(site))
+    resources = template(CHART, plan_of(site).values)
     pairs = images_and_secrets(resources)
     assert len(pairs) >= 10
     for image, secrets in pairs:

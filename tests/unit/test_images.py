@@ -7,11 +7,14 @@ import textwrap
 
 import pytest
 
-from installer.artifacts import image_list
 from installer.config import parse_site
 from installer.errors import ConfigError
-from installer.facts import Node, node_facts, os_tag
-from installer.render.values import plan
+from installer.facts import Node, os_tag
+from tests.conftest import nodes_of, plan_of
+
+
+def image_list(s, nodes=None):
+    return plan_of(s, nodes).images
 
 
 def site(release="v24.9.2", **over):
@@ -92,7 +95,7 @@ def test_images_agree_with_rendered_values():
     """Same Plan: every destination is a repository/image:version (+ OS suffix) from the values."""
     nodes = [Node("a", "ubuntu", "22.04")]
     s = site(components={"dcgm": {"enabled": True}})
-    p = plan(s, nodes)
+    p = plan_of(s, nodes)
     rendered = set()
     for comp in p.components.values():
         node = p.values
@@ -138,7 +141,7 @@ def test_inventory_nodes(tmp_path, cli, write_site):
         """))
     (inv / "group_vars" / "gpu_nodes.yml").write_text("gpu_install_os: ubuntu22.04\n")
     (inv / "site.yaml").write_text("operator: {version: v26.7.0}\nregistry: {host: registry.lab:5000}\n")
-    nodes = {n.name: n for n in node_facts(str(inv))}
+    nodes = {n.name: n for n in nodes_of(inv)}
     assert set(nodes) == {"g1", "g2", "g3"}  # site.yaml in the directory is not an inventory source
     assert (nodes["g1"].os_id, nodes["g1"].os_version, nodes["g1"].kernel) == ("ubuntu", "20.04", "5.4.0-150-generic")
     assert nodes["g3"].os_tag("v24.9.2") == "ubuntu22.04"  # from group_vars
@@ -151,9 +154,12 @@ def test_inventory_errors(tmp_path):
     bad = tmp_path / "hosts.yml"
     bad.write_text("all:\n  hosts:\n    a: {}\n")
     with pytest.raises(ConfigError, match="no group 'gpu_nodes'"):
-        node_facts(str(bad))
+        nodes_of(bad)
     bad.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        a: {}\n")
+    unknown = nodes_of(bad)[0]  # only what needs the OS fails: the driver image tags
     with pytest.raises(ConfigError, match=r"host a: OS unknown"):
-        node_facts(str(bad))
+        unknown.os_tag("v24.9.2")
+    with pytest.raises(ConfigError, match=r"host a: OS unknown"):
+        plan_of(site(), inventory=bad).images
     with pytest.raises(ConfigError, match="not found"):
-        node_facts(str(tmp_path / "missing"))
+        nodes_of(tmp_path / "missing")

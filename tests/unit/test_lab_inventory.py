@@ -52,11 +52,11 @@ def test_rendered_inventory_parses_with_ansible(tmp_path):
 
 def test_lab_inventory_feeds_images(tmp_path):
     """`gpu-install images -i <lab inventory>` expands driver tags with the lab nodes' OS."""
-    from installer.facts import node_facts
+    from tests.conftest import nodes_of
 
     path = tmp_path / "hosts.yml"
     path.write_text(inventory.render(tmp_path, SETTINGS, NODES))
-    tags = {n.name: n.os_tag("v26.7.0") for n in node_facts(str(path))}
+    tags = {n.name: n.os_tag("v26.7.0") for n in nodes_of(path)}
     assert tags == {"node1": "debian12", "node2": "rocky9"}
 
 

@@ -12,7 +12,8 @@ import yaml
 from installer import mig
 from installer.config import parse_site
 from installer.errors import ConfigError
-from tests.conftest import BASE_SITE, ROOT
+from installer.catalog import Catalog
+from tests.conftest import BASE_SITE, ROOT, plan_of
 
 MIG_UPSTREAM = ROOT.parent / "shared" / "upstream" / "mig-parted"
 
@@ -22,8 +23,16 @@ def site(config: str | None = "all-1g.10gb", version: str = "v24.9.2", **mig_fie
                        "mig": {"strategy": "mixed", "config": config, **mig_fields}})
 
 
-def plan(node: str = "node1", config: str = "all-1g.10gb", source: str = "site mig.config") -> mig.Plan:
-    return mig.Plan(node, node, config, source)
+def plan(node: str = "node1", config: str = "all-1g.10gb", source: str = "site mig.config") -> mig.Assignment:
+    return mig.Assignment(node, node, config, source)
+
+
+def check_names(s, assignments):
+    return mig.check_names(s, Catalog.default().get(s.operator.version), assignments)
+
+
+def check_node(s, a, labels):
+    return mig.check_node(s, Catalog.default().get(s.operator.version), a, labels)
 
 
 @pytest.mark.parametrize("product, model", [
@@ -78,23 +87,23 @@ def test_models_configs_are_release_config_names():
 def test_unknown_config_name_names_the_field_and_the_nearest():
     with pytest.raises(ConfigError, match=r"mig.config: all-1g.5gbb is not in GPU Operator v24.9.2's default MIG "
                                           r"configs; nearest: all-1g.5gb"):
-        mig.check_names(site("all-1g.5gbb"), [plan(config="all-1g.5gbb")])
+        check_names(site("all-1g.5gbb"), [plan(config="all-1g.5gbb")])
 
 
 def test_override_with_a_name_of_a_newer_release_names_the_host():
     s = site(version="v24.9.2")
-    assert "all-7g.180gb" not in mig.Catalog.default().get("v24.9.2").mig_configs  # B200 configs came later
+    assert "all-7g.180gb" not in Catalog.default().get("v24.9.2").mig_configs  # B200 configs came later
     with pytest.raises(ConfigError, match=r"host gpu-7: gpu_install_mig_config: all-7g.180gb is not in GPU Operator "
                                           r"v24.9.2"):
-        mig.check_names(s, [plan(), mig.Plan("gpu-7", "gpu-7", "all-7g.180gb", "inventory gpu_install_mig_config")])
-    mig.check_names(site(version="v25.10.0"), [mig.Plan("gpu-7", "gpu-7", "all-7g.180gb", "inventory x")])
+        check_names(s, [plan(), mig.Assignment("gpu-7", "gpu-7", "all-7g.180gb", "inventory gpu_install_mig_config")])
+    check_names(site(version="v25.10.0"), [mig.Assignment("gpu-7", "gpu-7", "all-7g.180gb", "inventory x")])
 
 
 def test_custom_configmap_takes_any_valid_label_value():
     s = site("my-layout", configMap="site-mig-configs")
-    mig.check_names(s, [plan(config="my-layout")])
+    check_names(s, [plan(config="my-layout")])
     with pytest.raises(ConfigError, match="not a valid label value"):
-        mig.check_names(s, [plan(config="bad layout!")])
+        check_names(s, [plan(config="bad layout!")])
 
 
 A100_40 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/mig.capable": "true"}
@@ -103,9 +112,9 @@ H100_80 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/mig.ca
 
 def test_config_must_fit_the_nodes_gpu():
     s = site()
-    assert mig.check_node(s, plan(config="all-1g.10gb"), A100_40) is None  # 1g.10gb x4 exists on A100-40GB
-    assert mig.check_node(s, plan(config="all-3g.40gb"), H100_80) is None
-    msg = mig.check_node(s, plan(config="all-3g.40gb"), A100_40)
+    assert check_node(s, plan(config="all-1g.10gb"), A100_40) is None  # 1g.10gb x4 exists on A100-40GB
+    assert check_node(s, plan(config="all-3g.40gb"), H100_80) is None
+    msg = check_node(s, plan(config="all-3g.40gb"), A100_40)
     assert msg and msg.startswith("node node1: all-3g.40gb (site mig.config) does not apply to its GPU "
                                   "NVIDIA-A100-SXM4-40GB (A100-40GB); configs for it in v24.9.2: ")
     assert "all-3g.20gb" in msg and "all-3g.40gb" not in msg.split("configs for it")[1]
@@ -113,27 +122,27 @@ def test_config_must_fit_the_nodes_gpu():
 
 def test_mig_capable_false_allows_only_all_disabled():
     t4 = {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/mig.capable": "false"}
-    msg = mig.check_node(site(), plan(config="all-1g.10gb"), t4)
+    msg = check_node(site(), plan(config="all-1g.10gb"), t4)
     assert msg and "nvidia.com/mig.capable=false (Tesla-T4); only all-disabled applies" in msg
-    assert mig.check_node(site(), plan(config="all-disabled"), t4) is None
+    assert check_node(site(), plan(config="all-disabled"), t4) is None
 
 
 def test_unknown_gpu_is_not_second_guessed():
-    assert mig.check_node(site(), plan(config="all-7g.80gb"), {}) is None  # no GFD labels yet
-    assert mig.check_node(site(), plan(config="all-7g.80gb"), {"nvidia.com/gpu.product": "NVIDIA-L40S"}) is None
+    assert check_node(site(), plan(config="all-7g.80gb"), {}) is None  # no GFD labels yet
+    assert check_node(site(), plan(config="all-7g.80gb"), {"nvidia.com/gpu.product": "NVIDIA-L40S"}) is None
 
 
 def test_all_balanced_needs_a_release_with_a_layout_for_the_model():
     b200 = {"nvidia.com/gpu.product": "NVIDIA-B200", "nvidia.com/mig.capable": "true"}
-    msg = mig.check_node(site("all-balanced", version="v24.9.2"), plan(config="all-balanced"), b200)
+    msg = check_node(site("all-balanced", version="v24.9.2"), plan(config="all-balanced"), b200)
     assert msg and "does not apply to its GPU NVIDIA-B200 (B200)" in msg
-    assert mig.check_node(site("all-balanced", version="v25.3.0"), plan(config="all-balanced"), b200) is None
+    assert check_node(site("all-balanced", version="v25.3.0"), plan(config="all-balanced"), b200) is None
 
 
 def test_custom_configmap_skips_the_model_check_but_not_mig_capable():
     s = site("my-layout", configMap="site-mig-configs")
-    assert mig.check_node(s, plan(config="my-layout"), A100_40) is None
-    assert mig.check_node(s, plan(config="my-layout"), {"nvidia.com/mig.capable": "false"})
+    assert check_node(s, plan(config="my-layout"), A100_40) is None
+    assert check_node(s, plan(config="my-layout"), {"nvidia.com/mig.capable": "false"})
 
 
 def inventory(tmp_path: Path, hosts: dict[str, dict]) -> Path:
@@ -147,30 +156,30 @@ def inventory(tmp_path: Path, hosts: dict[str, dict]) -> Path:
 def test_plan_site_default_host_override_and_node_name(tmp_path):
     inv = inventory(tmp_path, {"gpu-a": {}, "gpu-b": {"gpu_install_mig_config": "all-3g.20gb"},
                                "gpu-c": {"gpu_install_node_name": "gpu-c.cluster.local"}})
-    plans = mig.plan(site("all-1g.10gb"), str(inv))
+    plans = plan_of(site("all-1g.10gb"), inventory=inv).mig
     assert [(p.host, p.node, p.config, p.source) for p in plans] == [
         ("gpu-a", "gpu-a", "all-1g.10gb", "site mig.config"),
         ("gpu-b", "gpu-b", "all-3g.20gb", "inventory gpu_install_mig_config"),
         ("gpu-c", "gpu-c.cluster.local", "all-1g.10gb", "site mig.config"),
     ]
     # no site default: only the overridden host is labelled
-    assert [p.host for p in mig.plan(site(None), str(inv))] == ["gpu-b"]
+    assert [p.host for p in plan_of(site(None), inventory=inv).mig] == ["gpu-b"]
 
 
 def test_plan_rejects_a_non_string_override(tmp_path):
     inv = inventory(tmp_path, {"gpu-a": {"gpu_install_mig_config": 7}})
     with pytest.raises(ConfigError, match="host gpu-a: gpu_install_mig_config must be a string"):
-        mig.plan(site(), str(inv))
+        plan_of(site(), inventory=inv).mig
 
 
 def test_nothing_configured_labels_nothing_without_a_cluster(tmp_path):
     inv = inventory(tmp_path, {"gpu-a": {}})
     lines: list[str] = []
-    assert mig.label_nodes(site(None), str(inv), "/nonexistent/kubeconfig", progress=lines.append) == []
+    assert mig.label_nodes(plan_of(site(None), inventory=inv), "/nonexistent/kubeconfig", progress=lines.append) == []
     assert "nothing to label" in lines[0]
 
 
 def test_bad_name_fails_before_the_cluster_is_asked(tmp_path):
     inv = inventory(tmp_path, {"gpu-a": {"gpu_install_mig_config": "all-9g.99gb"}})
     with pytest.raises(ConfigError, match="host gpu-a: gpu_install_mig_config: all-9g.99gb"):
-        mig.label_nodes(site(), str(inv), "/nonexistent/kubeconfig")  # no kubeconfig needed to refuse it
+        mig.label_nodes(plan_of(site(), inventory=inv), "/nonexistent/kubeconfig")  # no kubeconfig needed to refuse it

@@ -10,8 +10,8 @@ import yaml
 from installer.catalog import Catalog, image_ref, split_path
 from installer.config import parse_site
 from installer.facts import Node
-from installer.render.values import destination_repository, plan, values_to_yaml
-from installer.artifacts import images_for
+from installer.render.values import destination_repository, values_to_yaml
+from tests.conftest import plan_of
 from tests.conftest import UPSTREAM, needs_upstream
 
 RELEASES = Catalog.default().releases()
@@ -71,7 +71,7 @@ def upstream_allowed(release: str) -> set[str]:
 @pytest.mark.parametrize("release", RELEASES)
 def test_release_properties(release, variant):
     site = make_site(release, VARIANTS[variant])
-    p = plan(site, NODES)
+    p = plan_of(site, NODES)
     values = p.values
     base = site.registry.host + (f"/{site.registry.prefix}" if site.registry.prefix else "")
     secret = site.registry.pullSecret.name
@@ -91,13 +91,13 @@ def test_release_properties(release, variant):
             want = [{"name": secret}] if spec.is_nfd else [secret]
             assert get(values, spec.pull_secrets_path) == want, spec.name
 
-    images = images_for(p)
+    images = p.images
     assert images, "an install always pulls something"
     for img in images:
         assert img.destination.startswith(base + "/"), img
         assert not img.source.startswith(base) or img.component == "vgpuManager"
     # deterministic
-    assert values_to_yaml(plan(site, NODES).values, site) == values_to_yaml(values, site)
+    assert values_to_yaml(plan_of(site, NODES).values, site) == values_to_yaml(values, site)
 
 
 @needs_upstream
@@ -107,7 +107,7 @@ def test_every_rendered_key_is_allowed_upstream(release):
     allowed = upstream_allowed(release)
     defaults = yaml.safe_load((UPSTREAM / "values" / f"{release}.yaml").read_text())
     for variant in VARIANTS.values():
-        values = plan(make_site(release, variant), NODES).values
+        values = plan_of(make_site(release, variant), NODES).values
 
         def walk(node, parts, dflt):
             for k, v in node.items():
@@ -141,7 +141,7 @@ def test_catalog_round_trips_upstream_matrix(release):
 @pytest.mark.parametrize("release", RELEASES)
 def test_component_with_pull_secret_field_gets_the_secret(release):
     allowed = upstream_allowed(release)
-    values = plan(make_site(release, {}), NODES).values
+    values = plan_of(make_site(release, {}), NODES).values
     fields = [k[: -len(".imagePullSecrets")] for k in allowed if k.endswith(".imagePullSecrets")]
     fields = [f for f in fields if f != "node-feature-discovery.global"]
     assert fields

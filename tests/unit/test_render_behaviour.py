@@ -10,10 +10,15 @@ import yaml
 
 from installer.config import parse_site
 from installer.errors import ConfigError
-from installer.render.values import plan, render_values, values_to_yaml
+from installer.render.values import values_to_yaml
+from tests.conftest import plan_of
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("GPU_INSTALL_UPDATE_GOLDEN"))
+
+
+def values_of(s):
+    return plan_of(s).values
 
 
 def site(release="v24.9.2", **over):
@@ -39,7 +44,7 @@ def site(release="v24.9.2", **over):
 )
 def test_golden(name, release, over):
     s = site(release, **over)
-    text = values_to_yaml(render_values(s), s)
+    text = values_to_yaml(values_of(s), s)
     path = GOLDEN / f"{name}.yaml"
     if UPDATE or not path.exists():
         if not UPDATE and os.environ.get("CI"):
@@ -49,82 +54,82 @@ def test_golden(name, release, over):
 
 
 def test_driver_modes():
-    assert render_values(site(driver={"mode": "operator"}))["driver"]["enabled"] is True
+    assert values_of(site(driver={"mode": "operator"}))["driver"]["enabled"] is True
     for mode in ("host", "preinstalled"):
-        assert render_values(site(driver={"mode": mode}))["driver"]["enabled"] is False
-    v = render_values(site(driver={"mode": "precompiled"}))
+        assert values_of(site(driver={"mode": mode}))["driver"]["enabled"] is False
+    v = values_of(site(driver={"mode": "precompiled"}))
     assert v["driver"]["usePrecompiled"] is True and v["driver"]["version"] == "550"
-    assert render_values(site(toolkit={"mode": "host"}))["toolkit"]["enabled"] is False
+    assert values_of(site(toolkit={"mode": "host"}))["toolkit"]["enabled"] is False
 
 
 def test_precompiled_needs_branch_and_a_release_that_has_it():
     with pytest.raises(ConfigError, match=r"(?s)driver.version: precompiled .* use driver.version: \"535\""):
-        render_values(site(driver={"mode": "precompiled", "version": "535.104.05"}))
+        values_of(site(driver={"mode": "precompiled", "version": "535.104.05"}))
     with pytest.raises(ConfigError, match="precompiled drivers need v23.3.0"):
-        render_values(site("v22.9.2", driver={"mode": "precompiled"}))
+        values_of(site("v22.9.2", driver={"mode": "precompiled"}))
 
 
 def test_default_runtime_only_where_the_release_has_it():
-    assert render_values(site("v24.9.2", runtime="docker"))["operator"]["defaultRuntime"] == "docker"
-    assert "defaultRuntime" not in render_values(site("v25.3.0"))["operator"]
+    assert values_of(site("v24.9.2", runtime="docker"))["operator"]["defaultRuntime"] == "docker"
+    assert "defaultRuntime" not in values_of(site("v25.3.0"))["operator"]
 
 
 def test_kernel_module_type_follows_the_rename():
-    assert render_values(site("v25.3.0", driver={"kernelModuleType": "open"}))["driver"]["kernelModuleType"] == "open"
-    v = render_values(site("v24.9.2", driver={"kernelModuleType": "proprietary"}))
+    assert values_of(site("v25.3.0", driver={"kernelModuleType": "open"}))["driver"]["kernelModuleType"] == "open"
+    v = values_of(site("v24.9.2", driver={"kernelModuleType": "proprietary"}))
     assert v["driver"]["useOpenKernelModules"] is False and "kernelModuleType" not in v["driver"]
     with pytest.raises(ConfigError, match="open kernel modules need v23.9.1"):
-        render_values(site("v23.6.2", driver={"kernelModuleType": "open"}))
+        values_of(site("v23.6.2", driver={"kernelModuleType": "open"}))
 
 
 def test_time_slicing_config_map():
-    v = render_values(site(devicePlugin={"timeSlicing": {"replicas": 4}}, mig={"strategy": "none"}))
+    v = values_of(site(devicePlugin={"timeSlicing": {"replicas": 4}}, mig={"strategy": "none"}))
     cfg = v["devicePlugin"]["config"]
     assert cfg["create"] is True and cfg["default"] == "any" and cfg["name"] == "time-slicing-config"
     inner = yaml.safe_load(cfg["data"]["any"])
     assert inner["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
     assert inner["flags"]["migStrategy"] == "none"
-    assert "config" not in render_values(site(devicePlugin={"timeSlicing": {"replicas": 1}})).get("devicePlugin", {})
+    assert "config" not in values_of(site(devicePlugin={"timeSlicing": {"replicas": 1}})).get("devicePlugin", {})
     with pytest.raises(ConfigError, match="devicePlugin.timeSlicing: not available in GPU Operator v22.9.0"):
-        render_values(site("v22.9.0", devicePlugin={"timeSlicing": {"replicas": 2}}))
+        values_of(site("v22.9.0", devicePlugin={"timeSlicing": {"replicas": 2}}))
 
 
 def test_mig_config_is_checked_against_the_release():
-    assert render_values(site(mig={"config": "all-1g.10gb"}))["migManager"]["config"]["default"] == "all-1g.10gb"
+    assert values_of(site(mig={"config": "all-1g.10gb"}))["migManager"]["config"]["default"] == "all-1g.10gb"
     with pytest.raises(ConfigError, match=r"mig.config: all-1g.11gb is not in .*nearest: .*all-1g.10gb"):
-        render_values(site(mig={"config": "all-1g.11gb"}))
-    v = render_values(site(mig={"config": "my-layout", "configMap": "site-mig"}))
+        values_of(site(mig={"config": "all-1g.11gb"}))
+    v = values_of(site(mig={"config": "my-layout", "configMap": "site-mig"}))
     assert v["migManager"]["config"] == {"default": "my-layout", "name": "site-mig"}
 
 
 def test_extra_values_are_merged_and_checked():
-    v = render_values(site(values={"dcgmExporter": {"serviceMonitor": {"enabled": True}}, "operator": {"labels": {"a": "b"}}}))
+    v = values_of(site(values={"dcgmExporter": {"serviceMonitor": {"enabled": True}}, "operator": {"labels": {"a": "b"}}}))
     assert v["dcgmExporter"]["serviceMonitor"]["enabled"] is True
     assert v["dcgmExporter"]["repository"].startswith("registry.lab:5000/")  # merge kept our keys
     with pytest.raises(ConfigError, match=r"does not accept these values keys: psp, psp.enabled"):
-        render_values(site("v24.3.0", values={"psp": {"enabled": True}}))
+        values_of(site("v24.3.0", values={"psp": {"enabled": True}}))
     with pytest.raises(ConfigError, match=r"driver.useOpenKernelModules"):
-        render_values(site("v25.3.0", values={"driver": {"useOpenKernelModules": True}}))
+        values_of(site("v25.3.0", values={"driver": {"useOpenKernelModules": True}}))
 
 
 def test_component_overrides():
-    v = render_values(site(components={"dcgm": {"enabled": True, "version": "3.3.9-1-ubuntu22.04"},
+    v = values_of(site(components={"dcgm": {"enabled": True, "version": "3.3.9-1-ubuntu22.04"},
                                        "devicePlugin": {"repository": "nvcr.io/other"}}))
     assert v["dcgm"]["enabled"] is True
     assert v["devicePlugin"]["repository"] == "registry.lab:5000/other"
     with pytest.raises(ConfigError, match=r"components: nosuch not in GPU Operator v24.9.2"):
-        render_values(site(components={"nosuch": {"enabled": True}}))
+        values_of(site(components={"nosuch": {"enabled": True}}))
     with pytest.raises(ConfigError, match=r"components.driver.manager.enabled: .* no enabled switch"):
-        render_values(site(components={"driver.manager": {"enabled": False}}))
+        values_of(site(components={"driver.manager": {"enabled": False}}))
 
 
 def test_validator_moved_into_operator_image_in_v25_10():
-    v = render_values(site("v25.10.0"))
+    v = values_of(site("v25.10.0"))
     assert v["validator"]["image"] == "gpu-operator" and v["validator"]["repository"] == "registry.lab:5000/nvidia"
-    assert render_values(site("v25.3.4"))["validator"]["image"] == "gpu-operator-validator"
+    assert values_of(site("v25.3.4"))["validator"]["image"] == "gpu-operator-validator"
 
 
 def test_plan_effective_falls_back_to_chart_defaults():
-    p = plan(site("v24.9.2"))
+    p = plan_of(site("v24.9.2"))
     assert p.effective("sandboxWorkloads.enabled") is False
     assert p.effective("driver.enabled") is True

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer import apply
 from installer.config import parse_site
 from installer.errors import ConfigError
 from installer.lab import kube, staticpods
+from tests.conftest import plan_of
 from tests.unit.library_modules import load_module as _module
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -158,6 +158,10 @@ def test_serving_address_from_the_command():
 
 
 # ---------------------------------------------------------------- site model + role_vars
+def role_vars_of(s) -> dict:
+    return dict(plan_of(s).role_vars)
+
+
 def _site(**scheduler):
     return parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.lab:5000"}, "scheduler": scheduler})
 
@@ -188,13 +192,13 @@ def test_site_validation_across_extenders():
 
 
 def test_role_vars_carry_the_scheduler_block():
-    ev = apply.role_vars(_site(extenders=[EXT], format="config", kubernetesVersion="v1.20.2"))
+    ev = role_vars_of(_site(extenders=[EXT], format="config", kubernetesVersion="v1.20.2"))
     assert ev["scheduler_policy_extenders"] == [EXT]
     assert (ev["scheduler_policy_format"], ev["scheduler_policy_kubernetes_version"]) == ("config", "v1.20.2")
-    ev = apply.role_vars(_site())
+    ev = role_vars_of(_site())
     assert ev["scheduler_policy_extenders"] == [] and ev["scheduler_policy_kubernetes_version"] == ""
     # what the role renders from them is what Kubernetes wants (no None fields, site spelling in)
-    doc = json.loads(pol.render(apply.role_vars(_site(extenders=[{"urlPrefix": "http://a"}]))["scheduler_policy_extenders"],
+    doc = json.loads(pol.render(role_vars_of(_site(extenders=[{"urlPrefix": "http://a"}]))["scheduler_policy_extenders"],
                                 "policy", "v1", []))
     assert doc["extenders"] == [{"urlPrefix": "http://a"}]
 

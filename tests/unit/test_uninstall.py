@@ -343,11 +343,11 @@ def test_operator_stage_selection():
     from installer import apply, pipeline
 
     op = pipeline.OperatorOptions()
-    assert pipeline.operator_selected(apply.Options("i"), op) is None
-    assert pipeline.operator_selected(apply.Options("i", tags="runtime"), op) == "--tags runtime does not include operator"
-    assert pipeline.operator_selected(apply.Options("i", tags="runtime,operator"), op) is None
-    assert pipeline.operator_selected(apply.Options("i", skip_tags="operator"), op) == "--skip-tags operator"
-    assert pipeline.operator_selected(apply.Options("i"), pipeline.OperatorOptions(enabled=False)) == "--skip-operator"
+    assert pipeline.operator_selected(apply.RunOptions(), op) is None
+    assert pipeline.operator_selected(apply.RunOptions(tags="runtime"), op) == "--tags runtime does not include operator"
+    assert pipeline.operator_selected(apply.RunOptions(tags="runtime,operator"), op) is None
+    assert pipeline.operator_selected(apply.RunOptions(skip_tags="operator"), op) == "--skip-tags operator"
+    assert pipeline.operator_selected(apply.RunOptions(), pipeline.OperatorOptions(enabled=False)) == "--skip-operator"
 
 
 def test_uninstall_playbook_removes_runtimes_trust_and_scheduler_but_no_packages():

@@ -1,0 +1,7 @@
+"""`python -m installer.cli …` = `gpu-install …`."""
+
+import sys
+
+from installer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""`gpu-install catalog list|show|diff`: the pinned GPU Operator releases."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from installer.cli.common import command, group
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from installer.catalog import Catalog
+
+    for rel in Catalog.default().releases():
+        print(rel)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from installer.catalog import Catalog
+
+    rel = Catalog.default().get(args.release)
+    print(f"GPU Operator {rel.version}  (NFD chart {rel.nfd_chart_version})")
+    print(f"{'component':28} {'enabled':8} {'also needs':30} image")
+    for comp in rel.components.values():
+        enabled = {True: "yes", False: "no", None: "-"}[comp.enabled]
+        gates = ",".join(g.removesuffix(".enabled") for g in comp.gates) or "-"
+        suffix = "  (+ -<osTag>)" if comp.os_suffix else ""
+        print(f"{comp.name:28} {enabled:8} {gates:30} {comp.image_ref or '(user supplied)'}{suffix}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from installer.catalog import Catalog
+
+    for line in Catalog.default().diff(args.a, args.b):
+        print(line)
+    return 0
+
+
+def register(sub: Any) -> None:
+    csub = group(sub, "catalog", "pinned GPU Operator releases", "catalog_command")
+    q = command(csub, "list", "list catalog releases")
+    q.set_defaults(func=cmd_list)
+    q = command(csub, "show", "show the components of a release")
+    q.add_argument("release")
+    q.set_defaults(func=cmd_show)
+    q = command(csub, "diff", "what changes between two releases")
+    q.add_argument("a")
+    q.add_argument("b")
+    q.set_defaults(func=cmd_diff)

@@ -1,0 +1,126 @@
+"""`gpu-install preflight`, `apply` and `uninstall`: the stages of installer.pipeline on a resolved Plan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from installer.cli.common import (ENV_CHART, command, display, inventory_arg, kubeconfig_arg, quiet_arg, resolve_plan,
+                                  site_args, verbose_arg)
+
+
+def _hosts_args(p: argparse.ArgumentParser) -> None:
+    site_args(p)
+    inventory_arg(p, required=True)
+    p.add_argument("--limit", help="only these hosts (Ansible pattern)")
+    quiet_arg(p, "no per-task progress lines (the recap stays)")
+    verbose_arg(p)
+
+
+def _run_options(args: argparse.Namespace) -> Any:
+    from installer.apply import RunOptions
+
+    return RunOptions(tags=getattr(args, "tags", None), skip_tags=getattr(args, "skip_tags", None),
+                      check=getattr(args, "check", False), diff=getattr(args, "diff", False))
+
+
+def _operator_options(args: argparse.Namespace) -> Any:
+    from installer.pipeline import OperatorOptions
+
+    return OperatorOptions(enabled=not args.skip_operator, kubeconfig=args.kubeconfig, chart=getattr(args, "chart", None),
+                           timeout=args.operator_timeout, wait=not getattr(args, "no_wait", False),
+                           delete_namespace=getattr(args, "delete_namespace", False))
+
+
+def _finish(disp: Any) -> None:
+    """Close the live display and print the per-host recap (also when a stage failed)."""
+    disp.close()
+    if disp.runs:
+        print(disp.recap(), flush=True)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from installer import apply
+
+    plan = resolve_plan(args, need_inventory=True)
+    disp = display(args)
+    try:
+        res = apply.preflight(plan, _run_options(args), disp)
+    finally:
+        _finish(disp)
+    print(f"preflight ok ({len(res.hosts)} hosts); artifacts: {res.artifacts}")
+    return 0
+
+
+def _staged(args: argparse.Namespace, command_name: str) -> int:
+    """apply / uninstall: stages run by installer.pipeline; recap and stage summary are printed also on failure."""
+    from installer import pipeline
+
+    plan = resolve_plan(args, need_inventory=True)
+    run, op = _run_options(args), _operator_options(args)
+    disp = display(args)
+    summary = pipeline.Summary(command_name)
+    ok = False
+    try:
+        if command_name == "apply":
+            pipeline.run_apply(plan, run, op, summary, disp)
+        else:
+            pipeline.run_uninstall(plan, run, op, args.yes, summary, disp)
+        ok = True
+    finally:
+        _finish(disp)
+        if summary.stages:
+            print("\n".join(summary.lines()), flush=True)
+    if ok:
+        tail = "; ".join(f"{s.name} {s.outcome}" for s in summary.stages)
+        print(f"{command_name} ok{' (check mode)' if run.check else ''}: "
+              f"nodes changed={summary.nodes_changed}; {tail}")
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    return _staged(args, "apply")
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    return _staged(args, "uninstall")
+
+
+def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
+    p.add_argument("--skip-operator", action="store_true",
+                   help="nodes only: no Helm release " + ("install" if install else "removal"))
+    kubeconfig_arg(p)
+    p.add_argument("--operator-timeout", type=float, default=300, metavar="SECONDS",
+                   help="how long helm waits for the operator's workloads (default 300)" if install else
+                   "how long helm uninstall waits for the release's resources to go (default 300)")
+    if install:
+        p.add_argument("--chart", default=os.environ.get(ENV_CHART),
+                       help=f"GPU Operator chart: directory, .tgz or oci://…; env {ENV_CHART}; else the site's "
+                            "operator.chart")
+        p.add_argument("--no-wait", action="store_true", help="do not wait for the operator's workloads")
+
+
+def register(sub: Any) -> None:
+    p = command(sub, "preflight", "read-only checks of inventory and GPU nodes (exit 3 on problems)")
+    _hosts_args(p)
+    p.set_defaults(func=cmd_preflight)
+
+    p = command(sub, "apply", "preflight, configure the GPU nodes (playbooks/site.yml), install the operator, "
+                              "label MIG layouts")
+    _hosts_args(p)
+    p.add_argument("--check", action="store_true", help="dry run: report what would change (nodes and Helm release)")
+    p.add_argument("--diff", action="store_true", help="show file differences")
+    p.add_argument("--tags", help="only tasks with these tags (e.g. runtime; `operator` selects the operator stage)")
+    p.add_argument("--skip-tags", dest="skip_tags", help="skip tasks with these tags (`operator`: no operator stage)")
+    _operator_args(p, install=True)
+    p.set_defaults(func=cmd_apply)
+
+    p = command(sub, "uninstall", "reverse apply: Helm release, runtime configs minus our keys (needs --yes)")
+    _hosts_args(p)
+    p.add_argument("--yes", action="store_true", help="confirm; without it the plan is printed and nothing changes (exit 2)")
+    p.add_argument("--delete-namespace", action="store_true", help="also delete the operator's namespace")
+    p.add_argument("--tags", help="only these roles' removal (e.g. docker_runtime)")
+    p.add_argument("--skip-tags", dest="skip_tags", help="skip these roles' removal")
+    _operator_args(p, install=False)
+    p.set_defaults(func=cmd_uninstall)

@@ -1,0 +1,67 @@
+"""`gpu-install operator install|status|uninstall`: the GPU Operator Helm release on its own."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from installer.cli.common import ENV_CHART, command, group, kubeconfig_arg, quiet_arg, resolve_plan, say, site_args
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    site_args(p)
+    kubeconfig_arg(p)
+    quiet_arg(p)
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from installer import operator
+
+    plan = resolve_plan(args)
+    prepared = operator.prepare(plan, args.kubeconfig, args.chart or plan.site.operator.chart)
+    report = operator.install(plan, prepared, timeout=args.timeout, progress=say(args), wait=not args.no_wait)
+    print("\n".join(report.lines()))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from installer import operator
+    from installer.errors import EXIT_VALIDATION
+
+    report = operator.status(resolve_plan(args), args.kubeconfig)
+    print("\n".join(report.lines()))
+    return 0 if report.installed else EXIT_VALIDATION
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    from installer import operator
+
+    report = operator.uninstall(resolve_plan(args), args.kubeconfig, yes=args.yes,
+                                delete_namespace=args.delete_namespace, timeout=args.timeout, progress=say(args))
+    print("\n".join(report.lines()))
+    return 0
+
+
+def register(sub: Any) -> None:
+    osub = group(sub, "operator", "GPU Operator Helm release: install, status, uninstall", "operator_command")
+
+    q = command(osub, "install", "namespace + pull Secret + helm upgrade --install with the rendered values")
+    _common(q)
+    q.add_argument("--chart", default=os.environ.get(ENV_CHART),
+                   help=f"GPU Operator chart: directory, .tgz or oci://REGISTRY/PATH/gpu-operator; env {ENV_CHART}")
+    q.add_argument("--timeout", type=float, default=300, metavar="SECONDS",
+                   help="how long to wait for the release's workloads to be ready (default 300)")
+    q.add_argument("--no-wait", action="store_true", help="do not wait for the workloads (helm without --wait)")
+    q.set_defaults(func=cmd_install)
+
+    q = command(osub, "status", "namespace, pull Secret and release state (exit 6 when not deployed)")
+    _common(q)
+    q.set_defaults(func=cmd_status)
+
+    q = command(osub, "uninstall", "helm uninstall the release and delete gpu-install's pull Secret")
+    _common(q)
+    q.add_argument("--yes", action="store_true", help="confirm; without it nothing is removed (exit 2)")
+    q.add_argument("--delete-namespace", action="store_true", help="also delete the namespace")
+    q.add_argument("--timeout", type=float, default=300, metavar="SECONDS", help="helm uninstall --wait timeout")
+    q.set_defaults(func=cmd_uninstall)

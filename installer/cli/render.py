@@ -1,0 +1,79 @@
+"""`gpu-install render`, `images` and `config schema|sample|check`: what the tool makes of a site file."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from installer.cli.common import (command, group, inventory_arg, node_flags, output, output_arg, resolve_plan,
+                                  site_args)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from installer.render.values import values_to_yaml
+
+    plan = resolve_plan(args)
+    output(values_to_yaml(plan.values, plan.site), args.output)
+    return 0
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    import json
+
+    plan = resolve_plan(args)
+    if args.format == "json":
+        text = json.dumps([i.as_dict() for i in plan.images], indent=2) + "\n"
+    else:
+        text = "".join(f"{i.source} {i.destination}\n" for i in plan.images)
+    output(text, args.output)
+    return 0
+
+
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from installer.config import site_schema
+
+    output(json.dumps(site_schema(), indent=2, sort_keys=True) + "\n", args.output)
+    return 0
+
+
+def cmd_config_sample(args: argparse.Namespace) -> int:
+    from installer.config import sample_site
+
+    output(sample_site(), args.output)
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    plan = resolve_plan(args)  # every offline check: values vs the release's keys, MIG names, role variables
+    print(f"{args.site}: ok (GPU Operator {plan.release.version}, registry {plan.site.registry.host})")
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = command(sub, "render", "render Helm values for the pinned GPU Operator release")
+    site_args(p)
+    inventory_arg(p)
+    node_flags(p)
+    output_arg(p)
+    p.set_defaults(func=cmd_render)
+
+    p = command(sub, "images", "list every image the install will pull: source → destination")
+    site_args(p)
+    inventory_arg(p)
+    node_flags(p)
+    output_arg(p)
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(func=cmd_images)
+
+    csub = group(sub, "config", "site file: schema, sample, check", "config_command")
+    q = command(csub, "schema", "print the JSON schema of site.yaml")
+    output_arg(q)
+    q.set_defaults(func=cmd_config_schema)
+    q = command(csub, "sample", "print a commented sample site.yaml")
+    output_arg(q)
+    q.set_defaults(func=cmd_config_sample)
+    q = command(csub, "check", "validate a site file (every check render and apply make before touching a host)")
+    site_args(q)
+    q.set_defaults(func=cmd_config_check)

@@ -1,0 +1,214 @@
+"""Resolve once: the validated site, the inventory and the command's options → one frozen Plan.
+
+Every command that acts on a site (render, images, config check, preflight, apply, uninstall, operator, mig) calls
+resolve() once and reads from the Plan; nothing else looks a catalog release up by its version string or reads the
+inventory. The plan carries:
+
+- the catalog release entry and the components with their final source coordinates,
+- the GPU nodes with what we know of them before touching them (OS, kernel, Kubernetes node name) — from the
+  inventory (after --limit) or from --os/--kernel,
+- the inventory as Ansible reads it (hosts, groups, play-pattern host counts for the progress display),
+- the Helm values (checked against the release's keys), the role variables, the MIG layout per node (names
+  checked against the release), the pull secret reference (never its credentials),
+- the image list (computed on first use: it needs the nodes' OS, which `render` does not).
+
+Cross-checks live here, once. New capabilities (mirror, validate, sharing) extend this plan; they never build a
+second list of anything.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from installer.catalog import Catalog, Release
+from installer.config import PullSecret, Site
+from installer.errors import ConfigError
+from installer.facts import CONTROL_PLANE_GROUP, GPU_GROUP, Node, flag_nodes, node_from_vars
+
+if TYPE_CHECKING:
+    from installer.artifacts import Image
+    from installer.mig import Assignment
+    from installer.render.values import ResolvedComponent
+
+SITE_FILE_PATTERN = r"(^|/)site\.ya?ml$"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a command line adds to the site: where the nodes come from and which of them this run is about."""
+
+    inventory: str | None = None
+    os_tags: tuple[str, ...] = ()  # --os, without an inventory
+    kernels: tuple[str, ...] = ()  # --kernel, with --os
+    limit: str | None = None  # Ansible host pattern (preflight/apply/uninstall --limit)
+    need_inventory: bool = False  # the command acts on hosts: -i is required
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The inventory as Ansible reads it (read once, with this bundle's ansible.cfg), after --limit."""
+
+    path: str
+    limit: str | None
+    hosts: tuple[str, ...]
+    groups: Mapping[str, tuple[str, ...]]
+    _manager: Any = field(repr=False, compare=False, default=None)
+    _loader: Any = field(repr=False, compare=False, default=None)
+
+    def count(self, pattern: str) -> int | None:
+        """How many hosts a play pattern selects (None when Ansible cannot say)."""
+        if self._manager is None:
+            return None
+        try:
+            with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+                return len(self._manager.get_hosts(pattern))
+        except Exception:  # noqa: BLE001 - only a progress header depends on it
+            return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    site: Site
+    release: Release
+    options: Options
+    nodes: tuple[Node, ...]
+    inventory: Inventory | None
+    components: Mapping[str, ResolvedComponent]
+    values: dict[str, Any]
+    role_vars: Mapping[str, Any]
+    mig: tuple[Assignment, ...]
+
+    @property
+    def pull_secret(self) -> PullSecret | None:
+        """The pull Secret's name and where its credentials come from (read only when the Secret is written)."""
+        return self.site.registry.pullSecret
+
+    @property
+    def limit(self) -> str | None:
+        return self.options.limit
+
+    @cached_property
+    def images(self) -> tuple[Image, ...]:
+        """Every image the deployed components pull (driver tags per node OS); fails closed."""
+        from installer.artifacts import images
+
+        return tuple(images(self.site, self.release, self.components.values(), self.values, self.nodes))
+
+    def effective(self, path: str) -> Any:
+        """Value of a values path after rendering: rendered value, else the chart default."""
+        from installer.render.values import effective
+
+        return effective(self.values, self.release, path)
+
+    def deployed(self, comp: ResolvedComponent) -> bool:
+        from installer.render.values import deployed
+
+        return deployed(self.values, self.release, comp)
+
+    def require_inventory(self) -> Inventory:
+        if self.inventory is None:
+            raise ConfigError("this command needs an inventory", hint="pass -i with an inventory file or directory")
+        return self.inventory
+
+
+def resolve(site: Site, options: Options | None = None, catalog: Catalog | None = None,
+            facts: Sequence[Node] | None = None) -> Plan:
+    """The one place the site, the catalog and the inventory meet; raises ConfigError (exit 2) on any mismatch.
+    facts: GPU nodes already known without an inventory (instead of --os/--kernel)."""
+    from installer import mig
+    from installer.render.role_vars import role_vars
+    from installer.render.values import build_values, resolve_components
+
+    opts = options or Options()
+    cat = catalog or Catalog.default()
+    release = cat.get(site.operator.version)
+    site.operator.version = release.version  # '24.9.2' → 'v24.9.2'
+
+    inventory: Inventory | None = None
+    if opts.inventory:
+        if opts.os_tags or opts.kernels:
+            raise ConfigError("--os/--kernel are for use without an inventory",
+                              hint="set gpu_install_os / gpu_install_kernel in the inventory instead")
+        inventory = load_inventory(opts.inventory, opts.limit)
+        gpu_vars = gpu_host_vars(inventory)
+        nodes = tuple(node_from_vars(name, hv) for name, hv in gpu_vars)
+        assignments = tuple(mig.assignments(site, gpu_vars))
+    else:
+        if opts.need_inventory:
+            raise ConfigError("no inventory given", hint="pass -i INVENTORY (or set GPU_INSTALL_INVENTORY)")
+        nodes = tuple(facts) if facts is not None else tuple(flag_nodes(opts.os_tags, opts.kernels))
+        assignments = ()
+
+    components = resolve_components(site, release)
+    values = build_values(site, release, components)
+    if assignments:
+        mig.check_names(site, release, list(assignments))
+    return Plan(site=site, release=release, options=opts, nodes=nodes, inventory=inventory, components=components,
+                values=values, role_vars=role_vars(site, release), mig=assignments)
+
+
+def load_inventory(path: str, limit: str | None = None) -> Inventory:
+    """Read an Ansible inventory (once, with this bundle's ansible.cfg) and apply --limit."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"inventory {path} not found", hint="pass -i with an inventory file or directory")
+    import warnings
+
+    from installer import content
+
+    # ansible.constants are read when ansible is first imported: this bundle's ansible.cfg (it ignores a site.yaml
+    # beside hosts.yml in an inventory directory), no warnings on our streams
+    os.environ.setdefault("ANSIBLE_CONFIG", str(content.ansible_cfg()))
+    os.environ.setdefault("ANSIBLE_LOCALHOST_WARNING", "False")
+    os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_WARNING", "False")
+    os.environ.setdefault("ANSIBLE_INVENTORY_IGNORE_REGEX", SITE_FILE_PATTERN)
+    with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        from ansible.inventory.manager import InventoryManager
+        from ansible.parsing.dataloader import DataLoader
+
+        loader = DataLoader()
+        try:
+            manager = InventoryManager(loader=loader, sources=[str(p)])
+        except Exception as exc:  # ansible raises AnsibleError subclasses with a message
+            raise ConfigError(f"inventory {path}: {exc}") from None
+        if limit:
+            manager.subset(limit)
+        try:
+            selected = {h.name for h in manager.get_hosts("all")}
+        except Exception as exc:  # noqa: BLE001 - a bad --limit pattern
+            raise ConfigError(f"--limit {limit}: {exc}") from None
+    if limit and not selected:
+        raise ConfigError(f"--limit {limit} matches no host of inventory {path}",
+                          hint="give host names or groups of the inventory (Ansible patterns)")
+    groups = {name: tuple(sorted(h.name for h in g.get_hosts() if h.name in selected))
+              for name, g in manager.groups.items()}
+    return Inventory(path=str(p), limit=limit, hosts=tuple(sorted(selected)), groups=groups,
+                     _manager=manager, _loader=loader)
+
+
+def gpu_host_vars(inv: Inventory) -> list[tuple[str, dict[str, Any]]]:
+    """(host, its variables) of each GPU node (group gpu_nodes, after --limit), by name."""
+    if GPU_GROUP not in inv.groups:
+        raise ConfigError(
+            f"inventory {inv.path}: no group '{GPU_GROUP}'",
+            hint=f"put the GPU nodes in a group named {GPU_GROUP} (see inventories/sample/hosts.yml)",
+        )
+    from ansible.vars.manager import VariableManager
+
+    manager = inv._manager
+    vm = VariableManager(loader=inv._loader, inventory=manager)
+    hosts = [h for h in manager.groups[GPU_GROUP].get_hosts() if h.name in set(inv.hosts)]
+    out = [(h.name, vm.get_vars(host=h)) for h in sorted(hosts, key=lambda h: h.name)]
+    if not out and not inv.limit:  # with --limit a run may be about the control plane only
+        raise ConfigError(f"inventory {inv.path}: group '{GPU_GROUP}' has no hosts")
+    return out
+
+
+__all__ = ["CONTROL_PLANE_GROUP", "GPU_GROUP", "Inventory", "Options", "Plan", "gpu_host_vars", "load_inventory", "resolve"]
