@@ -259,6 +259,14 @@ class Extender(_Model):
         return v
 
 
+def kubernetes_minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a Kubernetes version such as v1.20.2, 1.23 or v1.29.0-rc.1."""
+    from packaging.version import Version
+
+    release = Version(version.split("-")[0].split("+")[0]).release
+    return release[0], (release[1] if len(release) > 1 else 0)
+
+
 class Scheduler(_Model):
     extenders: list[Extender] = Field(
         default_factory=list, description="kube-scheduler extenders (scheduler_policy role); empty: role does nothing")
@@ -280,7 +288,7 @@ class Scheduler(_Model):
         if len(binders) > 1:
             raise ValueError(f"extenders: at most one extender may set bindVerb (extenders {', '.join(binders)} do)")
         v = self.kubernetesVersion
-        if v and self.format == "policy" and tuple(map(int, v.lstrip("v").split("-")[0].split(".")[:2])) >= (1, 23):
+        if v and self.format == "policy" and kubernetes_minor(v) >= (1, 23):
             raise ValueError(f"format: policy is gone from Kubernetes 1.23 (kubernetesVersion {v}); use auto or config")
         return self
 
