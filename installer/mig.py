@@ -104,6 +104,13 @@ def assignments(site: Site, gpu_hosts: list[tuple[str, dict[str, Any]]]) -> list
     return out
 
 
+def site_default(site: Site, assigned: tuple[Assignment, ...] | list[Assignment]) -> list[Assignment]:
+    """The site's mig.config as a name to check when no node carries it (no inventory, or every node overrides)."""
+    if not site.mig.config or any(a.source == "site mig.config" for a in assigned):
+        return []
+    return [Assignment("", "", site.mig.config, "site mig.config")]
+
+
 def check_names(site: Site, release: Release, plans: list[Assignment]) -> None:
     """Every config is one the release's mig-manager knows (or a valid label value with a custom ConfigMap)."""
     problems = []

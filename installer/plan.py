@@ -147,8 +147,8 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
 
     components = resolve_components(site, release)
     values = build_values(site, release, components)
-    if assignments:
-        mig.check_names(site, release, list(assignments))
+    # every MIG layout name, the site default too (also without nodes: render, config check), checked once
+    mig.check_names(site, release, [*assignments, *mig.site_default(site, assignments)])
     return Plan(site=site, release=release, options=opts, nodes=nodes, inventory=inventory, components=components,
                 values=values, role_vars=role_vars(site, release), mig=assignments)
 

@@ -256,17 +256,8 @@ def _render_mig(site: Site, release: Release, values: dict[str, Any]) -> None:
     _set(values, "mig.strategy", site.mig.strategy)
     if site.mig.configMap:
         _set(values, "migManager.config.name", site.mig.configMap)
-    if site.mig.config:
+    if site.mig.config:  # the name is checked against the release with the nodes' layouts (installer.mig)
         _require(release, "migManager.config.default", "mig.config", "a default MIG config needs v23.3.0 or newer")
-        if not site.mig.configMap and release.mig_configs and site.mig.config not in release.mig_configs:
-            import difflib
-
-            close = difflib.get_close_matches(site.mig.config, release.mig_configs, n=3, cutoff=0.5)
-            raise ConfigError(
-                f"mig.config: {site.mig.config} is not in GPU Operator {release.version}'s default MIG configs"
-                + (f"; nearest: {', '.join(close)}" if close else ""),
-                hint="use a name from the default mig-parted config, or set mig.configMap to your own ConfigMap",
-            )
         _set(values, "migManager.config.default", site.mig.config)
 
 
