@@ -10,11 +10,28 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from installer.errors import ConfigError
+
+
+def _version_text(v: Any) -> Any:
+    """A version field given as a YAML number: an integer (550) is taken as written; a float is refused, because
+    YAML has already turned 20.10 into 20.1 and 1.30 into 1.3."""
+    if isinstance(v, bool):
+        raise ValueError("must be a version string, not true/false")
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        raise ValueError(f"is a YAML number ({v!r}), which drops trailing zeros (20.10 becomes 20.1): "
+                         "quote the version, e.g. '20.10'")
+    return v
+
+
+#: A version or tag written in YAML: "550" and 550 are the same; 20.10 unquoted is refused ("quote it").
+VersionText = Annotated[str, BeforeValidator(_version_text)]
 
 
 class _Model(BaseModel):
@@ -22,7 +39,7 @@ class _Model(BaseModel):
 
 
 class Operator(_Model):
-    version: str = Field(description="GPU Operator release from the catalog, e.g. v24.9.2")
+    version: VersionText = Field(description="GPU Operator release from the catalog, e.g. v24.9.2")
     namespace: str = Field("gpu-operator", description="namespace the operator is installed into")
     releaseName: str = Field("gpu-operator", description="Helm release name")
     chart: str | None = Field(
@@ -100,7 +117,8 @@ class Driver(_Model):
         "from the site's file mirror, operator driver off · operator: driver container · "
         "precompiled: precompiled driver container · preinstalled: already on the nodes",
     )
-    version: str | None = Field(None, description="driver version (precompiled: branch, e.g. 550); default: catalog")
+    version: VersionText | None = Field(
+        None, description="driver version (precompiled: branch, e.g. 550); default: catalog")
     runfile: str | None = Field(
         None, description="runfile mode: NVIDIA-Linux-<arch>-<version>.run as an http(s) URL (the site's file mirror) "
         "or a path on the controller (relative to the site file)"
@@ -160,7 +178,7 @@ def runfile_version(runfile: str) -> str | None:
 
 class Toolkit(_Model):
     mode: Literal["host", "operator"] = Field("operator", description="host: roles install it; operator: container")
-    version: str | None = Field(None, description="toolkit image version (operator mode); default: catalog")
+    version: VersionText | None = Field(None, description="toolkit image version (operator mode); default: catalog")
 
 
 class Mig(_Model):
@@ -187,7 +205,7 @@ class SandboxWorkloads(_Model):
 
 
 class ComponentOverride(_Model):
-    version: str | None = None
+    version: VersionText | None = None
     repository: str | None = Field(None, description="upstream source repository (mapped by registry.layout)")
     image: str | None = None
     enabled: bool | None = None
@@ -272,7 +290,7 @@ class Scheduler(_Model):
         default_factory=list, description="kube-scheduler extenders (scheduler_policy role); empty: role does nothing")
     format: Literal["auto", "policy", "config"] = Field(
         "auto", description="auto: legacy Policy below Kubernetes 1.23, KubeSchedulerConfiguration from 1.23")
-    kubernetesVersion: str | None = Field(
+    kubernetesVersion: VersionText | None = Field(
         None, description="Kubernetes version of the control plane; default: the kube-scheduler image tag")
 
     @field_validator("kubernetesVersion")

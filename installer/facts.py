@@ -102,7 +102,11 @@ def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
     os_id: str | None = None
     ver: str | None = None
     if hv.get("gpu_install_os_id") and hv.get("gpu_install_os_version") is not None:
-        os_id, ver = str(hv["gpu_install_os_id"]).lower(), str(hv["gpu_install_os_version"])
+        raw = hv["gpu_install_os_version"]
+        if isinstance(raw, float):  # YAML made 20.10 into 20.1: never guess
+            raise ConfigError(f"{where}: gpu_install_os_version is a YAML number ({raw!r}), which drops trailing zeros",
+                              hint="quote it in the inventory, e.g. gpu_install_os_version: \"20.10\"")
+        os_id, ver = str(hv["gpu_install_os_id"]).lower(), str(raw)
     elif hv.get("gpu_install_os"):
         os_id, ver = split_os(str(hv["gpu_install_os"]), f"{where}: gpu_install_os")
     k8s = hv.get(NODE_NAME_VAR)

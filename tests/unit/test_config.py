@@ -147,3 +147,44 @@ def test_driver_serial(write_site, site_data, serial, ok):
     else:
         with pytest.raises(ConfigError, match="driver.serial"):
             load_site(write_site(site_data))
+
+
+@pytest.mark.parametrize("field,value,want", [
+    (("driver", "version"), 550, "550"),
+    (("toolkit", "version"), 1, "1"),
+    (("scheduler", "kubernetesVersion"), "v1.23", "v1.23"),
+])
+def test_version_fields_take_an_unquoted_integer_as_written(site_data, field, value, want):
+    from installer.config import parse_site
+
+    site_data.setdefault(field[0], {})[field[1]] = value
+    assert getattr(getattr(parse_site(site_data), field[0]), field[1]) == want
+
+
+@pytest.mark.parametrize("field,value", [(("driver", "version"), 535.1), (("scheduler", "kubernetesVersion"), 1.30),
+                                         (("operator", "version"), 24.9), (("toolkit", "version"), 1.17),
+                                         (("components", "dcgm"), 3.3)])
+def test_version_fields_refuse_a_float_and_say_quote_it(site_data, field, value):
+    """YAML reads 1.30 as 1.3 and 20.10 as 20.1: never turned back into a version silently."""
+    from installer.config import parse_site
+
+    if field[0] == "components":
+        site_data["components"] = {"dcgm": {"version": value}}
+    else:
+        site_data.setdefault(field[0], {})[field[1]] = value
+    with pytest.raises(ConfigError) as exc:
+        parse_site(site_data)
+    assert "is a YAML number" in exc.value.message and "quote the version" in exc.value.message
+
+
+def test_inventory_os_version_float_is_refused(tmp_path):
+    from tests.conftest import nodes_of
+
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n"
+                   "        g1: {gpu_install_os_id: ubuntu, gpu_install_os_version: 20.10}\n")
+    with pytest.raises(ConfigError, match=r"host g1: gpu_install_os_version is a YAML number \(20.1\)") as exc:
+        nodes_of(inv)
+    assert "quote it" in (exc.value.hint or "")
+    inv.write_text(inv.read_text().replace("20.10", "'20.10'"))
+    assert nodes_of(inv)[0].os_tag("v24.9.2") == "ubuntu20.10"
