@@ -10,6 +10,8 @@ EXIT_PREFLIGHT = 3
 EXIT_HOST_FAILURES = 4
 EXIT_UNREACHABLE = 5
 EXIT_VALIDATION = 6
+EXIT_CLUSTER = 7
+EXIT_ENVIRONMENT = 8
 EXIT_CANCELLED = 130
 
 
@@ -45,11 +47,21 @@ class HostsUnreachable(GpuInstallError):
     exit_code = EXIT_UNREACHABLE
 
 
+class ClusterUnreachable(HostsUnreachable):
+    """The Kubernetes API server cannot be reached (connection refused, DNS, TLS handshake). Exit code 5."""
+
+
 class ValidationFindings(GpuInstallError):
     exit_code = EXIT_VALIDATION
 
 
-class EnvironmentProblem(GpuInstallError):
-    """Something missing on the machine running gpu-install (a binary, root, a kernel feature)."""
+class ClusterError(GpuInstallError):
+    """helm failed or timed out, or the Kubernetes API answered a request with an error. Exit code 7."""
 
-    exit_code = EXIT_INTERNAL
+    exit_code = EXIT_CLUSTER
+
+
+class EnvironmentProblem(GpuInstallError):
+    """Something missing on the machine running gpu-install (a binary, root, a kernel feature). Exit code 8."""
+
+    exit_code = EXIT_ENVIRONMENT

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Coroutine, TypeVar
 
-from installer.errors import GpuInstallError
+from installer.errors import ClusterError, ClusterUnreachable, GpuInstallError
 
 T = TypeVar("T")
 
@@ -59,14 +59,22 @@ async def _state(rev: Any, changed: bool = False) -> ReleaseState:
                         changed, rev.description or "")
 
 
-def _helm_error(action: str, exc: Exception, hint: str) -> GpuInstallError:
+UNREACHABLE = ("kubernetes cluster unreachable", "connection refused", "no such host", "i/o timeout",
+               "no route to host", "tls handshake timeout")
+
+
+def _helm_error(action: str, exc: Exception, hint: str) -> ClusterError | ClusterUnreachable:
+    """helm's own message; exit 5 when it could not reach the API server, else 7."""
     stderr = getattr(exc, "stderr", b"")
     text = (stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr)).strip() or str(exc)
-    return GpuInstallError(f"{action} failed: {text[-1500:]}", hint=hint)
+    if any(u in text.lower() for u in UNREACHABLE):
+        return ClusterUnreachable(f"{action} failed: the Kubernetes API server cannot be reached: {text[-1500:]}",
+                                  hint="check the kubeconfig's server and that the cluster is up")
+    return ClusterError(f"{action} failed: {text[-1500:]}", hint=hint)
 
 
 def _run(coro: Coroutine[Any, Any, T], action: str, hint: str) -> T:
-    """Run one pyhelm3 coroutine; its errors (carrying helm's stderr) become GpuInstallError."""
+    """Run one pyhelm3 coroutine; its errors (carrying helm's stderr) become ClusterError / ClusterUnreachable."""
     try:
         return asyncio.run(coro)
     except GpuInstallError:
@@ -108,7 +116,7 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
     except GpuInstallError:
         raise
     except asyncio.TimeoutError:
-        raise GpuInstallError(f"helm upgrade --install {release_name} did not finish in {timeout + 120:.0f}s",
+        raise ClusterError(f"helm upgrade --install {release_name} did not finish in {timeout + 120:.0f}s",
                               hint="check the API server; re-running is safe") from None
     except Exception as exc:  # pyhelm3's errors carry helm's stderr
         text = str(getattr(exc, "stderr", b"") or exc)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from installer.config import Registry
-from installer.errors import ConfigError, GpuInstallError
+from installer.errors import ClusterError, ClusterUnreachable, ConfigError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -154,16 +154,16 @@ def _call(what: str, fn: Callable[[], Any], attempts: int = 10, delay: float = 1
                 continue
             raise
         except HTTPError as exc:  # connection refused / reset: the client already retried
-            raise GpuInstallError(f"{what}: cannot reach the Kubernetes API server ({type(exc).__name__})",
+            raise ClusterUnreachable(f"{what}: cannot reach the Kubernetes API server ({type(exc).__name__})",
                                   hint="check the kubeconfig's server and that the cluster is up") from None
     raise AssertionError("unreachable")
 
 
-def _api_error(what: str, exc: Exception) -> GpuInstallError:
+def _api_error(what: str, exc: Exception) -> ClusterError:
     status = getattr(exc, "status", None)
     hint = {401: "the kubeconfig's credentials were refused", 403: "the kubeconfig's user lacks the permission"}.get(
         status or 0, "see the API server's message")
-    return GpuInstallError(f"{what}: {_describe(exc)}", hint=hint)
+    return ClusterError(f"{what}: {_describe(exc)}", hint=hint)
 
 
 def ensure_namespace(client: ApiClient, name: str, timeout: float = 120) -> str:
@@ -182,7 +182,7 @@ def ensure_namespace(client: ApiClient, name: str, timeout: float = 120) -> str:
             ns = None
         if ns is not None and ns.status and ns.status.phase == "Terminating":
             if time.monotonic() > deadline:
-                raise GpuInstallError(f"namespace {name} is still being deleted after {timeout:.0f}s",
+                raise ClusterError(f"namespace {name} is still being deleted after {timeout:.0f}s",
                                       hint="wait for the deletion to finish, then re-run")
             time.sleep(1)
             continue
@@ -236,7 +236,7 @@ def ensure_secret(client: ApiClient, body: Any) -> str:
                 body["metadata"].pop("resourceVersion", None)
                 continue
             raise _api_error(f"write {what}", exc) from None
-    raise GpuInstallError(f"{what}: kept changing under us", hint="something else is writing it; re-run")
+    raise ClusterError(f"{what}: kept changing under us", hint="something else is writing it; re-run")
 
 
 def secret_info(client: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:

@@ -116,9 +116,21 @@ def say(args: argparse.Namespace) -> Any:
 def output(text: str, path: str | None) -> None:
     """Write a command's result to -o PATH (atomically) or stdout."""
     if path and path != "-":
+        from pathlib import Path
+
+        from installer.errors import ConfigError
         from installer.util import atomic_write
 
-        atomic_write(path, text)
+        target = Path(path).expanduser()
+        if target.is_dir():
+            raise ConfigError(f"-o {path}: is a directory", hint="give a file name")
+        if not target.parent.is_dir():
+            raise ConfigError(f"-o {path}: directory {target.parent} does not exist", hint="create it first")
+        try:
+            atomic_write(target, text)
+        except OSError as exc:
+            raise ConfigError(f"-o {path}: cannot write it ({exc.strerror or exc})",
+                              hint="choose a writable path; nothing else was changed") from None
         print(f"wrote {path}", file=sys.stderr)
     else:
         sys.stdout.write(text)
