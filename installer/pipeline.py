@@ -40,6 +40,7 @@ class OperatorOptions:
     timeout: float = 300
     wait: bool = True
     delete_namespace: bool = False  # uninstall only
+    with_limit: bool = False  # --include-operator: run the cluster-wide operator stage also with --limit
 
 
 @dataclass
@@ -77,10 +78,14 @@ def _say(display: Display | None) -> Progress:
     return display.note if display is not None else (lambda _: None)
 
 
-def operator_selected(run: nodes.RunOptions, op: OperatorOptions) -> str | None:
-    """None when the operator stage runs, else why not (it is tagged `operator` for --tags/--skip-tags)."""
+def operator_selected(run: nodes.RunOptions, op: OperatorOptions, limit: str | None = None) -> str | None:
+    """None when the operator stage runs, else why not (it is tagged `operator` for --tags/--skip-tags). --limit
+    never widens a run: the operator (and with it the mig stage) is cluster-wide, so a limited run leaves it alone
+    unless --include-operator asks for it."""
     if not op.enabled:
         return "--skip-operator"
+    if limit and not op.with_limit:
+        return f"--limit {limit}: the operator is cluster-wide (add --include-operator to include it)"
     tags = _split(run.tags)
     if tags and not tags & {"operator", "all"}:
         return f"--tags {run.tags} does not include operator"
@@ -115,7 +120,7 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
     say = _say(display)
     site = plan.site
     summary.check = run.check
-    skip_reason = operator_selected(run, op)
+    skip_reason = operator_selected(run, op, plan.limit)
     prepared = None if skip_reason else prepare_operator(plan, op)
 
     stage = "preflight"
@@ -213,7 +218,7 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
     from installer import kube, operator
 
     say = _say(display)
-    skip_reason = operator_selected(run, op)
+    skip_reason = operator_selected(run, op, plan.limit)
     op = replace(op, enabled=skip_reason is None)
     todo = removal_plan(plan, op)
     if not yes:

@@ -30,7 +30,8 @@ def _operator_options(args: argparse.Namespace) -> Any:
 
     return OperatorOptions(enabled=not args.skip_operator, kubeconfig=args.kubeconfig, chart=getattr(args, "chart", None),
                            timeout=args.operator_timeout, wait=not getattr(args, "no_wait", False),
-                           delete_namespace=getattr(args, "delete_namespace", False))
+                           delete_namespace=getattr(args, "delete_namespace", False),
+                           with_limit=getattr(args, "include_operator", False))
 
 
 def _finish(disp: Any) -> None:
@@ -90,6 +91,9 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
     p.add_argument("--skip-operator", action="store_true",
                    help="nodes only: no Helm release " + ("install" if install else "removal"))
+    p.add_argument("--include-operator", action="store_true",
+                   help="with --limit, also " + ("install/upgrade" if install else "remove") + " the cluster-wide "
+                        "operator (a limited run leaves it alone otherwise)")
     kubeconfig_arg(p)
     p.add_argument("--operator-timeout", type=float, default=300, metavar="SECONDS",
                    help="how long helm waits for the operator's workloads (default 300)" if install else

@@ -348,6 +348,37 @@ def test_operator_stage_selection():
     assert pipeline.operator_selected(apply.RunOptions(tags="runtime,operator"), op) is None
     assert pipeline.operator_selected(apply.RunOptions(skip_tags="operator"), op) == "--skip-tags operator"
     assert pipeline.operator_selected(apply.RunOptions(), pipeline.OperatorOptions(enabled=False)) == "--skip-operator"
+    limited = pipeline.operator_selected(apply.RunOptions(), op, limit="gpu3")
+    assert limited and limited.startswith("--limit gpu3: the operator is cluster-wide")
+    assert pipeline.operator_selected(apply.RunOptions(), pipeline.OperatorOptions(with_limit=True), "gpu3") is None
+
+
+def test_limit_never_widens_uninstall(local_setup, cli, tmp_path, monkeypatch):
+    """Retiring one node must not remove the operator from the cluster: with --limit the operator stage is skipped
+    (no kubeconfig needed, none touched), the output says so, and only the limited hosts are changed."""
+    site, inv, daemon = local_setup
+    cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator")
+    applied = daemon.read_text()
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))  # would be exit 2 if the operator stage ran
+    rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--limit", "gpu1")
+    assert rc == 2 and "Helm release" not in err  # the preview: nothing cluster-wide
+    rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--limit", "gpu1", "--yes")
+    assert rc == 0, err
+    assert "operator   skipped - --limit gpu1: the operator is cluster-wide (add --include-operator" in out
+    assert daemon.read_text() != applied  # gpu1 itself was uninstalled
+    rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--limit", "gpu1", "--yes",
+                       "--include-operator")
+    assert rc == 2 and "kubeconfig not found" in err  # opted in: the operator stage runs (and needs a cluster)
+
+
+def test_limit_never_widens_apply(local_setup, cli, tmp_path, monkeypatch):
+    site, inv, daemon = local_setup
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
+    rc, out, err = cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--limit", "gpu1")
+    assert rc == 0, err
+    assert "operator   skipped - --limit gpu1" in out and "mig        skipped" in out
+    rc, out, err = cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--limit", "gpu1", "--include-operator")
+    assert rc == 2 and "operator stage: no GPU Operator chart given" in err and not out  # checked before any host
 
 
 def test_uninstall_playbook_removes_runtimes_trust_and_scheduler_but_no_packages():
