@@ -123,11 +123,15 @@ class Scheduling:
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                 "spec": {"restartPolicy": "Never", "containers": [
                     {"name": "c", "image": "lab.invalid/cuda:1", "resources": {"limits": limits}}]}}
-        for _ in range(20):  # a fresh namespace's service account may not be there yet
+        from kubernetes.client.exceptions import ApiException
+
+        for attempt in range(20):  # a fresh namespace's default service account may not be there yet (403 until then)
             try:
                 self.api.create_namespaced_pod("default", body)
                 break
-            except Exception:  # noqa: BLE001
+            except ApiException as exc:
+                if exc.status != 403 or "serviceaccount" not in str(exc.body) or attempt == 19:
+                    raise
                 time.sleep(1)
         self.pods.append(name)
         deadline = time.time() + 90

@@ -364,6 +364,15 @@ def test_unreachable_node_others_finish_exit_5(tmp_path):
     with pytest.raises(HostsUnreachable, match="unreachable: dead") as exc:
         preflight(site(), opts)
     assert exc.value.exit_code == 5
+    # the others finished: gpu1's preflight ran to the end (its facts were recorded), the control plane too
+    runs = sorted((tmp_path / "state" / "runs").iterdir())
+    stats = [json.loads(line)["event_data"] for line in _events(runs[-1]) if '"playbook_on_stats"' in line]
+    assert stats and stats[-1]["ok"].get("gpu1", 0) >= 3 and "gpu1" not in stats[-1].get("failures", {})
+    assert stats[-1]["dark"] == {"dead": 1}
+
+
+def _events(run_dir: Path) -> list[str]:
+    return [p.read_text() for p in sorted((run_dir / "artifacts" / "run" / "job_events").glob("*.json"))]
 
 
 def test_cli_preflight_exit_code_and_message(tmp_path, cli, write_site):

@@ -93,10 +93,49 @@ def test_unreachable_host_exit_5_others_finish(tmp_path, FIXTURE):
     assert any(f.unreachable and f.host == "dead" for f in res.failures)
 
 
-def test_limit_check_and_tags_pass_through(tmp_path, FIXTURE):
-    res = seam.run_playbook(FIXTURE, inventory(tmp_path, {"a": LOCAL, "b": LOCAL}), {}, limit="a", check=True,
-                            diff=True)
-    assert set(res.hosts) == {"a"}
+def test_limit_check_and_tags_pass_through(tmp_path):
+    """--limit, --check, --diff, --tags and --skip-tags reach ansible-playbook: a file task in check mode changes
+    nothing on disk but reports the change with its diff; tasks outside --tags or inside --skip-tags do not run."""
+    pb = tmp_path / "tags.yml"
+    out = tmp_path / "out"
+    pb.write_text(f"""\
+- name: Tags fixture
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Fixture | Tagged write
+      ansible.builtin.copy: {{dest: "{out}/{{{{ inventory_hostname }}}}.tagged", content: "x\\n", mode: "0644"}}
+      tags: [wanted]
+    - name: Fixture | Untagged write
+      ansible.builtin.copy: {{dest: "{out}/{{{{ inventory_hostname }}}}.untagged", content: "x\\n", mode: "0644"}}
+    - name: Fixture | Skipped write
+      ansible.builtin.copy: {{dest: "{out}/{{{{ inventory_hostname }}}}.skipped", content: "x\\n", mode: "0644"}}
+      tags: [wanted, unwanted]
+""")
+    out.mkdir()
+    inv = inventory(tmp_path, {"a": LOCAL, "b": LOCAL})
+    events: list[dict] = []
+
+    class Collect:
+        def start_run(self, *a):
+            pass
+
+        def finish_run(self):
+            pass
+
+        def event(self, e):
+            events.append(e)
+
+    res = seam.run_playbook(pb, inv, {}, limit="a", check=True, diff=True, tags="wanted", skip_tags="unwanted",
+                            display=Collect())
+    assert set(res.hosts) == {"a"}  # --limit
+    assert res.hosts["a"].changed == 1 and list(out.iterdir()) == []  # --check: reported, not written
+    tasks = {e["event_data"]["task"] for e in events if e.get("event") == "runner_on_ok"}
+    assert tasks == {"Fixture | Tagged write"}  # --tags wanted, --skip-tags unwanted
+    diffs = [e["event_data"]["res"].get("diff") for e in events if e.get("event") == "runner_on_ok"]
+    assert diffs and diffs[0], "--diff: the result carries the file's diff"
+    res = seam.run_playbook(pb, inv, {}, limit="b", tags="wanted", skip_tags="unwanted")
+    assert sorted(p.name for p in out.iterdir()) == ["b.tagged"]
 
 
 def test_artifacts_private_extravars_typed_no_secret_env(tmp_path, FIXTURE, monkeypatch):
