@@ -14,22 +14,27 @@ host = st.builds(lambda parts, port: ".".join(parts) + (f":{port}" if port else 
 path = st.lists(label, min_size=1, max_size=4).map("/".join)
 
 
-@given(reg_host=host, prefix=st.one_of(st.just(""), path), src_host=host, src_path=path,
-       layout=st.sampled_from(["strip-host", "keep-host"]))
-@settings(max_examples=300, deadline=None)
+# source hosts as image references write them: a dotted name, host:port, localhost(:port) -- or none at all
+# (Docker Hub style nvidia/cuda, whose first path component is not a host)
+src_host = st.one_of(host, st.just("localhost"), st.builds("localhost:{}".format, st.integers(1, 65535)), st.none())
+
+
+@given(reg_host=st.one_of(host, st.just("localhost:5000")), prefix=st.one_of(st.just(""), path), src_host=src_host,
+       src_path=path, layout=st.sampled_from(["strip-host", "keep-host"]))
+@settings(max_examples=400, deadline=None)
 def test_destination_is_always_in_the_registry(reg_host, prefix, src_host, src_path, layout):
     reg = Registry(host=reg_host, prefix=prefix, layout=layout)
     base = reg.host + (f"/{reg.prefix}" if reg.prefix else "")
-    src = f"{src_host}/{src_path}"
+    src = f"{src_host}/{src_path}" if src_host else src_path
     dest = destination_repository(src, reg)
     assert dest == base or dest.startswith(base + "/")
     tail = dest[len(base) + 1 :]
     if src == base or src.startswith(base + "/"):
         assert dest == src  # already private: untouched
-    elif layout == "keep-host":
+    elif layout == "keep-host" and src_host:
         assert tail == src
     else:
-        assert tail == src_path
+        assert tail == src_path  # strip-host, or nothing to keep (no host in the reference)
     assert destination_repository(dest, reg) == dest  # idempotent
 
 

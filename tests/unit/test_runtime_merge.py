@@ -27,15 +27,28 @@ user_runtimes = st.dictionaries(st.sampled_from(["runc", "crun", "kata", "nvidia
 MERGE = dict(default_runtime="nvidia", registry_mirrors=["https://m.lab"], insecure_registries=["reg.lab:5000"])
 
 
+registry_list = st.lists(st.sampled_from(["reg.lab:5000", "old:5000", "https://m.lab", "https://their.mirror"])
+                         | st.text(min_size=1, max_size=8), max_size=3, unique=True)
+
+
 @settings(max_examples=150, deadline=None)
-@given(user_doc, user_runtimes, st.lists(st.text(min_size=1, max_size=8), max_size=3))
-def test_daemon_json_user_keys_kept_and_idempotent(doc, runtimes, mirrors):
+@given(user_doc, user_runtimes, registry_list, registry_list, st.sampled_from([None, "runc", "nvidia"]))
+def test_daemon_json_user_keys_kept_and_idempotent(doc, runtimes, mirrors, user_mirrors, default):
+    """The user's own registry-mirrors / insecure-registries (also ones equal to ours) and default-runtime are
+    generated too: ours are added once, theirs kept in order."""
     doc = dict(doc)
     if runtimes:
         doc["runtimes"] = runtimes
     if mirrors:
         doc["insecure-registries"] = mirrors
+    if user_mirrors:
+        doc["registry-mirrors"] = user_mirrors
+    if default:
+        doc["default-runtime"] = default
     out = dj.merge(doc, **MERGE)
+    assert out["registry-mirrors"][: len(user_mirrors)] == user_mirrors
+    assert out["registry-mirrors"].count("https://m.lab") == 1
+    assert out["insecure-registries"].count("reg.lab:5000") == 1
     for key, value in doc.items():  # every user key survives with its value (ours only added to)
         if key not in OURS:
             assert out[key] == value
