@@ -1,4 +1,5 @@
-"""installer.progress: the live per-host display, fed with RECORDED job events of real runs.
+"""installer.progress: the live per-host display, fed with RECORDED job events of real runs; and installer.ui's
+tables and transfer progress, on plain streams and on forced terminals (replayed by terminal() below).
 
 Fixtures (tests/fixtures/events/, re-recorded by record.py there):
 - lab-driver.jsonl: `gpu-install apply` on 2 debian12 lab nodes with Debian's NVIDIA 535 packages: preflight.yml +
@@ -16,8 +17,10 @@ import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from installer.progress import Display, HostRecap, recap_table
+from installer.ui import TransferProgress, print_table, table
 
 EVENTS = Path(__file__).resolve().parents[1] / "fixtures" / "events"
 LINE = re.compile(r"^\[(?P<host>[\w.-]+)\]\s+(?P<status>ok|changed|failed|ignored|unreachable|skipped)\s{2,}"
@@ -303,3 +306,182 @@ def test_a_stream_without_utf8_gets_replacement_characters():
     stream.flush()
     text = raw.getvalue().decode("ascii")
     assert "== ?berpr?fung (1 host)" in text and "Gr??e falsch" in text
+
+
+CONTROL = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\r|\n")
+
+
+def terminal(raw: str) -> tuple[list[str], list[str], bool]:
+    """Replay what a terminal is sent: the rows left on the screen (up to the cursor's), every row that was erased
+    while it held text (the status lines drawn), and whether the cursor is visible at the end. Colours are
+    ignored; any other control sequence fails the test."""
+    rows, erased, y, x, cursor, pos = [""], [], 0, 0, True, 0
+    for m in [*CONTROL.finditer(raw), None]:
+        text = raw[pos:m.start() if m else len(raw)]
+        rows[y] = rows[y][:x].ljust(x) + text + rows[y][x + len(text):]
+        x += len(text)
+        if m is None:
+            break
+        pos, code = m.end(), m.group()
+        if code == "\r":
+            x = 0
+        elif code == "\n":
+            y, x = y + 1, 0
+            rows += [""] * (y + 1 - len(rows))
+        elif m[2] == "K" and m[1] == "2":
+            if rows[y]:
+                erased.append(rows[y])
+            rows[y] = ""
+        elif m[2] == "A":
+            y = max(0, y - int(m[1] or 1))
+        elif m[1] == "?25" and m[2] in "lh":
+            cursor = m[2] == "h"
+        elif m[2] != "m":
+            raise AssertionError(f"unexpected control sequence {code!r}")
+    while len(rows) > y + 1 and not rows[-1]:  # empty rows below the cursor are not output
+        rows.pop()
+    return rows, erased, cursor
+
+
+@pytest.fixture(autouse=True)
+def _a_terminal_type(monkeypatch):
+    """The tests that draw on a forced terminal: rich draws nothing live where TERM is dumb (as on some CI)."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+# ---------------------------------------------------------------------------------------------------- installer.ui
+
+
+def test_table_plain_text_aligned_never_wrapped(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "20")  # no effect: a table is never wrapped to a terminal's width
+    long = "x" * 150
+    text = table("Catalog v25.3.0", ["component", "version", ("image", "left"), "pods"],
+                 [["driver", "550.144.03", long, 2], ["toolkit", "v1.17.4", "nvcr.io/nvidia/k8s/toolkit", 12],
+                  ["dcgm", None, "", 0]])
+    lines = text.splitlines()
+    assert lines[0] == "Catalog v25.3.0"
+    assert lines[1].split() == ["component", "version", "image", "pods"]
+    assert lines[2].split() == ["driver", "550.144.03", long, "2"] and lines[4].split() == ["dcgm", "0"]
+    assert all(ln == ln.rstrip() for ln in lines) and "\x1b" not in text
+    ends = {len(ln) for ln in lines[1:]}
+    assert len(ends) == 1  # the numbers (and their header) are right-aligned: every row ends at the same column
+    assert lines[1].index("image") == lines[2].index(long)  # a text column is left-aligned
+    assert table("", ["a"], [["b"]]).splitlines() == ["a", "b"]  # no title: no title line
+    assert table("t", ["host"], [["bad\x1b[31m"]]).splitlines()[2] == "bad?[31m"
+    assert table("t", ["ok"], [[True], [False]]).splitlines()[2:] == ["True", "False"]  # booleans are not numbers
+
+
+def test_print_table_ascii_rule_where_the_terminal_lacks_utf8():
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    print_table("Stages", ["stage", ("result", "left"), "seconds"], [["driver", "ok", 12.5], ["mig", "skipped", 0]],
+                stream, tty=True)
+    stream.flush()
+    screen, _, _ = terminal(raw.getvalue().decode("ascii"))
+    assert screen[0] == "Stages" and screen[1].split() == ["stage", "result", "seconds"]
+    assert set(screen[2]) == {"-"} and screen[3].split() == ["driver", "ok", "12.5"]
+    assert [screen[1], *screen[3:-1]] == table("", ["stage", ("result", "left"), "seconds"],
+                                               [["driver", "ok", 12.5], ["mig", "skipped", 0]]).splitlines()
+
+
+def test_transfer_plain_lines_every_10_percent_and_done():
+    now = [100.0]
+    out = io.StringIO()
+    with TransferProgress(out, clock=lambda: now[0]) as progress:
+        with progress.add("nvcr.io/nvidia/driver:550.144.03-ubuntu22.04", total=100_000_000) as t:
+            for _ in range(100):
+                now[0] += 0.1
+                t.advance(1_000_000)
+    lines = out.getvalue().splitlines()
+    assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue()
+    assert len(lines) == 10, lines
+    for i, ln in enumerate(lines[:9], 1):
+        m = re.fullmatch(r"nvcr\.io/nvidia/driver:550\.144\.03-ubuntu22\.04: (\d+)\.0 MB / 100\.0 MB \((\d+)%\), "
+                         r"10\.0 MB/s, ETA 0:(\d\d)", ln)
+        assert m and int(m[1]) == int(m[2]) == 10 * i and int(m[3]) == 10 - i, ln
+    assert lines[9] == "nvcr.io/nvidia/driver:550.144.03-ubuntu22.04: done, 100.0 MB in 0:10 (10.0 MB/s)"
+
+
+def test_transfer_plain_lines_at_most_one_per_interval_or_step():
+    now = [0.0]
+    seen: list[tuple[float, str]] = []
+    progress = TransferProgress(lambda line: seen.append((now[0], line)), interval=30, clock=lambda: now[0])
+    t = progress.add("slow", total=1000)
+    for _ in range(1000):  # 1000 s, a byte a second
+        now[0] += 1
+        t.advance(1)
+    t.done()
+    steps = [int(re.search(r"\((\d+)%\)", ln)[1]) // 10 for _, ln in seen[:-1]]
+    for (t0, _), (t1, _), s0, s1 in zip(seen, seen[1:], steps, steps[1:]):
+        assert t1 - t0 >= 30 or s1 > s0
+    assert steps == sorted(steps) and set(range(1, 10)) <= set(steps)  # every 10% step has its line
+    assert 30 <= len(seen) <= 1000 / 30 + 10 + 1, len(seen)
+    assert seen[-1][1] == "slow: done, 1.0 kB in 16:40 (1 byte/s)"
+
+
+def test_transfer_items_unknown_total_and_a_stop():
+    now = [0.0]
+    lines: list[str] = []
+    progress = TransferProgress(lines.append, unit="images", interval=5, clock=lambda: now[0])
+    with progress.add("mirror: pull", total=None) as t:
+        for _ in range(12):
+            now[0] += 1
+            t.advance()
+    assert lines == ["mirror: pull: 5 images", "mirror: pull: 10 images", "mirror: pull: done, 12 images in 0:12"]
+    lines.clear()
+    with pytest.raises(RuntimeError):
+        with progress.add("mirror: push", total=40) as t:
+            t.update(4)  # 10%: a line
+            t.update(5)
+            now[0] += 2
+            t.update(30)  # 75%: one line for the steps it crossed
+            raise RuntimeError("registry went away")
+    assert lines == ["mirror: push: 4/40 images (10%), ETA ?", "mirror: push: 30/40 images (75%), ETA 0:01",
+                     "mirror: push: stopped at 30/40 images (75%)"]
+    t.advance(5)  # after the end: ignored
+    assert len(lines) == 3
+    with pytest.raises(ValueError):
+        TransferProgress(lines.append, step=0)
+
+
+def test_transfer_on_a_terminal_console():
+    now = [0.0]
+    buf = io.StringIO()
+    console = Console(force_terminal=True, file=buf, width=100)
+    with TransferProgress(console, tick=0, clock=lambda: now[0]) as progress:
+        a = progress.add("registry.lab/nvidia/driver:550", total=50_000_000)
+        b = progress.add("registry.lab/nvidia/toolkit:1.17", total=None)
+        for _ in range(3):
+            now[0] += 1
+            a.advance(10_000_000)
+            b.advance(1_000_000)
+        mid = terminal(buf.getvalue())[0]
+        a.update(50_000_000)
+        a.done()
+    screen, drawn, cursor = terminal(buf.getvalue())
+    raw = buf.getvalue()
+    assert "\x1b[" in raw and cursor
+    bar = next(ln for ln in mid if ln.startswith("registry.lab/nvidia/driver:550 "))
+    assert "\u2501" in bar and "30.0/50.0 MB" in bar and "10.0 MB/s" in bar and "00:02" in bar, bar
+    assert any(ln.startswith("registry.lab/nvidia/toolkit:1.17 ") and "3.0/? MB" in ln for ln in mid), mid
+    # the finished transfer leaves its line above the bars and its bar goes; the one in flight stays
+    assert "registry.lab/nvidia/driver:550: done, 50.0 MB in 0:03 (16.7 MB/s)" in screen
+    assert not [ln for ln in screen if ln.startswith("registry.lab/nvidia/driver:550 ")]
+    assert "registry.lab/nvidia/driver:550 " not in raw.split("driver:550: done")[1]  # not even for a moment
+    assert [ln for ln in screen if ln.startswith("registry.lab/nvidia/toolkit:1.17 ")]
+    assert drawn
+
+
+def test_transfer_on_a_terminal_without_utf8():
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    now = [0.0]
+    with TransferProgress(stream, unit="layers", tty=True, width=80, tick=0, clock=lambda: now[0]) as progress:
+        with progress.add("Überprüfung", total=4) as t:
+            now[0] += 1
+            t.advance(2)
+    stream.flush()
+    screen, drawn, _ = terminal(raw.getvalue().decode("ascii"))  # only ASCII was written
+    assert "?berpr?fung: done, 2 layers in 0:01" in screen
+    assert any("2/4 layers" in ln and "-" in ln for ln in drawn), drawn
