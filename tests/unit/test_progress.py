@@ -14,6 +14,9 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from installer.progress import Display, HostRecap, recap_table
 from installer.ui import TransferProgress, print_table, table
 
 EVENTS = Path(__file__).resolve().parents[1] / "fixtures" / "events"
+ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^\[(?P<host>[\w.-]+)\]\s+(?P<status>ok|changed|failed|ignored|unreachable|skipped)\s{2,}"
                   r"(?P<task>\S.*?)  \((?P<secs>\d+\.\d)s\)$")
 
@@ -190,30 +194,96 @@ def test_localhost_diff_unreachable_ignored_no_log_loop():
     assert find(verbose, "node-a", "ignored", "Fixture | Probe that may fail") >= 0
 
 
+CONTROL = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\r|\n")
+
+
+def terminal(raw: str) -> tuple[list[str], list[str], bool]:
+    """Replay what a terminal is sent: the rows left on the screen (up to the cursor's), every row that was erased
+    while it held text (the status lines drawn), and whether the cursor is visible at the end. Colours are
+    ignored; any other control sequence fails the test."""
+    rows, erased, y, x, cursor, pos = [""], [], 0, 0, True, 0
+    for m in [*CONTROL.finditer(raw), None]:
+        text = raw[pos:m.start() if m else len(raw)]
+        rows[y] = rows[y][:x].ljust(x) + text + rows[y][x + len(text):]
+        x += len(text)
+        if m is None:
+            break
+        pos, code = m.end(), m.group()
+        if code == "\r":
+            x = 0
+        elif code == "\n":
+            y, x = y + 1, 0
+            rows += [""] * (y + 1 - len(rows))
+        elif m[2] == "K" and m[1] == "2":
+            if rows[y]:
+                erased.append(rows[y])
+            rows[y] = ""
+        elif m[2] == "A":
+            y = max(0, y - int(m[1] or 1))
+        elif m[1] == "?25" and m[2] in "lh":
+            cursor = m[2] == "h"
+        elif m[2] != "m":
+            raise AssertionError(f"unexpected control sequence {code!r}")
+    while len(rows) > y + 1 and not rows[-1]:  # empty rows below the cursor are not output
+        rows.pop()
+    return rows, erased, cursor
+
+
+@pytest.fixture(autouse=True)
+def _a_terminal_type(monkeypatch):
+    """The tests that draw on a forced terminal: rich draws nothing live where TERM is dumb (as on some CI)."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
 def test_pipe_gets_no_escape_codes_tty_gets_a_status_line():
     pipe = io.StringIO()
     replay(Display(pipe), "lab-driver.jsonl")
     out = pipe.getvalue()
     assert "\x1b" not in out and "\r" not in out and "hosts - changed" not in out
     assert "== NVIDIA driver (2 hosts)" in out
+    assert out.splitlines() == plain("lab-driver.jsonl")[0]  # a stream gets exactly the lines a line sink gets
 
     tty = io.StringIO()
     clock = iter(range(10**6))
     d = Display(tty, tty=True, width=80, tick=0, clock=lambda: float(next(clock)))
     replay(d, "lab-driver.jsonl")
     raw = tty.getvalue()
-    assert raw.endswith("\n")  # no status line left behind: the run summary replaced it
-    statuses = [seg.split("\n")[0] for seg in raw.split("\r\x1b[2K") if seg and not seg.endswith("\n")]
+    assert re.search(r"\x1b\[[0-9;]*31mfailed\x1b\[0m", raw), raw[:500]  # a terminal: colours, failed in red
+    screen, statuses, cursor = terminal(raw)
+    assert cursor  # close() gave the cursor back
+    assert screen[-1] == "" and screen[-2].startswith("-- site.yml: 2 hosts, 0 changed, 2 failed/unreachable (")
     assert statuses, raw[:500]
     for st in statuses:
         assert len(st) <= 80, st
         assert re.match(r"^\d+/(\d+|\?) hosts - changed \d+ - failed \d+ - ", st), st
     assert any(st.startswith("2/2 hosts") and "Driver | " in st for st in statuses)
     assert any(re.search(r"changed [1-9]", st) for st in statuses)
-    # the plain lines are the same as in a pipe, the status line only sits between them
-    no_status = "".join(seg for seg in raw.split("\r\x1b[2K") if seg.endswith("\n"))
-    assert [ln for ln in no_status.splitlines() if not ln.startswith("--")] == \
-        [ln for ln in out.splitlines() if not ln.startswith("--")]
+    assert any(st.endswith("...") for st in statuses)  # a long task name cut to the width
+    # what stays on the screen is the lines a pipe gets, no status line left behind (the run summaries have
+    # other times: the clock ticks at every call here)
+    assert [ln for ln in screen[:-1] if not ln.startswith("--")] == [ln for ln in out.splitlines()
+                                                                     if not ln.startswith("--")]
+    assert len([ln for ln in screen if ln.startswith("-- ")]) == 4
+
+
+def test_status_line_redrawn_by_the_clock():
+    """tick > 0: rich's refresh thread redraws the status line with the elapsed time between events."""
+    now = [100.0]
+    tty = io.StringIO()
+    d = Display(tty, tty=True, width=100, tick=0.01, clock=lambda: now[0])
+    d.start_run("site.yml", lambda p: 2, ["node1", "node2"])
+    d.event({"event": "playbook_on_play_start", "event_data": {"play": "NVIDIA driver", "play_pattern": "all"}})
+    d.event({"event": "playbook_on_task_start", "event_data": {"task": "Driver | Install"}})
+    now[0] = 175.0
+    deadline = time.monotonic() + 5
+    while "1:15" not in tty.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.close()
+    screen, statuses, cursor = terminal(tty.getvalue())
+    assert "0/2 hosts - changed 0 - failed 0 - Driver | Install - 1:15" in statuses and cursor
+    assert screen == ["== NVIDIA driver (2 hosts)", ""]  # close() in the middle of a run removes the status line
+    assert d._live is None  # stopped with its thread
 
 
 def test_status_line_counts_hosts_of_the_current_task():
@@ -285,6 +355,11 @@ def test_closed_stream_does_not_raise():
     d.note("x")
     d.event({"event": "playbook_on_play_start", "event_data": {"play": "P", "play_pattern": "all"}})
     d.close()
+    for tty in (True, False):  # a whole run: never an exception (rich itself would exit on a broken pipe)
+        d = Display(Closed(), tty=tty, tick=0)
+        replay(d, "localhost.jsonl")
+        d.print_recap(Closed())
+        assert d.runs
 
 
 def test_recap_table_bad_hosts_first():
@@ -294,10 +369,11 @@ def test_recap_table_bad_hosts_first():
     assert t.splitlines()[1].rstrip().endswith("2.2s") or t.splitlines()[1].rstrip().endswith("2.3s")
 
 
-def test_a_stream_without_utf8_gets_replacement_characters():
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_stream_without_utf8_gets_replacement_characters(tty):
     raw = io.BytesIO()
     stream = io.TextIOWrapper(raw, encoding="ascii")
-    d = Display(stream, tty=True, width=60, tick=0)
+    d = Display(stream, tty=tty, width=60, tick=0)
     d.start_run("x.yml", lambda p: 1, ["h"])
     d.event({"event": "playbook_on_play_start", "event_data": {"play": "Überprüfung", "play_pattern": "all"}})
     d.event({"event": "runner_on_failed", "event_data": {"host": "h", "task": "T | Prüfen", "duration": 0.5,
@@ -306,48 +382,80 @@ def test_a_stream_without_utf8_gets_replacement_characters():
     stream.flush()
     text = raw.getvalue().decode("ascii")
     assert "== ?berpr?fung (1 host)" in text and "Gr??e falsch" in text
+    assert "[h] failed       T | Pr?fen  (0.5s)" in terminal(text)[0]
 
 
-CONTROL = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\r|\n")
+def test_control_characters_in_event_text_are_not_sent_to_the_terminal():
+    """A remote message or task name with escape sequences must not reach the admin's terminal (or a log)."""
+    ev = {"event": "runner_on_failed", "event_data": {"host": "h", "task": "T | \x1b]0;title\x07x\ty",
+                                                      "duration": 0.5, "res": {"msg": "bad \x1b[2J\x1b[31mred\r!"}}}
+    lines: list[str] = []
+    Display(lines.append).event(ev)  # a line sink gets the text as it is
+    assert "\x1b[2J" in lines[1]
+    pipe, tty = io.StringIO(), io.StringIO()
+    for d in (Display(pipe), Display(tty, tty=True, tick=0)):
+        d.start_run("x.yml", lambda p: 1, ["h"])
+        d.event(ev)
+        d.note("stage: one\nstage: two")
+        d.close()
+    assert pipe.getvalue().splitlines() == ["[h] failed       T | ?]0;title?x y  (0.5s)",
+                                            "[h]    bad ?[2J?[31mred !", "stage: one", "stage: two"]
+    screen, _, _ = terminal(tty.getvalue())  # fails on any control sequence other than rich's own
+    assert screen[:4] == pipe.getvalue().splitlines()
 
 
-def terminal(raw: str) -> tuple[list[str], list[str], bool]:
-    """Replay what a terminal is sent: the rows left on the screen (up to the cursor's), every row that was erased
-    while it held text (the status lines drawn), and whether the cursor is visible at the end. Colours are
-    ignored; any other control sequence fails the test."""
-    rows, erased, y, x, cursor, pos = [""], [], 0, 0, True, 0
-    for m in [*CONTROL.finditer(raw), None]:
-        text = raw[pos:m.start() if m else len(raw)]
-        rows[y] = rows[y][:x].ljust(x) + text + rows[y][x + len(text):]
-        x += len(text)
-        if m is None:
-            break
-        pos, code = m.end(), m.group()
-        if code == "\r":
-            x = 0
-        elif code == "\n":
-            y, x = y + 1, 0
-            rows += [""] * (y + 1 - len(rows))
-        elif m[2] == "K" and m[1] == "2":
-            if rows[y]:
-                erased.append(rows[y])
-            rows[y] = ""
-        elif m[2] == "A":
-            y = max(0, y - int(m[1] or 1))
-        elif m[1] == "?25" and m[2] in "lh":
-            cursor = m[2] == "h"
-        elif m[2] != "m":
-            raise AssertionError(f"unexpected control sequence {code!r}")
-    while len(rows) > y + 1 and not rows[-1]:  # empty rows below the cursor are not output
-        rows.pop()
-    return rows, erased, cursor
+def test_no_color_on_a_terminal(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    tty = io.StringIO()
+    replay(Display(tty, tty=True, width=80, tick=0), "localhost.jsonl")
+    assert not re.search(r"\x1b\[[0-9;]*3[0-7]m", tty.getvalue())  # bold and the status line, no colours
+    assert terminal(tty.getvalue())[1]
 
 
-@pytest.fixture(autouse=True)
-def _a_terminal_type(monkeypatch):
-    """The tests that draw on a forced terminal: rich draws nothing live where TERM is dumb (as on some CI)."""
-    monkeypatch.setenv("TERM", "xterm-256color")
-    monkeypatch.delenv("NO_COLOR", raising=False)
+def test_status_line_ends_with_the_run():
+    meta, events = load("localhost.jsonl")
+    tty = io.StringIO()
+    d = Display(tty, tty=True, width=120, tick=0)
+    (playbook, evs), = runs(events)
+    d.start_run(playbook, lambda p: meta["patterns"].get(p), meta["hosts"])
+    for ev in evs:
+        d.event(ev)
+    assert d.status_text().startswith(("0/", "1/", "2/", "3/"))
+    d.finish_run()
+    assert d.status_text() == ""  # no current task: nothing ticks on during the next stage
+    d.note("operator: waiting for the operator")
+    screen, statuses, _ = terminal(tty.getvalue())
+    assert not [ln for ln in screen if " hosts - changed " in ln]  # the status line is gone, not redrawn
+    assert screen[-2:] == ["operator: waiting for the operator", ""]
+    d.close()
+    assert statuses
+
+
+def test_print_recap_plain_off_a_terminal_styled_on_one():
+    _, d, _ = plain("localhost.jsonl")
+    pipe = io.StringIO()
+    d.print_recap(pipe)
+    assert pipe.getvalue() == d.recap() + "\n" and "\x1b" not in pipe.getvalue()
+    tty = io.StringIO()
+    d.print_recap(Console(file=tty, force_terminal=True, width=120))
+    screen, _, _ = terminal(tty.getvalue())
+    assert "\x1b[1m" in tty.getvalue() and screen[0] == d.recap().splitlines()[0]
+    assert screen[1] == d.recap().splitlines()[1] and set(screen[2]) == {"\u2500"}  # the same layout, and a rule
+    assert screen[3:-1] == d.recap().splitlines()[2:]
+
+
+def test_rich_is_imported_only_to_draw(tmp_path):
+    """`gpu-install --help` and `render` start fast: rich comes in with the first table or terminal drawing."""
+    code = (
+        "import sys; from installer.cli import build_parser, main; build_parser(); "
+        "import installer.progress, installer.ui; "
+        f"rc = main(['render', '-s', 'inventories/sample/site.yaml', '-o', '{tmp_path}/v.yaml']); "
+        "d = installer.progress.Display(open('/dev/null', 'w'), tty=False); d.start_run('x.yml'); "
+        "d.event({'event': 'playbook_on_play_start', 'event_data': {'play': 'P'}}); d.finish_run(); d.close(); "
+        "before = 'rich' in sys.modules; d.recap(); print(rc, before, 'rich' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-3:] == ["0", "False", "True"], out.stdout + out.stderr
 
 
 # ---------------------------------------------------------------------------------------------------- installer.ui
