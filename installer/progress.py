@@ -1,6 +1,6 @@
 """The live per-host progress display of `preflight` / `apply`, fed with ansible-runner job events.
 
-Pure formatting: no ansible_runner import (installer/ansible.py feeds the events). Output, on stderr:
+No ansible_runner import (installer/ansible.py feeds the events). Output, on stderr:
 
     == Container runtime (8 hosts)
     [node1] ok          Registry trust | Copy the CA  (0.2s)
@@ -14,27 +14,35 @@ Pure formatting: no ansible_runner import (installer/ansible.py feeds the events
   (argument validation, include_tasks/include_vars, set_fact, meta) only with verbose;
 - messages of tasks named "<Role> | Report…" always, failures and unreachable hosts with their message,
   file diffs of changed tasks when the run has them (--diff);
-- on a terminal, a one-line live status under the lines (hosts done/total for the current task, changed,
-  failed, the current task, elapsed time), redrawn in place; anywhere else (CI, pipes) plain lines only,
-  no escape codes;
-- recap(): the per-host table (ok/changed/failed/unreachable/skipped + time spent on the host).
+- on a terminal (rich's Live display): the same lines, the status word coloured (NO_COLOR respected), and under
+  them a one-line live status (hosts done/total for the current task, changed, failed, the current task, elapsed
+  time) redrawn in place, gone when the run ends; anywhere else (CI, pipes, files, TERM=dumb) plain lines only,
+  no escape codes, no colour;
+- characters the stream cannot encode become '?', control characters in event text (escape sequences from a
+  remote host) '?'; a closed stream or broken pipe never raises;
+- recap(): the per-host table (ok/changed/failed/unreachable/skipped + time spent on the host), plain text;
+  print_recap(): the same table printed, with a bold header and a rule on a terminal.
 
 What is printed comes only from a fixed set of event fields (host, task, play, status, duration, and the
 result's msg/diff): never task arguments, module invocations, extravars or the environment. Results of
-no_log tasks print no message and no diff.
+no_log tasks print no message and no diff. rich is imported only when drawing on a terminal (installer/ui.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import difflib
-import os
 import re
-import shutil
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, TextIO
+
+from installer import ui
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 REPORT_TASK = re.compile(r"\|\s*Report\b")
 STATUS_WIDTH = 11  # len("unreachable")
@@ -137,18 +145,54 @@ class HostRecap:
     seconds: float = 0.0  # sum of the host's task durations
 
 
-def recap_table(hosts: dict[str, HostRecap], title: str = "") -> str:
-    """The per-host recap: one row a host, failed/unreachable hosts first, then by name."""
-    width = max([len(h) for h in hosts] + [4])
-    head = f"{'host':{width}}  {'ok':>4} {'changed':>7} {'failed':>6} {'unreachable':>11} {'skipped':>7} {'time':>8}"
-    lines = [title] if title else []
-    lines.append(head)
+RECAP_COLUMNS = (("host", "left"), ("ok", "right"), ("changed", "right"), ("failed", "right"),
+                 ("unreachable", "right"), ("skipped", "right"), ("time", "right"))
+
+
+def recap_rows(hosts: dict[str, HostRecap]) -> list[tuple[Any, ...]]:
+    """One row a host (RECAP_COLUMNS), failed/unreachable hosts first, then by name."""
     order = sorted(hosts, key=lambda h: (not (hosts[h].failed or hosts[h].unreachable), h))
+    rows = []
     for h in order:
         s = hosts[h]
-        lines.append(f"{h:{width}}  {s.ok:>4} {s.changed:>7} {s.failed:>6} {s.unreachable:>11} {s.skipped:>7} "
-                     f"{s.seconds:>7.1f}s")
-    return "\n".join(lines)
+        rows.append((h, s.ok, s.changed, s.failed, s.unreachable, s.skipped, f"{s.seconds:.1f}s"))
+    return rows
+
+
+def recap_table(hosts: dict[str, HostRecap], title: str = "") -> str:
+    """The per-host recap as plain text: the title line (when given), the header, one row a host, failed/unreachable
+    hosts first, then by name."""
+    return ui.table(title, RECAP_COLUMNS, recap_rows(hosts))
+
+
+class _Line(NamedTuple):
+    """A line of output, with the styles of its parts on a terminal: (start, end, rich style) spans."""
+    text: str
+    spans: tuple[tuple[int, int, str], ...] = ()
+
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "bold red", "unreachable": "bold red",
+                "skipped": "cyan", "ignored": "cyan"}
+
+
+class _StatusLine:
+    """The renderable of the live status (rich calls it at every redraw): one line, cut to the width, or nothing."""
+
+    def __init__(self, display: Display):
+        self.display = display
+
+    def __rich_console__(self, console: Any, options: Any):
+        from rich.text import Text
+
+        text = ui.printable(self.display.status_text()).replace("\n", " ")
+        if not text:
+            if self.display._closing:  # one empty line for rich to remove: before rich 14.3 stop() leaves a blank
+                yield Text("")         # line under a display of no lines
+            return
+        width = options.max_width
+        if len(text) > width - 1:  # the last column left free: no terminal wraps the status line
+            text = text[: max(width - 4, 10)] + "..."
+        yield Text(text, no_wrap=True, overflow="crop")
 
 
 @dataclass
@@ -164,119 +208,110 @@ class _Run:
     task_done: set[str] = field(default_factory=set)
     retry: str = ""
     stats_seen: bool = False
+    finished: bool = False
 
 
 class Display:
     """Feed it job events (event()); it writes progress lines and, on a terminal, a live status line.
 
     out: the stream (default stderr) or a callable taking one line (then never a terminal).
-    tty: None = ask the stream (and TERM != dumb). host_count: play pattern -> number of hosts (the seam
-    resolves it from the inventory), for the play headers and the status line.
+    tty: None = ask the stream (and TERM != dumb). width: the terminal's columns (None: ask the terminal).
+    tick: seconds between redraws of the status line's clock (0: only at events). host_count: play pattern ->
+    number of hosts (the seam resolves it from the inventory), for the play headers and the status line.
     """
 
     def __init__(self, out: TextIO | Callable[[str], None] | None = None, *, verbose: bool = False,
                  tty: bool | None = None, width: int | None = None, tick: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):
-        self._write: Callable[[str], None]
+        self._sink: Callable[[str], None] | None = None
+        self._stream: ui.SafeStream | None = None
         if callable(out) and not hasattr(out, "write"):
-            self._stream: TextIO | None = None
-            self._sink: Callable[[str], None] | None = out
+            self._sink = out
             self.tty = False
         else:
-            self._stream = out if out is not None else sys.stderr  # type: ignore[assignment]
-            self._sink = None
-            if tty is None:
-                isatty = getattr(self._stream, "isatty", None)
-                tty = bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
-            self.tty = tty
+            stream: TextIO = out if out is not None else sys.stderr  # type: ignore[assignment]
+            self._stream = ui.SafeStream(stream)
+            self.tty = ui.is_terminal(stream) if tty is None else tty
         self.verbose = verbose
         self._width = width
         self._clock = clock
         self._lock = threading.RLock()
-        self._status_shown = False
+        self._console: Any = None  # rich Console, on a terminal (made at the first line drawn)
+        self._live: Any = None  # rich Live while the status line is shown
+        self._closing = False
         self._run = _Run()
         self._host_count: Callable[[str], int | None] = lambda pattern: None
         self._host_width = 0
         self.runs: list[tuple[str, dict[str, HostRecap], float]] = []  # finished runs: playbook, hosts, seconds
         self._tick = tick
-        self._ticker: threading.Thread | None = None
-        self._stop = threading.Event()
 
     # ------------------------------------------------------------------ output primitives
 
-    def _emit(self, line: str) -> None:
+    def _emit(self, lines: list[_Line]) -> None:
+        """Print lines; on a terminal above the status line, which rich redraws under them."""
+        if not lines:
+            return
         if self._sink is not None:
-            self._sink(line)
+            for line in lines:
+                self._sink(line.text)
             return
         assert self._stream is not None
-        try:
-            if self._status_shown:
-                self._stream.write("\r\x1b[2K")
-                self._status_shown = False
-            self._write_text(line + "\n")
+        texts = [ui.printable(line.text) for line in lines]
+        if not self.tty:
+            self._stream.write("".join(t + "\n" for t in texts))
             self._stream.flush()
-        except (BrokenPipeError, ValueError):  # closed pipe / stream: the display is best effort
-            pass
+            return
+        from rich.text import Text
 
-    def _write_text(self, text: str) -> None:
-        """Write; characters the stream's encoding lacks (a task name, a message) become '?'."""
-        assert self._stream is not None
-        try:
-            self._stream.write(text)
-        except UnicodeEncodeError:
-            enc = getattr(self._stream, "encoding", None) or "ascii"
-            self._stream.write(text.encode(enc, errors="replace").decode(enc))
+        out = Text()
+        for i, (line, text) in enumerate(zip(lines, texts)):
+            if i:
+                out.append("\n")
+            start = len(out)
+            out.append(text)
+            for a, b, style in line.spans:
+                if style:
+                    out.stylize(style, start + a, start + b)
+        self._show().console.print(out)
+
+    def _show(self) -> Any:
+        """The rich Live display of the status line, started when first needed (it hides the cursor until close())."""
+        if self._live is None:
+            from rich.live import Live
+
+            if self._console is None:
+                assert self._stream is not None
+                self._console = ui.make_console(self._stream.stream, tty=True, width=self._width)
+            self._live = Live(_StatusLine(self), console=self._console, transient=True,
+                              auto_refresh=self._tick > 0, refresh_per_second=1 / self._tick if self._tick > 0 else 1,
+                              redirect_stdout=False, redirect_stderr=False)
+            self._live.start()
+            atexit.register(self.close)  # the cursor comes back even when a caller forgets close()
+        return self._live
 
     def _draw_status(self) -> None:
-        if not self.tty or self._stream is None:
-            return
-        text = self.status_text()
-        if not text:
-            return
-        width = self._width or shutil.get_terminal_size((100, 24)).columns
-        if len(text) > width - 1:
-            text = text[: max(width - 4, 10)] + "..."
-        try:
-            self._write_text("\r\x1b[2K" + text)
-            self._stream.flush()
-            self._status_shown = True
-        except (BrokenPipeError, ValueError):
-            pass
+        if self.tty and self._stream is not None and (self._live is not None or self.status_text()):
+            self._show().refresh()
 
     def note(self, line: str) -> None:
         """A line from elsewhere (another stage): printed above the status line."""
         with self._lock:
-            self._emit(line)
-            self._draw_status()
+            if self._sink is not None:
+                self._sink(line)
+            else:
+                self._emit([_Line(ln) for ln in str(line).split("\n")])
 
     def close(self) -> None:
         """Stop the clock and remove the status line (call in a finally)."""
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(timeout=2)
-            self._ticker = None
         with self._lock:
-            if self._status_shown and self._stream is not None:
+            live, self._live = self._live, None
+            if live is not None:
+                atexit.unregister(self.close)
+                self._closing = True
                 try:
-                    self._stream.write("\r\x1b[2K")
-                    self._stream.flush()
-                except (BrokenPipeError, ValueError):
-                    pass
-                self._status_shown = False
-
-    def _start_ticker(self) -> None:
-        if not self.tty or self._ticker is not None or self._tick <= 0:
-            return
-        self._stop.clear()
-
-        def loop() -> None:
-            while not self._stop.wait(self._tick):
-                with self._lock:
-                    if self._status_shown:
-                        self._draw_status()
-
-        self._ticker = threading.Thread(target=loop, name="gpu-install-progress", daemon=True)
-        self._ticker.start()
+                    live.stop()
+                finally:
+                    self._closing = False
 
     # ------------------------------------------------------------------ runs
 
@@ -287,7 +322,6 @@ class Display:
             self._run = _Run(playbook=playbook, started=self._clock())
             self._host_count = host_count or (lambda pattern: None)
             self._host_width = max([len(h) for h in hosts] + [self._host_width])
-        self._start_ticker()
 
     def finish_run(self) -> dict[str, HostRecap]:
         """The run ended: its per-host recap (counts from the stats event when there was one)."""
@@ -295,10 +329,11 @@ class Display:
             run = self._run
             seconds = self._clock() - run.started if run.started else 0.0
             self.runs.append((run.playbook, run.hosts, seconds))
+            run.finished = True  # no current task: the status line goes until the next run
             bad = len(run.bad_hosts)
             summary = (f"-- {run.playbook or 'run'}: {len(run.hosts)} hosts, {run.changed} changed, "
                        f"{bad} failed/unreachable ({seconds:.1f}s)")
-            self._emit(summary)
+            self._emit([_Line(summary, ((0, len(summary), "bold"),))])
             return run.hosts
 
     def recap(self) -> str:
@@ -308,11 +343,19 @@ class Display:
         playbook, hosts, seconds = self.runs[-1]
         return recap_table(hosts, title=f"RECAP {playbook} ({seconds:.1f}s)")
 
+    def print_recap(self, file: TextIO | Console | None = None) -> None:
+        """Print the recap of the last finished run on file (default stdout, or a rich Console): on a terminal with a
+        bold header and a rule under it, elsewhere exactly recap()'s text. Nothing before any run."""
+        if self.runs:
+            playbook, hosts, seconds = self.runs[-1]
+            ui.print_table(f"RECAP {playbook} ({seconds:.1f}s)", RECAP_COLUMNS, recap_rows(hosts), file)
+
     # ------------------------------------------------------------------ events
 
     def status_text(self) -> str:
+        """'3/8 hosts - changed 5 - failed 0 - Containerd | Restart containerd - 1:12' ('' outside a run's plays)."""
         run = self._run
-        if not run.play and not run.task:
+        if run.finished or (not run.play and not run.task):
             return ""
         total = run.play_total
         done = len(run.task_done)
@@ -333,11 +376,13 @@ class Display:
     def event(self, event: dict[str, Any]) -> None:
         """One ansible-runner job event."""
         with self._lock:
-            for line in self._lines(event):
-                self._emit(line)
-            self._draw_status()
+            lines = self._lines(event)
+            if lines:
+                self._emit(lines)  # on a terminal rich redraws the status line under them
+            else:
+                self._draw_status()
 
-    def _lines(self, event: dict[str, Any]) -> list[str]:
+    def _lines(self, event: dict[str, Any]) -> list[_Line]:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         run = self._run
@@ -347,7 +392,8 @@ class Display:
             run.play, run.task, run.task_done = name, "", set()
             run.play_total = self._host_count(pattern) if pattern else None
             count = run.play_total
-            return [f"== {name}" + (f" ({count} host{'s' if count != 1 else ''})" if count is not None else "")]
+            head = f"== {name}" + (f" ({count} host{'s' if count != 1 else ''})" if count is not None else "")
+            return [_Line(head, ((0, len(head), "bold"),))]
         if kind in ("playbook_on_task_start", "playbook_on_handler_task_start"):
             run.task = str(data.get("task") or data.get("name") or "")
             run.task_done, run.retry = set(), ""
@@ -363,7 +409,7 @@ class Display:
             return []
         return self._result(status, data)
 
-    def _result(self, status: str, data: dict[str, Any]) -> list[str]:
+    def _result(self, status: str, data: dict[str, Any]) -> list[_Line]:
         run = self._run
         host = str(data.get("host") or "?")
         task = str(data.get("task") or "")
@@ -387,17 +433,22 @@ class Display:
         if not self.verbose and (status in ("skipped", "ignored") or
                                  (status == "ok" and data.get("task_action") in QUIET_ACTIONS)):
             return []
-        lines = [f"{self._host(host)} {status:<{STATUS_WIDTH}}  {task}  ({seconds:.1f}s)"]
+        at = len(self._host(host)) + 1
+        lines = [_Line(f"{self._host(host)} {status:<{STATUS_WIDTH}}  {task}  ({seconds:.1f}s)",
+                       ((at, at + len(status), STATUS_STYLE[status]),))]
         pad = self._host(host) + "    "
         if status in ("failed", "unreachable", "ignored"):
-            lines.append(pad + message(res))
+            msg = message(res)
+            lines.append(_Line(pad + msg, ((len(pad), len(pad) + len(msg), "red" if status != "ignored" else ""),)))
         elif REPORT_TASK.search(task) and status in ("ok", "changed"):
-            lines += [pad + m for m in report_lines(res)]
+            lines += [_Line(pad + m, ((len(pad), len(pad) + len(m), "bold"),)) for m in report_lines(res)]
         if status == "changed" or self.verbose:
-            lines += [pad + "  " + d for d in diff_lines(res)]
+            for d in diff_lines(res):
+                style = {"+": "green", "-": "red", "@": "cyan"}.get(d[:1], "") if d[:3] not in ("+++", "---") else ""
+                lines.append(_Line(pad + "  " + d, ((len(pad) + 2, len(pad) + 2 + len(d), style),)))
         return lines
 
-    def _stats(self, data: dict[str, Any]) -> list[str]:
+    def _stats(self, data: dict[str, Any]) -> list[_Line]:
         """Ansible's own per-host counts replace the tallies (they also count what has no result event)."""
         run = self._run
         run.stats_seen = True

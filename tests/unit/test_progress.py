@@ -1,4 +1,5 @@
-"""installer.progress: the live per-host display, fed with RECORDED job events of real runs.
+"""installer.progress: the live per-host display, fed with RECORDED job events of real runs; and installer.ui's
+tables and transfer progress, on plain streams and on forced terminals (replayed by terminal() below).
 
 Fixtures (tests/fixtures/events/, re-recorded by record.py there):
 - lab-driver.jsonl: `gpu-install apply` on 2 debian12 lab nodes with Debian's NVIDIA 535 packages: preflight.yml +
@@ -13,13 +14,19 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from installer.progress import Display, HostRecap, recap_table
+from installer.ui import TransferProgress, print_table, table
 
 EVENTS = Path(__file__).resolve().parents[1] / "fixtures" / "events"
+ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^\[(?P<host>[\w.-]+)\]\s+(?P<status>ok|changed|failed|ignored|unreachable|skipped)\s{2,}"
                   r"(?P<task>\S.*?)  \((?P<secs>\d+\.\d)s\)$")
 
@@ -100,10 +107,17 @@ def test_one_compact_line_per_shown_result_skipped_hidden():
     assert not [ln for ln in results if "Validating arguments" in ln or "Run action deploy" in ln]
     # what the admin wants to see: installs and restarts, per host, with their time
     changed = {(m["host"], m["task"]) for m in map(LINE.match, results) if m["status"] == "changed"}
-    assert ("node1", "Containerd | Restart containerd") in changed and ("node2", "Driver | Install the driver packages") in \
-        changed or ("node2", "Containerd | Restart containerd") in changed, sorted(changed)
+    for node in ("node1", "node2"):
+        for task in ("Driver | Install the pinned driver packages (apt)", "Toolkit | Install the pinned packages (apt)",
+                     "Containerd | Restart containerd"):
+            assert (node, task) in changed, (node, task, sorted(changed))
     n_changed = sum(1 for e in of(events, "runner_on_ok") if e["event_data"]["res"].get("changed"))
     assert len(changed) == n_changed
+    # each changed result once, with its own duration
+    shown = sorted((m["host"], m["task"], m["secs"]) for m in map(LINE.match, results) if m["status"] == "changed")
+    assert shown == sorted((e["event_data"]["host"], e["event_data"]["task"], f"{e['event_data']['duration']:.1f}")
+                           for e in of(events, "runner_on_ok") if e["event_data"]["res"].get("changed"))
+    assert float(next(s for h, t, s in shown if t.startswith("Driver | Install"))) > 10  # the real install took time
 
 
 def test_verbose_shows_skipped_and_bookkeeping():
@@ -180,30 +194,96 @@ def test_localhost_diff_unreachable_ignored_no_log_loop():
     assert find(verbose, "node-a", "ignored", "Fixture | Probe that may fail") >= 0
 
 
+CONTROL = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\r|\n")
+
+
+def terminal(raw: str) -> tuple[list[str], list[str], bool]:
+    """Replay what a terminal is sent: the rows left on the screen (up to the cursor's), every row that was erased
+    while it held text (the status lines drawn), and whether the cursor is visible at the end. Colours are
+    ignored; any other control sequence fails the test."""
+    rows, erased, y, x, cursor, pos = [""], [], 0, 0, True, 0
+    for m in [*CONTROL.finditer(raw), None]:
+        text = raw[pos:m.start() if m else len(raw)]
+        rows[y] = rows[y][:x].ljust(x) + text + rows[y][x + len(text):]
+        x += len(text)
+        if m is None:
+            break
+        pos, code = m.end(), m.group()
+        if code == "\r":
+            x = 0
+        elif code == "\n":
+            y, x = y + 1, 0
+            rows += [""] * (y + 1 - len(rows))
+        elif m[2] == "K" and m[1] == "2":
+            if rows[y]:
+                erased.append(rows[y])
+            rows[y] = ""
+        elif m[2] == "A":
+            y = max(0, y - int(m[1] or 1))
+        elif m[1] == "?25" and m[2] in "lh":
+            cursor = m[2] == "h"
+        elif m[2] != "m":
+            raise AssertionError(f"unexpected control sequence {code!r}")
+    while len(rows) > y + 1 and not rows[-1]:  # empty rows below the cursor are not output
+        rows.pop()
+    return rows, erased, cursor
+
+
+@pytest.fixture(autouse=True)
+def _a_terminal_type(monkeypatch):
+    """The tests that draw on a forced terminal: rich draws nothing live where TERM is dumb (as on some CI)."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
 def test_pipe_gets_no_escape_codes_tty_gets_a_status_line():
     pipe = io.StringIO()
     replay(Display(pipe), "lab-driver.jsonl")
     out = pipe.getvalue()
     assert "\x1b" not in out and "\r" not in out and "hosts - changed" not in out
     assert "== NVIDIA driver (2 hosts)" in out
+    assert out.splitlines() == plain("lab-driver.jsonl")[0]  # a stream gets exactly the lines a line sink gets
 
     tty = io.StringIO()
     clock = iter(range(10**6))
     d = Display(tty, tty=True, width=80, tick=0, clock=lambda: float(next(clock)))
     replay(d, "lab-driver.jsonl")
     raw = tty.getvalue()
-    assert raw.endswith("\n")  # no status line left behind: the run summary replaced it
-    statuses = [seg.split("\n")[0] for seg in raw.split("\r\x1b[2K") if seg and not seg.endswith("\n")]
+    assert re.search(r"\x1b\[[0-9;]*31mfailed\x1b\[0m", raw), raw[:500]  # a terminal: colours, failed in red
+    screen, statuses, cursor = terminal(raw)
+    assert cursor  # close() gave the cursor back
+    assert screen[-1] == "" and screen[-2].startswith("-- site.yml: 2 hosts, 0 changed, 2 failed/unreachable (")
     assert statuses, raw[:500]
     for st in statuses:
         assert len(st) <= 80, st
         assert re.match(r"^\d+/(\d+|\?) hosts - changed \d+ - failed \d+ - ", st), st
     assert any(st.startswith("2/2 hosts") and "Driver | " in st for st in statuses)
     assert any(re.search(r"changed [1-9]", st) for st in statuses)
-    # the plain lines are the same as in a pipe, the status line only sits between them
-    no_status = "".join(seg for seg in raw.split("\r\x1b[2K") if seg.endswith("\n"))
-    assert [ln for ln in no_status.splitlines() if not ln.startswith("--")] == \
-        [ln for ln in out.splitlines() if not ln.startswith("--")]
+    assert any(st.endswith("...") for st in statuses)  # a long task name cut to the width
+    # what stays on the screen is the lines a pipe gets, no status line left behind (the run summaries have
+    # other times: the clock ticks at every call here)
+    assert [ln for ln in screen[:-1] if not ln.startswith("--")] == [ln for ln in out.splitlines()
+                                                                     if not ln.startswith("--")]
+    assert len([ln for ln in screen if ln.startswith("-- ")]) == 4
+
+
+def test_status_line_redrawn_by_the_clock():
+    """tick > 0: rich's refresh thread redraws the status line with the elapsed time between events."""
+    now = [100.0]
+    tty = io.StringIO()
+    d = Display(tty, tty=True, width=100, tick=0.01, clock=lambda: now[0])
+    d.start_run("site.yml", lambda p: 2, ["node1", "node2"])
+    d.event({"event": "playbook_on_play_start", "event_data": {"play": "NVIDIA driver", "play_pattern": "all"}})
+    d.event({"event": "playbook_on_task_start", "event_data": {"task": "Driver | Install"}})
+    now[0] = 175.0
+    deadline = time.monotonic() + 5
+    while "1:15" not in tty.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.close()
+    screen, statuses, cursor = terminal(tty.getvalue())
+    assert "0/2 hosts - changed 0 - failed 0 - Driver | Install - 1:15" in statuses and cursor
+    assert screen == ["== NVIDIA driver (2 hosts)", ""]  # close() in the middle of a run removes the status line
+    assert d._live is None  # stopped with its thread
 
 
 def test_status_line_counts_hosts_of_the_current_task():
@@ -275,6 +355,11 @@ def test_closed_stream_does_not_raise():
     d.note("x")
     d.event({"event": "playbook_on_play_start", "event_data": {"play": "P", "play_pattern": "all"}})
     d.close()
+    for tty in (True, False):  # a whole run: never an exception (rich itself would exit on a broken pipe)
+        d = Display(Closed(), tty=tty, tick=0)
+        replay(d, "localhost.jsonl")
+        d.print_recap(Closed())
+        assert d.runs
 
 
 def test_recap_table_bad_hosts_first():
@@ -284,10 +369,11 @@ def test_recap_table_bad_hosts_first():
     assert t.splitlines()[1].rstrip().endswith("2.2s") or t.splitlines()[1].rstrip().endswith("2.3s")
 
 
-def test_a_stream_without_utf8_gets_replacement_characters():
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_stream_without_utf8_gets_replacement_characters(tty):
     raw = io.BytesIO()
     stream = io.TextIOWrapper(raw, encoding="ascii")
-    d = Display(stream, tty=True, width=60, tick=0)
+    d = Display(stream, tty=tty, width=60, tick=0)
     d.start_run("x.yml", lambda p: 1, ["h"])
     d.event({"event": "playbook_on_play_start", "event_data": {"play": "Überprüfung", "play_pattern": "all"}})
     d.event({"event": "runner_on_failed", "event_data": {"host": "h", "task": "T | Prüfen", "duration": 0.5,
@@ -296,3 +382,214 @@ def test_a_stream_without_utf8_gets_replacement_characters():
     stream.flush()
     text = raw.getvalue().decode("ascii")
     assert "== ?berpr?fung (1 host)" in text and "Gr??e falsch" in text
+    assert "[h] failed       T | Pr?fen  (0.5s)" in terminal(text)[0]
+
+
+def test_control_characters_in_event_text_are_not_sent_to_the_terminal():
+    """A remote message or task name with escape sequences must not reach the admin's terminal (or a log)."""
+    ev = {"event": "runner_on_failed", "event_data": {"host": "h", "task": "T | \x1b]0;title\x07x\ty",
+                                                      "duration": 0.5, "res": {"msg": "bad \x1b[2J\x1b[31mred\r!"}}}
+    lines: list[str] = []
+    Display(lines.append).event(ev)  # a line sink gets the text as it is
+    assert "\x1b[2J" in lines[1]
+    pipe, tty = io.StringIO(), io.StringIO()
+    for d in (Display(pipe), Display(tty, tty=True, tick=0)):
+        d.start_run("x.yml", lambda p: 1, ["h"])
+        d.event(ev)
+        d.note("stage: one\nstage: two")
+        d.close()
+    assert pipe.getvalue().splitlines() == ["[h] failed       T | ?]0;title?x y  (0.5s)",
+                                            "[h]    bad ?[2J?[31mred !", "stage: one", "stage: two"]
+    screen, _, _ = terminal(tty.getvalue())  # fails on any control sequence other than rich's own
+    assert screen[:4] == pipe.getvalue().splitlines()
+
+
+def test_no_color_on_a_terminal(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    tty = io.StringIO()
+    replay(Display(tty, tty=True, width=80, tick=0), "localhost.jsonl")
+    assert not re.search(r"\x1b\[[0-9;]*3[0-7]m", tty.getvalue())  # bold and the status line, no colours
+    assert terminal(tty.getvalue())[1]
+
+
+def test_status_line_ends_with_the_run():
+    meta, events = load("localhost.jsonl")
+    tty = io.StringIO()
+    d = Display(tty, tty=True, width=120, tick=0)
+    (playbook, evs), = runs(events)
+    d.start_run(playbook, lambda p: meta["patterns"].get(p), meta["hosts"])
+    for ev in evs:
+        d.event(ev)
+    assert d.status_text().startswith(("0/", "1/", "2/", "3/"))
+    d.finish_run()
+    assert d.status_text() == ""  # no current task: nothing ticks on during the next stage
+    d.note("operator: waiting for the operator")
+    screen, statuses, _ = terminal(tty.getvalue())
+    assert not [ln for ln in screen if " hosts - changed " in ln]  # the status line is gone, not redrawn
+    assert screen[-2:] == ["operator: waiting for the operator", ""]
+    d.close()
+    assert statuses
+
+
+def test_print_recap_plain_off_a_terminal_styled_on_one():
+    _, d, _ = plain("localhost.jsonl")
+    pipe = io.StringIO()
+    d.print_recap(pipe)
+    assert pipe.getvalue() == d.recap() + "\n" and "\x1b" not in pipe.getvalue()
+    tty = io.StringIO()
+    d.print_recap(Console(file=tty, force_terminal=True, width=120))
+    screen, _, _ = terminal(tty.getvalue())
+    assert "\x1b[1m" in tty.getvalue() and screen[0] == d.recap().splitlines()[0]
+    assert screen[1] == d.recap().splitlines()[1] and set(screen[2]) == {"\u2500"}  # the same layout, and a rule
+    assert screen[3:-1] == d.recap().splitlines()[2:]
+
+
+def test_rich_is_imported_only_to_draw(tmp_path):
+    """`gpu-install --help` and `render` start fast: rich comes in with the first table or terminal drawing."""
+    code = (
+        "import sys; from installer.cli import build_parser, main; build_parser(); "
+        "import installer.progress, installer.ui; "
+        f"rc = main(['render', '-s', 'inventories/sample/site.yaml', '-o', '{tmp_path}/v.yaml']); "
+        "d = installer.progress.Display(open('/dev/null', 'w'), tty=False); d.start_run('x.yml'); "
+        "d.event({'event': 'playbook_on_play_start', 'event_data': {'play': 'P'}}); d.finish_run(); d.close(); "
+        "before = 'rich' in sys.modules; d.recap(); print(rc, before, 'rich' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-3:] == ["0", "False", "True"], out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- installer.ui
+
+
+def test_table_plain_text_aligned_never_wrapped(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "20")  # no effect: a table is never wrapped to a terminal's width
+    long = "x" * 150
+    text = table("Catalog v25.3.0", ["component", "version", ("image", "left"), "pods"],
+                 [["driver", "550.144.03", long, 2], ["toolkit", "v1.17.4", "nvcr.io/nvidia/k8s/toolkit", 12],
+                  ["dcgm", None, "", 0]])
+    lines = text.splitlines()
+    assert lines[0] == "Catalog v25.3.0"
+    assert lines[1].split() == ["component", "version", "image", "pods"]
+    assert lines[2].split() == ["driver", "550.144.03", long, "2"] and lines[4].split() == ["dcgm", "0"]
+    assert all(ln == ln.rstrip() for ln in lines) and "\x1b" not in text
+    ends = {len(ln) for ln in lines[1:]}
+    assert len(ends) == 1  # the numbers (and their header) are right-aligned: every row ends at the same column
+    assert lines[1].index("image") == lines[2].index(long)  # a text column is left-aligned
+    assert table("", ["a"], [["b"]]).splitlines() == ["a", "b"]  # no title: no title line
+    assert table("t", ["host"], [["bad\x1b[31m"]]).splitlines()[2] == "bad?[31m"
+    assert table("t", ["ok"], [[True], [False]]).splitlines()[2:] == ["True", "False"]  # booleans are not numbers
+
+
+def test_print_table_ascii_rule_where_the_terminal_lacks_utf8():
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    print_table("Stages", ["stage", ("result", "left"), "seconds"], [["driver", "ok", 12.5], ["mig", "skipped", 0]],
+                stream, tty=True)
+    stream.flush()
+    screen, _, _ = terminal(raw.getvalue().decode("ascii"))
+    assert screen[0] == "Stages" and screen[1].split() == ["stage", "result", "seconds"]
+    assert set(screen[2]) == {"-"} and screen[3].split() == ["driver", "ok", "12.5"]
+    assert [screen[1], *screen[3:-1]] == table("", ["stage", ("result", "left"), "seconds"],
+                                               [["driver", "ok", 12.5], ["mig", "skipped", 0]]).splitlines()
+
+
+def test_transfer_plain_lines_every_10_percent_and_done():
+    now = [100.0]
+    out = io.StringIO()
+    with TransferProgress(out, clock=lambda: now[0]) as progress:
+        with progress.add("nvcr.io/nvidia/driver:550.144.03-ubuntu22.04", total=100_000_000) as t:
+            for _ in range(100):
+                now[0] += 0.1
+                t.advance(1_000_000)
+    lines = out.getvalue().splitlines()
+    assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue()
+    assert len(lines) == 10, lines
+    for i, ln in enumerate(lines[:9], 1):
+        m = re.fullmatch(r"nvcr\.io/nvidia/driver:550\.144\.03-ubuntu22\.04: (\d+)\.0 MB / 100\.0 MB \((\d+)%\), "
+                         r"10\.0 MB/s, ETA 0:(\d\d)", ln)
+        assert m and int(m[1]) == int(m[2]) == 10 * i and int(m[3]) == 10 - i, ln
+    assert lines[9] == "nvcr.io/nvidia/driver:550.144.03-ubuntu22.04: done, 100.0 MB in 0:10 (10.0 MB/s)"
+
+
+def test_transfer_plain_lines_at_most_one_per_interval_or_step():
+    now = [0.0]
+    seen: list[tuple[float, str]] = []
+    progress = TransferProgress(lambda line: seen.append((now[0], line)), interval=30, clock=lambda: now[0])
+    t = progress.add("slow", total=1000)
+    for _ in range(1000):  # 1000 s, a byte a second
+        now[0] += 1
+        t.advance(1)
+    t.done()
+    steps = [int(re.search(r"\((\d+)%\)", ln)[1]) // 10 for _, ln in seen[:-1]]
+    for (t0, _), (t1, _), s0, s1 in zip(seen, seen[1:], steps, steps[1:]):
+        assert t1 - t0 >= 30 or s1 > s0
+    assert steps == sorted(steps) and set(range(1, 10)) <= set(steps)  # every 10% step has its line
+    assert 30 <= len(seen) <= 1000 / 30 + 10 + 1, len(seen)
+    assert seen[-1][1] == "slow: done, 1.0 kB in 16:40 (1 byte/s)"
+
+
+def test_transfer_items_unknown_total_and_a_stop():
+    now = [0.0]
+    lines: list[str] = []
+    progress = TransferProgress(lines.append, unit="images", interval=5, clock=lambda: now[0])
+    with progress.add("mirror: pull", total=None) as t:
+        for _ in range(12):
+            now[0] += 1
+            t.advance()
+    assert lines == ["mirror: pull: 5 images", "mirror: pull: 10 images", "mirror: pull: done, 12 images in 0:12"]
+    lines.clear()
+    with pytest.raises(RuntimeError):
+        with progress.add("mirror: push", total=40) as t:
+            t.update(4)  # 10%: a line
+            t.update(5)
+            now[0] += 2
+            t.update(30)  # 75%: one line for the steps it crossed
+            raise RuntimeError("registry went away")
+    assert lines == ["mirror: push: 4/40 images (10%), ETA ?", "mirror: push: 30/40 images (75%), ETA 0:01",
+                     "mirror: push: stopped at 30/40 images (75%)"]
+    t.advance(5)  # after the end: ignored
+    assert len(lines) == 3
+    with pytest.raises(ValueError):
+        TransferProgress(lines.append, step=0)
+
+
+def test_transfer_on_a_terminal_console():
+    now = [0.0]
+    buf = io.StringIO()
+    console = Console(force_terminal=True, file=buf, width=100)
+    with TransferProgress(console, tick=0, clock=lambda: now[0]) as progress:
+        a = progress.add("registry.lab/nvidia/driver:550", total=50_000_000)
+        b = progress.add("registry.lab/nvidia/toolkit:1.17", total=None)
+        for _ in range(3):
+            now[0] += 1
+            a.advance(10_000_000)
+            b.advance(1_000_000)
+        mid = terminal(buf.getvalue())[0]
+        a.update(50_000_000)
+        a.done()
+    screen, drawn, cursor = terminal(buf.getvalue())
+    raw = buf.getvalue()
+    assert "\x1b[" in raw and cursor
+    bar = next(ln for ln in mid if ln.startswith("registry.lab/nvidia/driver:550 "))
+    assert "\u2501" in bar and "30.0/50.0 MB" in bar and "10.0 MB/s" in bar and "00:02" in bar, bar
+    assert any(ln.startswith("registry.lab/nvidia/toolkit:1.17 ") and "3.0/? MB" in ln for ln in mid), mid
+    # the finished transfer leaves its line above the bars and its bar goes; the one in flight stays
+    assert "registry.lab/nvidia/driver:550: done, 50.0 MB in 0:03 (16.7 MB/s)" in screen
+    assert not [ln for ln in screen if ln.startswith("registry.lab/nvidia/driver:550 ")]
+    assert "registry.lab/nvidia/driver:550 " not in raw.split("driver:550: done")[1]  # not even for a moment
+    assert [ln for ln in screen if ln.startswith("registry.lab/nvidia/toolkit:1.17 ")]
+    assert drawn
+
+
+def test_transfer_on_a_terminal_without_utf8():
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    now = [0.0]
+    with TransferProgress(stream, unit="layers", tty=True, width=80, tick=0, clock=lambda: now[0]) as progress:
+        with progress.add("Überprüfung", total=4) as t:
+            now[0] += 1
+            t.advance(2)
+    stream.flush()
+    screen, drawn, _ = terminal(raw.getvalue().decode("ascii"))  # only ASCII was written
+    assert "?berpr?fung: done, 2 layers in 0:01" in screen
+    assert any("2/4 layers" in ln and "-" in ln for ln in drawn), drawn
