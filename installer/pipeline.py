@@ -62,12 +62,12 @@ class Summary:
         self.stages.append(st)
         return st
 
-    def lines(self) -> list[str]:
-        out = [f"{self.command}{' (check mode: nothing changed)' if self.check else ''} stages:"]
-        width = max([9] + [len(s.name) for s in self.stages])
-        for s in self.stages:
-            out.append(f"  {s.name:{width}}  {s.outcome}{f' - {s.detail}' if s.detail else ''}")
-        return out
+    def table(self) -> str:
+        """The stage table printed after apply/uninstall (also when a stage failed)."""
+        from installer.ui import table
+
+        title = f"{self.command}{' (check mode: nothing changed)' if self.check else ''} stages:"
+        return table(title, ["stage", "outcome", "detail"], [(s.name, s.outcome, s.detail) for s in self.stages])
 
 
 def _split(tags: str | None) -> set[str]:

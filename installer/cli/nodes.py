@@ -38,7 +38,7 @@ def _finish(disp: Any) -> None:
     """Close the live display and print the per-host recap (also when a stage failed)."""
     disp.close()
     if disp.runs:
-        print(disp.recap(), flush=True)
+        disp.print_recap()
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -72,7 +72,7 @@ def _staged(args: argparse.Namespace, command_name: str) -> int:
     finally:
         _finish(disp)
         if summary.stages:
-            print("\n".join(summary.lines()), flush=True)
+            print(summary.table(), flush=True)
     if ok:
         tail = "; ".join(f"{s.name} {s.outcome}" for s in summary.stages)
         print(f"{command_name} ok{' (check mode)' if run.check else ''}: "

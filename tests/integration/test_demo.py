@@ -87,7 +87,7 @@ def test_demo_apply_twice_then_uninstall(demo):
     # first apply: every stage named with its outcome; the release deployed in the lab apiserver
     first = (where / "apply-1.txt").read_text()
     assert re.search(r"preflight +ok", first) and re.search(r"nodes +changed", first), first
-    assert re.search(r"operator +changed - release gpu-operator \(gpu-operator-fixture-0\.1\.0\): revision 1 deployed",
+    assert re.search(r"operator +changed +release gpu-operator \(gpu-operator-fixture-0\.1\.0\): revision 1 deployed",
                      first), first
     st = subprocess.run([str(GI), "operator", "status", "-s", str(site)], env=env, capture_output=True, text=True)
     assert st.returncode == 0 and "release gpu-operator: revision 1 deployed" in st.stdout, st.stdout + st.stderr
@@ -100,7 +100,7 @@ def test_demo_apply_twice_then_uninstall(demo):
     second = (where / "apply-2.txt").read_text()
     assert "apply ok: nodes changed=0;" in second and re.search(r"operator +unchanged", second), second
     # the mig stage labelled every GPU node nvidia.com/mig.config=all-disabled on the first apply, not again
-    assert re.search(r"mig +changed - nvidia.com/mig.config on 2 node\(s\), 2 set", first), first
+    assert re.search(r"mig +changed +nvidia.com/mig.config on 2 node\(s\), 2 set", first), first
     assert re.search(r"mig +unchanged", second), second
     stats = site_stats(state, "site")
     assert set(nodes) <= set(stats) and all(stats[n]["changed"] == 0 and stats[n]["ok"] > 0 for n in nodes), stats
@@ -147,7 +147,7 @@ def test_demo_apply_twice_then_uninstall(demo):
                            capture_output=True, text=True, timeout=900)
     assert check.returncode == 0, check.stdout + check.stderr[-3000:]
     assert re.search(r"nodes +would change", check.stdout), check.stdout
-    assert re.search(r"operator +would change - release gpu-operator: would install chart gpu-operator-fixture-0\.1\.0",
+    assert re.search(r"operator +would change +release gpu-operator: would install chart gpu-operator-fixture-0\.1\.0",
                      check.stdout), check.stdout
     assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is None
     for name, ip in nodes.items():

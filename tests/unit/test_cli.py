@@ -65,7 +65,7 @@ def test_internal_error_is_exit_1_without_traceback(cli, write_site, site_data, 
         cli("--debug", "render", "-s", write_site(site_data))
 
 
-HEAVY = ("pydantic", "yaml", "ansible", "kubernetes", "pyhelm3", "jinja2", "paramiko")
+HEAVY = ("pydantic", "yaml", "ansible", "kubernetes", "pyhelm3", "jinja2", "paramiko", "rich")
 
 
 def test_cli_import_is_light():
