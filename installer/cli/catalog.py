@@ -19,14 +19,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from installer.catalog import Catalog
 
+    from installer.ui import print_table
+
     rel = Catalog.default().get(args.release)
-    print(f"GPU Operator {rel.version}  (NFD chart {rel.nfd_chart_version})")
-    print(f"{'component':28} {'enabled':8} {'also needs':30} image")
+    rows = []
     for comp in rel.components.values():
         enabled = {True: "yes", False: "no", None: "-"}[comp.enabled]
         gates = ",".join(g.removesuffix(".enabled") for g in comp.gates) or "-"
         suffix = "  (+ -<osTag>)" if comp.os_suffix else ""
-        print(f"{comp.name:28} {enabled:8} {gates:30} {comp.image_ref or '(user supplied)'}{suffix}")
+        rows.append((comp.name, enabled, gates, f"{comp.image_ref or '(user supplied)'}{suffix}"))
+    print_table(f"GPU Operator {rel.version}  (NFD chart {rel.nfd_chart_version})",
+                ["component", "enabled", "also needs", "image"], rows)
     return 0
 
 
