@@ -3,12 +3,58 @@
 from __future__ import annotations
 
 import copy
+import functools
+import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT.parent / "shared" / "upstream" / "gpu-operator"
+
+# In CI (or with GPU_INSTALL_REQUIRE_TOOLS) a missing tool the tests need (helm, containerd, ansible-lint, …) is a
+# failure, not a skip: CI must not skip what it claims to test.
+REQUIRE_TOOLS = bool(os.environ.get("CI") or os.environ.get("GPU_INSTALL_REQUIRE_TOOLS"))
+
+
+def need(available: object, reason: str) -> None:
+    """Inside a test: skip without the tool -- or fail, when tools are required (CI)."""
+    if available:
+        return
+    if REQUIRE_TOOLS:
+        pytest.fail(f"{reason} (CI / GPU_INSTALL_REQUIRE_TOOLS is set: not skipping)")
+    pytest.skip(reason)
+
+
+def requires(available: object, reason: str):
+    """Decorator form of need(): the check is made when the test runs."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            need(available, reason)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The skip count with the reasons, at the end of every run (CI prints it before pytest's closing line)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: Counter[str] = Counter()
+    for rep in skipped:
+        longrepr = rep.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    terminalreporter.section(f"{len(skipped)} skipped, by reason")
+    for reason, n in reasons.most_common():
+        terminalreporter.write_line(f"{n:4d}  {reason}")
+
 
 BASE_SITE = {
     "operator": {"version": "v24.9.2"},

@@ -61,11 +61,11 @@ def test_bad_kubeconfig_is_exit_2(cli, site, tmp_path):
 
 @pytest.mark.helm
 def test_helm_failure_is_exit_7_with_helms_message(tmp_path):
-    from installer.tools import find_helm
-
-    if find_helm() is None:
-        pytest.skip("helm not installed (scripts/bootstrap installs it)")
     from installer.helm import template
+    from installer.tools import find_helm
+    from tests.conftest import need
+
+    need(find_helm(), "helm not installed (scripts/bootstrap installs it)")
 
     chart = tmp_path / "broken"
     (chart / "templates").mkdir(parents=True)

@@ -6,15 +6,16 @@ import pytest
 import yaml
 
 from installer.config import parse_site
-from tests.conftest import plan_of
 from installer.tools import find_helm
-from tests.conftest import ROOT
+from tests.conftest import ROOT, need, plan_of
 
 CHART = ROOT / "tests" / "fixtures" / "charts" / "gpu-operator-fixture"
-pytestmark = [
-    pytest.mark.helm,
-    pytest.mark.skipif(find_helm() is None, reason="helm not installed (scripts/bootstrap installs it)"),
-]
+pytestmark = pytest.mark.helm
+
+
+@pytest.fixture(autouse=True)
+def helm_binary():
+    need(find_helm(), "helm not installed (scripts/bootstrap installs it)")
 
 
 def images_and_secrets(resources):
