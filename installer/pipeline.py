@@ -208,6 +208,8 @@ def removal_plan(plan: Plan, op: OperatorOptions) -> list[str]:
     if ev["registry_trust_enabled"]:
         out.append(f"{on} the CA of {site.registry.host} from the OS trust store, docker certs.d and containerd "
                    "hosts.toml (only files gpu-install wrote)")
+    out.append("on the kube_control_plane hosts: gpu-install's flags and mount out of the kube-scheduler static-pod "
+               "manifest and its scheduler policy/config files, if an apply put them there; backup kept")
     out.append("kept: NVIDIA driver and container toolkit packages stay installed (remove them with the "
                "OS package manager if wanted)")
     return out
