@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_catalog_diff)
 
     _register_optional(sub, "installer.apply_cli")
-    _register_optional(sub, "installer.lab.cli")
+    register_plugins(sub)
     _register_optional(sub, "installer.operator_cli")
     _register_optional(sub, "installer.mig_cli")
     return parser
@@ -206,6 +206,19 @@ def _register_optional(sub: argparse._SubParsersAction, module: str) -> None:
         return
     register: Callable[[argparse._SubParsersAction], None] = mod.register
     register(sub)
+
+
+def register_plugins(sub: argparse._SubParsersAction) -> None:
+    """Command groups shipped outside the product package (entry points "gpu_install.commands", e.g. `lab`
+    from gpu_install_lab). One whose extra is not installed fails to load and adds no command."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="gpu_install.commands"):
+        try:
+            register = ep.load()
+        except ModuleNotFoundError:  # e.g. gpu-install without [lab]
+            continue
+        register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ def site_stats(state: Path, playbook: str) -> dict[str, dict[str, int]]:
 def demo(tmp_path_factory):
     lab_prerequisites()
     from installer.errors import GpuInstallError
-    from installer.lab import kube
+    from gpu_install_lab import kube
 
     try:
         kube.ensure_binaries(progress=lambda m: print(m, flush=True))

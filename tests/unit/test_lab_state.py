@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from installer.errors import ConfigError, EnvironmentProblem
-from installer.lab import net, rootfs
-from installer.lab.lab import alive, plan_nodes
-from installer.lab.state import State, locked, proc_identity, proc_start, same_process, teardown_order
+from gpu_install_lab import net, rootfs
+from gpu_install_lab.lab import alive, plan_nodes
+from gpu_install_lab.state import State, locked, proc_identity, proc_start, same_process, teardown_order
 
 
 def test_record_writes_before_create_and_dedupes(tmp_path):

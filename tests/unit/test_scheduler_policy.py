@@ -15,7 +15,7 @@ import yaml
 from installer import apply
 from installer.config import parse_site
 from installer.errors import ConfigError
-from installer.lab import kube, staticpods
+from gpu_install_lab import kube, staticpods
 from tests.unit.library_modules import load_module as _module
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.lab import kube
+from gpu_install_lab import kube
 
 from .conftest import NODES
 
@@ -244,7 +244,7 @@ def test_down_after_a_crashed_up(kube_bin, tmp_path):
     """`up` killed with SIGKILL half-way: down() from the state file alone stops what it started."""
     lab = tmp_path / "lab"
     repo = Path(kube.__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "installer.lab.kube", "up", "--lab-dir", str(lab), "--nodes", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_install_lab.kube", "up", "--lab-dir", str(lab), "--nodes", "1"],
                             cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state_path = lab / "kube" / "state.json"
 

@@ -1,4 +1,4 @@
-"""The lab's kubelet stand-in (installer/lab/staticpods.py) running the REAL kube-scheduler 1.20.2 from its
+"""The lab's kubelet stand-in (gpu_install_lab/staticpods.py) running the REAL kube-scheduler 1.20.2 from its
 static-pod manifest: restarts on a manifest change, a forgotten volume mount really breaks the binary (its
 filesystem is the manifest's, not the host's), a crash loop backs off, a deleted manifest stops the pod."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.lab import kube, staticpods
+from gpu_install_lab import kube, staticpods
 from tests.integration.kubernetes.test_control_plane import wait_for
 
 pytestmark = pytest.mark.kubernetes

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from installer.errors import ConfigError
-from installer.lab.sh import run
+from gpu_install_lab.sh import run
 
 STANDIN = "gpu-install-lab-standin"
 STANDIN_VERSION = "1.0"

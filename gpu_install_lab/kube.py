@@ -5,7 +5,7 @@ Binaries: kubernetes 1.20.2 built from Debian's `kubernetes` source package by
 scripts/build-kubernetes into <cache>/kubernetes/1.20.2/bin (built once, then cached);
 etcd 3.4 is Debian's etcd-server. kube-scheduler runs as a kubeadm-like static pod
 (<lab_dir>/kube/manifests/kube-scheduler.yaml) under the lab's kubelet stand-in
-(installer/lab/staticpods.py, process "kubelet-standin"), so that gpu-install's scheduler_policy role
+(gpu_install_lab/staticpods.py, process "kubelet-standin"), so that gpu-install's scheduler_policy role
 edits a real static-pod manifest; the stand-in's pods are stopped by recorded identity too.
 
 Nodes are kubemark hollow kubelets (`kubemark --morph=kubelet`): the real kubelet code with a fake
@@ -32,7 +32,7 @@ with client certificates (CN=system:node:<name>, O=system:nodes) signed by the l
 the network namespace before it is created; down() stops only processes whose identity still
 matches, deletes the namespace and removes the directory.
 
-Manual use:  python -m installer.lab.kube up|down|status [--lab-dir DIR] [--nodes N]
+Manual use:  python -m gpu_install_lab.kube up|down|status [--lab-dir DIR] [--nodes N]
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ FAKE_NODE_FIRST = 10
 NETNS_APISERVER_PORT = 6443  # where the forwarder listens inside the nodes' namespace
 KUBELET_PORT_BASE = 10250  # inside the nodes' namespace (ours alone), one port per node
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
-STANDIN = "kubelet-standin"  # installer/lab/staticpods.py: runs the static pods (kube-scheduler)
+STANDIN = "kubelet-standin"  # gpu_install_lab/staticpods.py: runs the static pods (kube-scheduler)
 SCHEDULER_IMAGE = f"registry.k8s.io/kube-scheduler:v{KUBE_VERSION}"
 DEFAULT_GPU_PRODUCT = "NVIDIA-A100-SXM4-40GB"
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-kubernetes"
@@ -464,7 +464,7 @@ def scheduler_manifest(port: int, kubeconfig: Path) -> str:
         },
     }
     return ("# kube-scheduler static pod of the gpu-install lab (run by the lab's kubelet stand-in,\n"
-            "# installer/lab/staticpods.py). Backups of this file belong OUTSIDE this directory.\n"
+            "# gpu_install_lab/staticpods.py). Backups of this file belong OUTSIDE this directory.\n"
             + yaml.safe_dump(pod, sort_keys=False))
 
 
@@ -792,7 +792,7 @@ class ControlPlane:
 
     def _scheduler_static_pod(self, server: str, bins: Path) -> None:
         """kube-scheduler as a kubeadm-like static pod, run by the kubelet stand-in
-        (installer/lab/staticpods.py). An existing manifest is kept (gpu-install's scheduler_policy
+        (gpu_install_lab/staticpods.py). An existing manifest is kept (gpu-install's scheduler_policy
         role may have patched it) unless it serves on another port than the recorded one."""
         port = self._port("kube-scheduler", STANDIN)
         self._port("kube-scheduler-insecure", STANDIN)  # for a KubeSchedulerConfiguration (lab inventory)
@@ -808,7 +808,7 @@ class ControlPlane:
                           f"kube-scheduler static pod, health on https://127.0.0.1:{port}")
             self._spawn(
                 STANDIN,
-                [sys.executable, "-m", "installer.lab.staticpods", "--manifests", str(self.manifests_dir),
+                [sys.executable, "-m", "gpu_install_lab.staticpods", "--manifests", str(self.manifests_dir),
                  "--logs", str(self.dir / "logs" / "pods"), "--bin-dir", str(bins),
                  "--state", str(self.standin_state)],
                 env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
@@ -841,7 +841,7 @@ class ControlPlane:
                 [
                     sys.executable,
                     "-m",
-                    "installer.lab.kube",
+                    "gpu_install_lab.kube",
                     "_forward",
                     f"/run/netns/{ns}",
                     str(NETNS_APISERVER_PORT),
@@ -1145,7 +1145,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from installer.errors import GpuInstallError
 
-    parser = argparse.ArgumentParser(prog="python -m installer.lab.kube", description="lab Kubernetes control plane")
+    parser = argparse.ArgumentParser(prog="python -m gpu_install_lab.kube", description="lab Kubernetes control plane")
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--lab-dir", type=Path,
                         default=Path(os.environ.get("GPU_INSTALL_LAB_DIR") or "/var/lib/gpu-install/lab"),

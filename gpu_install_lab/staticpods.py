@@ -29,7 +29,7 @@ What it is NOT: no images (binaries come from the lab's build), no pod sandbox, 
 namespaces, no cgroups or resource limits, no probes, no API mirror pods, no restartPolicy other
 than Always, only hostPath volumes, only the first container.
 
-Usage: python -m installer.lab.staticpods --manifests DIR --logs DIR --bin-dir DIR [--state FILE]
+Usage: python -m gpu_install_lab.staticpods --manifests DIR --logs DIR --bin-dir DIR [--state FILE]
 """
 
 from __future__ import annotations
@@ -438,7 +438,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m installer.lab.staticpods ({PROCESS_NAME})",
+    ap = argparse.ArgumentParser(prog=f"python -m gpu_install_lab.staticpods ({PROCESS_NAME})",
                                  description="the lab's stand-in for the kubelet's static-pod runner")
     ap.add_argument("--manifests", type=Path, required=True, help="static pod manifest directory")
     ap.add_argument("--logs", type=Path, required=True, help="directory for <pod>.log")

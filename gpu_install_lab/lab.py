@@ -1,4 +1,4 @@
-"""`gpu-install lab up|down|status|inventory`: the orchestration. See installer/lab/__init__.py for
+"""`gpu-install lab up|down|status|inventory`: the orchestration. See gpu_install_lab/__init__.py for
 the directory layout and docs/lab.md for the design and its limits."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from installer.errors import ConfigError, EnvironmentProblem
-from installer.lab import FLAVOURS, inventory, net, nodes, pki, registry, repo, rootfs
-from installer.lab.sh import require_root_and_tools, run
-from installer.lab.state import State, locked, proc_identity, same_process, teardown_order
+from gpu_install_lab import FLAVOURS, inventory, net, nodes, pki, registry, repo, rootfs
+from gpu_install_lab.sh import require_root_and_tools, run
+from gpu_install_lab.state import State, locked, proc_identity, same_process, teardown_order
 from installer.util import atomic_write
 
 TOP_DIRS = ("pki", "ssh", "registry", "repo", "nodes", "tools", "inventory")
@@ -91,12 +91,12 @@ class Lab:
 
     def _control_plane(self):
         try:
-            from installer.lab.kube import ControlPlane
+            from gpu_install_lab.kube import ControlPlane
         except ModuleNotFoundError as exc:
-            if exc.name != "installer.lab.kube":
+            if exc.name != "gpu_install_lab.kube":
                 raise
             raise EnvironmentProblem(
-                "the lab's Kubernetes control plane (installer/lab/kube.py) is not in this checkout",
+                "the lab's Kubernetes control plane (gpu_install_lab/kube.py) is not in this checkout",
                 hint="run `lab up` without --kubernetes",
             ) from None
         return ControlPlane(self.dir, progress=self.say)
@@ -192,7 +192,7 @@ class Lab:
             atomic_write(self.dir / "inventory" / "hosts.yml", text)
 
             if kubernetes:
-                self.say("kubernetes: control plane (installer.lab.kube)")
+                self.say("kubernetes: control plane (gpu_install_lab.kube)")
                 cp = self._control_plane()
                 cp.up()
                 cp.register_nodes([{"name": n["name"], "ip": n["ip"], "gpus": gpus,

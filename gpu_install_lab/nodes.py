@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from installer.errors import EnvironmentProblem
-from installer.lab import pki, repo, rootfs
-from installer.lab.rootfs import LAB_USER
-from installer.lab.sh import run
+from gpu_install_lab import pki, repo, rootfs
+from gpu_install_lab.rootfs import LAB_USER
+from gpu_install_lab.sh import run
 from installer.util import atomic_write
 
 CA_NAME = "gpu-install-lab-ca.crt"
