@@ -56,6 +56,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from gpu_install_lab import proc
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.util import atomic_write, cache_dir
 
@@ -76,84 +77,7 @@ BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-kubernet
 Progress = Callable[[str], Any]
 
 
-# --------------------------------------------------------------------------- process identity
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in ticks) of pid, None if there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields[0], int(fields[19])
-
-
-def _identity(pid: int) -> dict[str, Any]:
-    st = _proc_stat(pid)
-    return {"pid": pid, "start": st[1] if st else None, "boot": _boot_id()}
-
-
-def _alive(rec: dict[str, Any] | None) -> bool:
-    """True if the recorded process is still the very process we started (and not a zombie)."""
-    if not rec or not rec.get("pid") or rec.get("start") is None or rec.get("boot") != _boot_id():
-        return False
-    st = _proc_stat(int(rec["pid"]))
-    return st is not None and st[1] == rec["start"] and st[0] not in ("Z", "X")
-
-
-_CHILDREN: dict[int, subprocess.Popen] = {}
-
-
-def _reap(pid: int) -> None:
-    if pid <= 0:
-        return
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        if child.poll() is not None:
-            _CHILDREN.pop(pid, None)
-        return
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _stop(rec: dict[str, Any], timeout: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL, the recorded process -- only if it is still the one we started."""
-    if not _alive(rec):
-        _reap(int(rec.get("pid") or 0))
-        return
-    pid = int(rec["pid"])
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(rec):
-        _reap(pid)
-        time.sleep(0.05)
-    if _alive(rec):
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _alive(rec):
-            _reap(pid)
-            time.sleep(0.05)
-    # A child of this process: collect it. (A Go process shows 'Z' while its other threads are
-    # still exiting; waitpid returns once all are gone.) Orphans are reaped by init.
-    child = _CHILDREN.pop(pid, None)
-    if child is not None:
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
+# --------------------------------------------------------------------------- ports
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -216,17 +140,17 @@ def ensure_binaries(progress: Progress = print) -> Path:
             f"(once; ~7 min on 2 cores; cached in {bin_dir()})"
         )
     env = dict(os.environ, GPU_INSTALL_CACHE=str(cache_dir()))
-    proc = subprocess.Popen(
+    build = subprocess.Popen(
         ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
-    assert proc.stdout is not None
+    assert build.stdout is not None
     import queue
     import threading
 
     lines: queue.Queue[str | None] = queue.Queue()
 
     def reader() -> None:
-        for raw in proc.stdout:  # type: ignore[union-attr]
+        for raw in build.stdout:  # type: ignore[union-attr]
             lines.put(raw.rstrip("\n"))
         lines.put(None)
 
@@ -244,7 +168,7 @@ def ensure_binaries(progress: Progress = print) -> Path:
         tail = (tail + [line])[-30:]
         if line.startswith("build-kubernetes:") and not found:
             progress("  " + line)
-    rc = proc.wait()
+    rc = build.wait()
     if rc != 0:
         raise EnvironmentProblem(
             f"building kubernetes {KUBE_VERSION} failed (scripts/build-kubernetes exit {rc}):\n  "
@@ -521,21 +445,8 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- processes
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-        logs = self.dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env or dict(os.environ),
-                start_new_session=True,  # survives the CLI, never gets its Ctrl-C
-                close_fds=True,
-            )
-        _CHILDREN[proc.pid] = proc  # keep the Popen: no ResourceWarning, and we can reap it
-        rec = _identity(proc.pid)
+        log_path = self.dir / "logs" / f"{name}.log"
+        rec = proc.spawn(argv, log_path, env=env or None)  # its own session: survives the CLI, never gets its Ctrl-C
         rec.update(argv=argv[:3] + (["..."] if len(argv) > 3 else []), log=str(log_path))
         self.state["processes"][name] = rec  # recorded at once: down() can stop it after a crash
         self._save()
@@ -544,12 +455,12 @@ class ControlPlane:
     def _stop_component(self, name: str) -> None:
         rec = self.state["processes"].get(name)
         if rec:
-            _stop(rec)
+            proc.stop(rec)
             self.state["processes"].pop(name, None)
             self._save()
 
     def _running(self, name: str) -> bool:
-        return _alive(self.state["processes"].get(name))
+        return proc.alive(self.state["processes"].get(name))
 
     def _log_tail(self, name: str, lines: int = 15) -> str:
         try:
@@ -857,9 +768,9 @@ class ControlPlane:
             self._wait("the apiserver forwarder", listening, 20, "apiserver-forwarder")
 
     def _ip(self, *args: str) -> None:
-        proc = subprocess.run(["ip", *args], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise EnvironmentProblem(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+        res = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise EnvironmentProblem(f"`ip {' '.join(args)}` failed: {res.stderr.strip()}")
 
     def _ip_out(self, *args: str) -> str:
         return subprocess.run(["ip", *args], capture_output=True, text=True).stdout
@@ -1001,18 +912,18 @@ class ControlPlane:
         stopped = []
         for name in order:
             rec = procs.get(name)
-            if rec and _alive(rec):
-                _stop(rec)
+            if rec and proc.alive(rec):
+                proc.stop(rec)
                 stopped.append(name)
-                if _alive(rec):
+                if proc.alive(rec):
                     raise EnvironmentProblem(f"could not stop {name} (pid {rec['pid']})",
                                              hint=f"kill -9 {rec['pid']} and run down again")
             if name == STANDIN:  # its pods, should it have died without stopping them (by recorded identity)
                 for pod, prec in self.static_pods().items():
-                    if _alive(prec):
-                        _stop(prec)
+                    if proc.alive(prec):
+                        proc.stop(prec)
                         stopped.append(f"static pod {pod}")
-                        if _alive(prec):
+                        if proc.alive(prec):
                             raise EnvironmentProblem(f"could not stop static pod {pod} (pid {prec['pid']})",
                                                      hint=f"kill -9 {prec['pid']} and run down again")
         ns = self.state.get("netns")
@@ -1034,12 +945,12 @@ class ControlPlane:
             "kube-scheduler": lambda: self._healthz("kube-scheduler"),
             "kube-controller-manager": lambda: self._healthz("kube-controller-manager"),
         }
-        pods = self.static_pods() if _alive(procs.get(STANDIN)) else {}
+        pods = self.static_pods() if proc.alive(procs.get(STANDIN)) else {}
         for name in COMPONENTS:
             rec = procs.get(name)
             if name in pods:  # a static pod run by the kubelet stand-in
                 rec = pods[name]
-            running = _alive(rec)
+            running = proc.alive(rec)
             healthy = False
             if running:
                 try:
@@ -1049,12 +960,12 @@ class ControlPlane:
             out["components"][name] = {"running": running, "pid": rec["pid"] if running else None, "healthy": healthy}
         if STANDIN in procs:
             rec = procs[STANDIN]
-            running = _alive(rec)
+            running = proc.alive(rec)
             out["components"][STANDIN] = {"running": running, "pid": rec["pid"] if running else None,
                                           "healthy": running}
         if "apiserver-forwarder" in procs:
             rec = procs["apiserver-forwarder"]
-            running = _alive(rec)
+            running = proc.alive(rec)
             out["components"]["apiserver-forwarder"] = {"running": running, "pid": rec["pid"] if running else None,
                                                         "healthy": running}
         api_ok = out["components"]["kube-apiserver"]["healthy"]
@@ -1064,7 +975,7 @@ class ControlPlane:
         api = self._api() if api_ok and self.state["nodes"] else None
         for name, rec in self.state["nodes"].items():
             prec = procs.get(f"node-{name}")
-            running = _alive(prec)
+            running = proc.alive(prec)
             ready = False
             if api is not None:
                 try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_install_lab import kube
+from gpu_install_lab import kube, proc
 
 from .conftest import NODES
 
@@ -226,13 +226,13 @@ def test_down_leaves_nothing(kube_bin, tmp_path):
         pods = cp.static_pods()
         assert set(pods) == {"kube-scheduler"}  # run by the kubelet stand-in from its static-pod manifest
         records += list(pods.values())
-        assert all(kube._alive(r) for r in records)
+        assert all(proc.alive(r) for r in records)
         netns = state["netns"]
     finally:
         kube.ControlPlane(lab, progress=print).down()
-    assert not any(kube._alive(r) for r in records)
+    assert not any(proc.alive(r) for r in records)
     for r in records:  # not even a zombie under that pid with that start time
-        st = kube._proc_stat(r["pid"])
+        st = proc.proc_stat(r["pid"])
         assert st is None or st[1] != r["start"], r["argv"]
     assert not (lab / "kube").exists()
     assert not os.path.exists(f"/run/netns/{netns}")
@@ -260,7 +260,7 @@ def test_down_after_a_crashed_up(kube_bin, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     records = list(json.loads(state_path.read_text())["processes"].values())
-    assert any(kube._alive(r) for r in records)  # the crash left processes behind
+    assert any(proc.alive(r) for r in records)  # the crash left processes behind
     kube.ControlPlane(lab, progress=print).down()
-    assert not any(kube._alive(r) for r in records)
+    assert not any(proc.alive(r) for r in records)
     assert not (lab / "kube").exists()
