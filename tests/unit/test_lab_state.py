@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from installer.errors import ConfigError, EnvironmentProblem
 from gpu_install_lab import net, rootfs
 from gpu_install_lab.lab import plan_nodes
 from gpu_install_lab.proc import alive, identity, proc_start, same_process
 from gpu_install_lab.state import State, locked, teardown_order
+from installer.errors import ConfigError, EnvironmentProblem
 
 
 def test_record_writes_before_create_and_dedupes(tmp_path):

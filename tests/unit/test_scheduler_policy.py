@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpu_install_lab import kube, staticpods
 from installer import apply
 from installer.config import parse_site
 from installer.errors import ConfigError
-from gpu_install_lab import kube, staticpods
 from tests.unit.library_modules import load_module as _module
 
 ROOT = Path(__file__).resolve().parent.parent.parent
