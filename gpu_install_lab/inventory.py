@@ -69,7 +69,7 @@ def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str
 
 
 def scheduler_policy_vars(lab_dir: Path) -> dict[str, Any]:
-    """Where the lab keeps what a kubeadm control plane keeps in /etc/kubernetes (gpu_install_lab/kube.py):
+    """Where the lab keeps what a kubeadm control plane keeps in /etc/kubernetes (gpu_install_lab/kube/):
     the kube-scheduler static pod run by the lab's kubelet stand-in, and short waits."""
     kube = lab_dir / "kube"
     out: dict[str, Any] = {

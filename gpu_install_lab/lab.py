@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from installer.errors import ConfigError, EnvironmentProblem
 from gpu_install_lab import FLAVOURS, inventory, net, nodes, pki, proc, registry, repo, rootfs
 from gpu_install_lab.proc import alive
 from gpu_install_lab.sh import require_root_and_tools, run
 from gpu_install_lab.state import State, locked, teardown_order
+from installer.errors import ConfigError, EnvironmentProblem
 from installer.util import atomic_write
 
 TOP_DIRS = ("pki", "ssh", "registry", "repo", "nodes", "tools", "inventory")
@@ -62,7 +62,7 @@ class Lab:
             if exc.name != "gpu_install_lab.kube":
                 raise
             raise EnvironmentProblem(
-                "the lab's Kubernetes control plane (gpu_install_lab/kube.py) is not in this checkout",
+                "the lab's Kubernetes control plane (gpu_install_lab/kube/) is not in this checkout",
                 hint="run `lab up` without --kubernetes",
             ) from None
         return ControlPlane(self.dir, progress=self.say)

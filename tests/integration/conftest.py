@@ -2,7 +2,7 @@
 
 `lab`: ONE lab per test session, in a temporary lab dir: 2 nodes (node1 debian12, node2 rhel9
 stand-in), the bastion registry (TLS, lab CA) and package repo. Torn down (`lab down`) at the end.
-`lab_kubernetes`: the same lab plus the control plane (gpu_install_lab/kube.py) with the nodes
+`lab_kubernetes`: the same lab plus the control plane (gpu_install_lab/kube/) with the nodes
 registered as fake GPU nodes.
 
 Skips with the reason when not root, without network namespaces or without the tools -- unless CI
@@ -118,7 +118,7 @@ def lab_kubernetes(lab):
     try:
         from gpu_install_lab import kube
     except ModuleNotFoundError:
-        _skip_or_fail("gpu_install_lab/kube.py (the lab control plane) is not in this checkout")
+        _skip_or_fail("gpu_install_lab/kube/ (the lab control plane) is not in this checkout")
     from installer.errors import GpuInstallError
 
     try:
