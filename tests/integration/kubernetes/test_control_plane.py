@@ -244,8 +244,8 @@ def test_down_after_a_crashed_up(kube_bin, tmp_path):
     """`up` killed with SIGKILL half-way: down() from the state file alone stops what it started."""
     lab = tmp_path / "lab"
     repo = Path(kube.__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_install_lab.kube", "up", "--lab-dir", str(lab), "--nodes", "1"],
-                            cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    up = subprocess.Popen([sys.executable, "-m", "gpu_install_lab.kube", "up", "--lab-dir", str(lab), "--nodes", "1"],
+                          cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state_path = lab / "kube" / "state.json"
 
     def started():
@@ -257,8 +257,8 @@ def test_down_after_a_crashed_up(kube_bin, tmp_path):
     try:
         wait_for("up to start the scheduler", started, timeout=120, interval=0.1)
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        up.send_signal(signal.SIGKILL)
+        up.wait()
     records = list(json.loads(state_path.read_text())["processes"].values())
     assert any(proc.alive(r) for r in records)  # the crash left processes behind
     kube.ControlPlane(lab, progress=print).down()
