@@ -198,8 +198,8 @@ def main() -> int:
         name, _, assigns = spec.partition(":")
         variants[name] = dict(a.split("=", 1) for a in assigns.split(",") if a)
 
-    from installer.lab import packages as lab_packages
-    from installer.lab.lab import Lab
+    from gpu_install_lab import packages as lab_packages
+    from gpu_install_lab.lab import Lab
 
     work = Path(tempfile.mkdtemp(prefix="bench-apply-"))
     lab_dir = work / "lab"

@@ -2,7 +2,7 @@
 
 `lab`: ONE lab per test session, in a temporary lab dir: 2 nodes (node1 debian12, node2 rhel9
 stand-in), the bastion registry (TLS, lab CA) and package repo. Torn down (`lab down`) at the end.
-`lab_kubernetes`: the same lab plus the control plane (installer/lab/kube.py) with the nodes
+`lab_kubernetes`: the same lab plus the control plane (gpu_install_lab/kube/) with the nodes
 registered as fake GPU nodes.
 
 Skips with the reason when not root, without network namespaces or without the tools -- unless CI
@@ -36,7 +36,7 @@ def _skip_or_fail(reason: str) -> None:
 
 
 def lab_prerequisites() -> None:
-    from installer.lab.sh import missing_binaries
+    from gpu_install_lab.sh import missing_binaries
 
     if os.geteuid() != 0:
         _skip_or_fail("the lab needs root (network namespaces, overlay mounts, systemd-nspawn)")
@@ -101,7 +101,7 @@ class LabHandle:
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     lab_prerequisites()
-    from installer.lab.lab import Lab
+    from gpu_install_lab.lab import Lab
 
     lab_dir = Path(os.environ.get("GPU_INSTALL_TEST_LAB_DIR") or tmp_path_factory.mktemp("lab") / "lab")
     the_lab = Lab(lab_dir, progress=lambda m: print(m, flush=True))
@@ -116,9 +116,9 @@ def lab(tmp_path_factory):
 def lab_kubernetes(lab):
     """The session lab plus the control plane; its nodes registered with nvidia.com/gpu capacity."""
     try:
-        from installer.lab import kube
+        from gpu_install_lab import kube
     except ModuleNotFoundError:
-        _skip_or_fail("installer/lab/kube.py (the lab control plane) is not in this checkout")
+        _skip_or_fail("gpu_install_lab/kube/ (the lab control plane) is not in this checkout")
     from installer.errors import GpuInstallError
 
     try:

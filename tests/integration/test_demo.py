@@ -44,8 +44,8 @@ def site_stats(state: Path, playbook: str) -> dict[str, dict[str, int]]:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     lab_prerequisites()
+    from gpu_install_lab import kube
     from installer.errors import GpuInstallError
-    from installer.lab import kube
 
     try:
         kube.ensure_binaries(progress=lambda m: print(m, flush=True))

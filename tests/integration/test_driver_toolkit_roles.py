@@ -2,7 +2,7 @@
 
 The lab's apt repo serves, through `gpu-install lab repo-add`, the REAL Debian NVIDIA packages (nvidia-driver,
 nvidia-smi, nvidia-kernel-dkms 535.309.01 from bookworm-security/non-free, nvidia-persistenced, with their closure
-relative to the node rootfs; installer/lab/packages.py), containerd (preflight wants a runtime), and the STAND-INs
+relative to the node rootfs; gpu_install_lab/packages.py), containerd (preflight wants a runtime), and the STAND-INs
 nvidia-container-toolkit 1.17.4-0gpuinstall.standin1 (nvidia-ctk prints a version) and
 gpu-install-standin-nvidia-container-runtime. The real `gpu-install apply` CLI installs them.
 
@@ -67,8 +67,8 @@ def dpkg_version(handle: LabHandle, pkg: str) -> str:
 @pytest.fixture(scope="module")
 def drv(tmp_path_factory):
     lab_prerequisites()
-    from installer.lab import packages as lab_packages
-    from installer.lab.lab import Lab
+    from gpu_install_lab import packages as lab_packages
+    from gpu_install_lab.lab import Lab
 
     lab_dir = tmp_path_factory.mktemp("drvlab") / "lab"
     the_lab = Lab(lab_dir, progress=lambda m: print(m, flush=True))

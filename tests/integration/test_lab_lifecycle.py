@@ -59,8 +59,8 @@ def lab_dir(tmp_path):
 
 
 def test_down_leaves_nothing_and_registry_auth(lab_dir):
-    from installer.lab.lab import Lab
-    from installer.lab.net import lab_id
+    from gpu_install_lab.lab import Lab
+    from gpu_install_lab.net import lab_id
 
     lab = Lab(lab_dir, progress=print)
     try:
@@ -85,8 +85,8 @@ def test_down_leaves_nothing_and_registry_auth(lab_dir):
 
 def test_down_after_up_was_killed(lab_dir):
     """SIGKILL `lab up` while it boots the nodes; `lab down` still removes everything."""
-    from installer.lab.lab import Lab
-    from installer.lab.net import lab_id
+    from gpu_install_lab.lab import Lab
+    from gpu_install_lab.net import lab_id
 
     up = subprocess.Popen([str(VENV_BIN / "gpu-install"), "lab", "--lab-dir", str(lab_dir), "up", "--nodes", "2"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

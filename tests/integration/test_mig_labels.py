@@ -1,6 +1,6 @@
 """`gpu-install mig label` against the lab's real kube-apiserver (hollow GPU nodes).
 
-The lab registers its nodes with GFD-style labels (installer/lab/kube.py node_labels). Here the two nodes are
+The lab registers its nodes with GFD-style labels (gpu_install_lab/kube/nodes.py node_labels). Here the two nodes are
 given the labels GPU Feature Discovery would publish for an A100-SXM4-40GB and an H100-80GB-HBM3 (product,
 mig.capable=true) through the API; the original labels are restored afterwards. The real CLI then labels them.
 """

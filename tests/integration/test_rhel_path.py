@@ -2,14 +2,14 @@
 
 node2 is the rhel9 STAND-IN (Debian userland with Rocky 9.5's os-release, Debian's dnf/rpm and python3-dnf, Ansible
 facts os_family RedHat): the roles take their dnf branches and run real dnf transactions against the lab's RPM repo,
-which serves (`gpu-install lab repo-add`, installer/lab/packages.py):
+which serves (`gpu-install lab repo-add`, gpu_install_lab/packages.py):
   - gpu-install-standin-containerd: Debian's real containerd 1.6.20 + runc binaries repackaged unmodified as an RPM
     (preflight wants a runtime; containerd_runtime restarts it and validates with `containerd config dump`),
   - the runtime and nvidia-container-toolkit STAND-IN RPMs (nvidia-ctk prints the pinned version),
   - STAND-IN NVIDIA driver RPMs under NVIDIA's RHEL 9 names (nvidia-driver, nvidia-driver-cuda, kmod-nvidia-latest-dkms,
     nvidia-persistenced; epoch 3) in TWO versions, so the role's dnf pin `name-<v>*` is what picks the older one.
 registry_trust's RHEL branch writes /etc/pki/ca-trust/source/anchors and runs `update-ca-trust extract` (the rhel9
-node's STAND-IN, installer/lab/rootfs.py UPDATE_CA_TRUST): TLS to the lab registry fails before and works after.
+node's STAND-IN, gpu_install_lab/rootfs.py UPDATE_CA_TRUST): TLS to the lab registry fails before and works after.
 
 driver.mode runfile runs the runfile STAND-IN NVIDIA-Linux-x86_64-<v>-STANDIN.run served under the repo's /files/
 (a shell script accepting nvidia-installer's unattended flags; it installs an nvidia-smi that exits 9 and an
@@ -48,7 +48,7 @@ def _site(work: Path, name: str, registry: dict, driver: dict, toolkit: dict | N
 
 @pytest.fixture(scope="module")
 def rp(lab: LabHandle, tmp_path_factory):
-    from installer.lab import packages
+    from gpu_install_lab import packages
 
     t0 = time.monotonic()
     files = [*packages.rhel_rpms(), *packages.standin_nvidia_driver_rpms(NEWER), *packages.runtime_debs(),

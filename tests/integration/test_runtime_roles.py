@@ -2,7 +2,7 @@
 
 A lab of its own (2 debian12 nodes; the rhel9 stand-in has no docker/containerd RPMs): containerd,
 docker.io and their dependency closure relative to the node rootfs go into the lab's apt repo with
-`gpu-install lab repo-add` (installer/lab/packages.py), plus the STAND-IN
+`gpu-install lab repo-add` (gpu_install_lab/packages.py), plus the STAND-IN
 gpu-install-standin-nvidia-container-runtime (a runc wrapper). The nodes get a user config first,
 then `apt-get install` from the bastion, then the real `gpu-install apply` CLI runs against the lab
 inventory. Order matters (one lab for the module): containerd, docker, invalid daemon.json,
@@ -51,8 +51,8 @@ def runtime_lab(tmp_path_factory, count: int = 2, packages: bool = True):
     """A lab of `count` debian12 nodes whose apt repo serves containerd, docker.io (+ closure) and
     the nvidia-container-runtime stand-in. Returns (LabHandle, Lab)."""
     lab_prerequisites()
-    from installer.lab import packages as lab_packages
-    from installer.lab.lab import Lab
+    from gpu_install_lab import packages as lab_packages
+    from gpu_install_lab.lab import Lab
 
     lab_dir = tmp_path_factory.mktemp("rtlab") / "lab"
     the_lab = Lab(lab_dir, progress=lambda m: print(m, flush=True))

@@ -1,5 +1,5 @@
 """scheduler_policy against the lab's REAL kube-scheduler 1.20.2, run from its static-pod manifest by the lab's
-kubelet stand-in (installer/lab/staticpods.py).
+kubelet stand-in (gpu_install_lab/staticpods.py).
 
 A small test extender (HTTP on 127.0.0.1, in this process) records every call; its filter keeps only one chosen
 node. The role is driven through the real CLI (`gpu-install apply --limit bastion --tags scheduler`), the broken
@@ -110,7 +110,7 @@ class Scheduling:
         raise AssertionError(f"no stats in {runs[-1]}")
 
     def scheduler(self) -> dict:
-        from installer.lab.kube import ControlPlane
+        from gpu_install_lab.kube import ControlPlane
 
         return ControlPlane(self.lab.dir, progress=lambda m: None).status()["components"]["kube-scheduler"]
 

@@ -1,6 +1,6 @@
 """docker: `gpu-install uninstall` and the daemon.json rollback against the REAL dockerd 20.10.24 on a lab node.
 
-A lab of its own: 1 debian12 node; docker.io from the lab repo through installer/lab/runtime.py (what
+A lab of its own: 1 debian12 node; docker.io from the lab repo through gpu_install_lab/runtime.py (what
 `gpu-install lab up --runtime docker` does) after the site's own daemon.json was put in place.
 
 Rollback: dockerd 20.10 has no --validate, so nothing stops a daemon.json that dockerd only refuses when it
@@ -30,8 +30,8 @@ ORIGINAL = json.dumps(DAEMON_JSON, indent=4) + "\n"
 @pytest.fixture(scope="module")
 def dk(tmp_path_factory):
     lab_prerequisites()
-    from installer.lab import runtime
-    from installer.lab.lab import Lab
+    from gpu_install_lab import runtime
+    from gpu_install_lab.lab import Lab
 
     lab_dir = tmp_path_factory.mktemp("rblab") / "lab"
     the_lab = Lab(lab_dir, progress=lambda m: print(m, flush=True))

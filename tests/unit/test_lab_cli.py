@@ -55,8 +55,8 @@ def test_not_root_exits_2_with_hint(tmp_path):
 
 
 def test_repo_add_places_runfiles_under_files(tmp_path):
+    from gpu_install_lab import repo
     from installer.errors import ConfigError
-    from installer.lab import repo
 
     run = tmp_path / "NVIDIA-Linux-x86_64-535.216.03-STANDIN.run"
     run.write_text("#!/bin/sh\n")

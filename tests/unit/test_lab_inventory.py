@@ -10,7 +10,7 @@ from pathlib import Path
 import bcrypt
 import yaml
 
-from installer.lab import inventory, registry, repo
+from gpu_install_lab import inventory, registry, repo
 
 SETTINGS = {"registry": "10.250.7.1:5000", "repo_url": "http://10.250.7.1:8080", "registry_auth": False}
 NODES = {

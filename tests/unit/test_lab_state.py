@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
+from gpu_install_lab import net, rootfs
+from gpu_install_lab.lab import plan_nodes
+from gpu_install_lab.proc import alive, identity, proc_start, same_process
+from gpu_install_lab.state import State, locked, teardown_order
 from installer.errors import ConfigError, EnvironmentProblem
-from installer.lab import net, rootfs
-from installer.lab.lab import alive, plan_nodes
-from installer.lab.state import State, locked, proc_identity, proc_start, same_process, teardown_order
 
 
 def test_record_writes_before_create_and_dedupes(tmp_path):
@@ -51,20 +52,20 @@ def test_teardown_order_processes_first_then_newest_first():
 
 
 def test_process_identity_survives_only_for_the_same_process():
-    me = proc_identity(os.getpid())
+    me = identity(os.getpid())
     assert same_process(me) and alive(me)
     assert not same_process({**me, "start": me["start"] + 1})  # recycled pid: never ours
     assert not same_process({**me, "boot": "another-boot"})
     assert not same_process({"pid": None, "start": None, "boot": me["boot"]})
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    rec = proc_identity(child.pid)
+    rec = identity(child.pid)
     child.wait()
     assert proc_start(child.pid) is None and not alive(rec)
 
 
 def test_zombie_is_not_alive():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    rec = proc_identity(child.pid)
+    rec = identity(child.pid)
     import time
 
     deadline = time.time() + 10

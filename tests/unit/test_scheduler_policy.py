@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpu_install_lab import kube, staticpods
 from installer.config import parse_site
 from installer.errors import ConfigError
-from installer.lab import kube, staticpods
 from tests.conftest import plan_of
 from tests.unit.library_modules import load_module as _module
 

@@ -1,4 +1,4 @@
-"""Fixtures for the lab control-plane tests (installer/lab/kube.py).
+"""Fixtures for the lab control-plane tests (gpu_install_lab/kube/).
 
 One ControlPlane per test session, in a temporary lab dir, torn down (down()) at the end. The
 first run on a machine builds kubernetes 1.20.2 from Debian's source package (~7 min on 2 cores;
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_install_lab import kube
 from installer.errors import GpuInstallError
-from installer.lab import kube
 
 # The lab nodes the tests register: two GPU nodes (one with MIG resources) and a CPU-only node.
 NODES = [

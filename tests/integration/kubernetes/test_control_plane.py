@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.lab import kube
+from gpu_install_lab import kube, proc
 
 from .conftest import NODES
 
@@ -226,13 +226,13 @@ def test_down_leaves_nothing(kube_bin, tmp_path):
         pods = cp.static_pods()
         assert set(pods) == {"kube-scheduler"}  # run by the kubelet stand-in from its static-pod manifest
         records += list(pods.values())
-        assert all(kube._alive(r) for r in records)
+        assert all(proc.alive(r) for r in records)
         netns = state["netns"]
     finally:
         kube.ControlPlane(lab, progress=print).down()
-    assert not any(kube._alive(r) for r in records)
+    assert not any(proc.alive(r) for r in records)
     for r in records:  # not even a zombie under that pid with that start time
-        st = kube._proc_stat(r["pid"])
+        st = proc.proc_stat(r["pid"])
         assert st is None or st[1] != r["start"], r["argv"]
     assert not (lab / "kube").exists()
     assert not os.path.exists(f"/run/netns/{netns}")
@@ -244,8 +244,8 @@ def test_down_after_a_crashed_up(kube_bin, tmp_path):
     """`up` killed with SIGKILL half-way: down() from the state file alone stops what it started."""
     lab = tmp_path / "lab"
     repo = Path(kube.__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "installer.lab.kube", "up", "--lab-dir", str(lab), "--nodes", "1"],
-                            cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    up = subprocess.Popen([sys.executable, "-m", "gpu_install_lab.kube", "up", "--lab-dir", str(lab), "--nodes", "1"],
+                          cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state_path = lab / "kube" / "state.json"
 
     def started():
@@ -257,10 +257,10 @@ def test_down_after_a_crashed_up(kube_bin, tmp_path):
     try:
         wait_for("up to start the scheduler", started, timeout=120, interval=0.1)
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        up.send_signal(signal.SIGKILL)
+        up.wait()
     records = list(json.loads(state_path.read_text())["processes"].values())
-    assert any(kube._alive(r) for r in records)  # the crash left processes behind
+    assert any(proc.alive(r) for r in records)  # the crash left processes behind
     kube.ControlPlane(lab, progress=print).down()
-    assert not any(kube._alive(r) for r in records)
+    assert not any(proc.alive(r) for r in records)
     assert not (lab / "kube").exists()

@@ -1,4 +1,4 @@
-"""The lab's kubelet stand-in (installer/lab/staticpods.py) running the REAL kube-scheduler 1.20.2 from its
+"""The lab's kubelet stand-in (gpu_install_lab/staticpods.py) running the REAL kube-scheduler 1.20.2 from its
 static-pod manifest: restarts on a manifest change, a forgotten volume mount really breaks the binary (its
 filesystem is the manifest's, not the host's), a crash loop backs off, a deleted manifest stops the pod."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.lab import kube, staticpods
+from gpu_install_lab import kube, proc
 from tests.integration.kubernetes.test_control_plane import wait_for
 
 pytestmark = pytest.mark.kubernetes
@@ -26,7 +26,7 @@ def test_static_pod_follows_its_manifest(control_plane):
     original = manifest.read_text()
     log = Path(cp.static_pods()["kube-scheduler"]["log"])
     first = wait_for("a healthy scheduler", lambda: _healthy_pid(cp))
-    first_rec = kube._identity(first)
+    first_rec = proc.identity(first)
     try:
         # the container sees only its mounts: /etc/kubernetes/scheduler.conf is the hostPath File
         root = Path(f"/proc/{first}/root")
@@ -38,7 +38,7 @@ def test_static_pod_follows_its_manifest(control_plane):
         # content change -> the old process is stopped, a new one started
         manifest.write_text(original + "# changed\n")
         second = wait_for("a new healthy scheduler", lambda: (p := _healthy_pid(cp)) and p != first and p)
-        assert not kube._alive(first_rec) and staticpods.alive(cp.static_pods()["kube-scheduler"])
+        assert not proc.alive(first_rec) and proc.alive(cp.static_pods()["kube-scheduler"])
 
         # a forgotten volume mount: the real binary cannot find its kubeconfig and crash-loops
         doc = yaml.safe_load(original)

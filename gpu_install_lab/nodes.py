@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_install_lab import pki, repo, rootfs
+from gpu_install_lab.rootfs import LAB_USER
+from gpu_install_lab.sh import run
 from installer.errors import EnvironmentProblem
-from installer.lab import pki, repo, rootfs
-from installer.lab.rootfs import LAB_USER
-from installer.lab.sh import run
 from installer.util import atomic_write
 
 CA_NAME = "gpu-install-lab-ca.crt"

@@ -9,7 +9,7 @@ Layout under the lab directory (default /var/lib/gpu-install/lab, env GPU_INSTAL
   repo/           HTTP document root: apt/ (dists + pool) and rpm/ (repodata + packages)
   nodes/<name>/   overlay upper/work/merged of each node + console log
   tools/          helm (sha256-verified)
-  kube/           owned by installer.lab.kube (control plane)
+  kube/           owned by gpu_install_lab.kube (control plane)
 """
 
 from __future__ import annotations

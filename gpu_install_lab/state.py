@@ -1,8 +1,9 @@
 """The lab's state file.
 
 Every resource is recorded *before* it is created and forgotten only after it is gone, so `lab down`
-can undo whatever a crashed `lab up` left behind. Processes are recorded with their start time and
-the boot id: a recycled pid never matches, so `down` never signals a stranger.
+can undo whatever a crashed `lab up` left behind. Processes are recorded with their identity
+(gpu_install_lab.proc: pid + start time + boot id): a recycled pid never matches, so `down` never
+signals a stranger.
 """
 
 from __future__ import annotations
@@ -20,36 +21,6 @@ from installer.util import atomic_write
 STATE_VERSION = 1
 # Teardown order: stop processes, remove their cgroups, then unmount, then delete links, namespaces, directories.
 KIND_ORDER = ("process", "cgroup", "mount", "link", "netns", "dir")
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def proc_start(pid: int) -> int | None:
-    """Start time of pid in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19])
-
-
-def proc_identity(pid: int) -> dict[str, Any]:
-    return {"pid": pid, "start": proc_start(pid), "boot": boot_id()}
-
-
-def same_process(rec: dict[str, Any]) -> bool:
-    """True if the recorded process is still the one running under that pid."""
-    pid, start = rec.get("pid"), rec.get("start")
-    if not pid or start is None or rec.get("boot") != boot_id():
-        return False
-    return proc_start(int(pid)) == start
 
 
 def teardown_order(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:

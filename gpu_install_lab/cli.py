@@ -1,17 +1,32 @@
-"""`gpu-install lab ...` sub-commands. Only argparse/os at import time: the CLI must start fast."""
+"""`gpu-install lab ...` sub-commands, registered through the "gpu_install.commands" entry point.
+Only argparse/os at import time: the CLI must start fast."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
-ENV_LAB_DIR = "GPU_INSTALL_LAB_DIR"
+from gpu_install_lab import DEFAULT_LAB_DIR, ENV_LAB_DIR
+
+EXTRA_MODULES = ("cryptography", "bcrypt")  # what pyproject's [lab] extra brings
+
+
+def _require_extra() -> None:
+    """Without the [lab] extra, loading this entry point fails (gpu-install then has no `lab`). Looks the
+    modules up without importing them."""
+    for name in EXTRA_MODULES:
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r} (install gpu-install[lab])", name=name)
+
+
+_require_extra()
 
 
 def _lab(args: argparse.Namespace):
     from pathlib import Path
 
-    from installer.lab.lab import Lab
+    from gpu_install_lab.lab import Lab
 
     return Lab(Path(args.lab_dir))
 
@@ -24,7 +39,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
                     subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus)
     if args.runtime:
-        from installer.lab import runtime
+        from gpu_install_lab import runtime
 
         runtime.install(lab.dir, status, args.runtime, progress=lab.say)
     if args.json:
@@ -98,8 +113,8 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 def cmd_repo_add(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from installer.lab import repo
-    from installer.lab.state import locked
+    from gpu_install_lab import repo
+    from gpu_install_lab.state import locked
 
     lab_dir = Path(args.lab_dir)
     if not (lab_dir / "repo").is_dir():
@@ -114,14 +129,19 @@ def cmd_repo_add(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    default_dir = os.environ.get(ENV_LAB_DIR) or "/var/lib/gpu-install/lab"
+    default_dir = os.environ.get(ENV_LAB_DIR) or DEFAULT_LAB_DIR
+    from installer.cli.common import debug_parent
+
+    lab_dir_help = f"lab state directory (default {default_dir}); env {ENV_LAB_DIR}"
     p = sub.add_parser("lab", help="local air-gapped lab: bastion registry + repo, systemd nodes (root)")
-    p.add_argument("--lab-dir", default=default_dir,
-                   help=f"lab state directory (default {default_dir}); env {ENV_LAB_DIR}")
+    p.add_argument("--lab-dir", default=default_dir, help=lab_dir_help)
+    # `lab up --lab-dir X` as well as `lab --lab-dir X up`: the later one wins
+    after = argparse.ArgumentParser(add_help=False, parents=[debug_parent()])
+    after.add_argument("--lab-dir", default=argparse.SUPPRESS, help=lab_dir_help)
     lsub = p.add_subparsers(dest="lab_command", metavar="ACTION")
     lsub.required = True
 
-    q = lsub.add_parser("up", help="bring the lab up (idempotent)")
+    q = lsub.add_parser("up", parents=[after], help="bring the lab up (idempotent)")
     q.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
     q.add_argument("--os", default="debian12",
                    help="comma-separated flavours assigned round-robin: debian12 (Ubuntu stand-in), "
@@ -137,18 +157,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--json", action="store_true", help="print the status as JSON")
     q.set_defaults(func=cmd_up)
 
-    q = lsub.add_parser("down", help="remove everything `lab up` made (works after a crash)")
+    q = lsub.add_parser("down", parents=[after], help="remove everything `lab up` made (works after a crash)")
     q.set_defaults(func=cmd_down)
 
-    q = lsub.add_parser("status", help="what runs; exit 6 if a part of an up lab is down")
+    q = lsub.add_parser("status", parents=[after], help="what runs; exit 6 if a part of an up lab is down")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_status)
 
-    q = lsub.add_parser("inventory", help="print (or write with -o) the lab's Ansible inventory")
+    q = lsub.add_parser("inventory", parents=[after], help="print (or write with -o) the lab's Ansible inventory")
     q.add_argument("-o", "--output", help="write here, e.g. inventories/lab/hosts.yml")
     q.set_defaults(func=cmd_inventory)
 
-    q = lsub.add_parser("repo-add",
+    q = lsub.add_parser("repo-add", parents=[after],
                         help="add .deb/.rpm files (re-indexed) and .run files (under /files/) to the lab repository")
     q.add_argument("files", nargs="+")
     q.set_defaults(func=cmd_repo_add)

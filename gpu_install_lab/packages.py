@@ -45,9 +45,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gpu_install_lab import rootfs
+from gpu_install_lab.sh import run
 from installer.errors import ConfigError, EnvironmentProblem
-from installer.lab import rootfs
-from installer.lab.sh import run
 from installer.util import cache_dir
 
 RUNTIME_PACKAGES = ("containerd", "docker.io")

@@ -1,4 +1,4 @@
-"""`gpu-install lab up|down|status|inventory`: the orchestration. See installer/lab/__init__.py for
+"""`gpu-install lab up|down|status|inventory`: the orchestration. See gpu_install_lab/__init__.py for
 the directory layout and docs/lab.md for the design and its limits."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gpu_install_lab import FLAVOURS, inventory, net, nodes, pki, proc, registry, repo, rootfs
+from gpu_install_lab.proc import alive
+from gpu_install_lab.sh import require_root_and_tools, run
+from gpu_install_lab.state import State, locked, teardown_order
 from installer.errors import ConfigError, EnvironmentProblem
-from installer.lab import FLAVOURS, inventory, net, nodes, pki, registry, repo, rootfs
-from installer.lab.sh import require_root_and_tools, run
-from installer.lab.state import State, locked, proc_identity, same_process, teardown_order
 from installer.util import atomic_write
 
 TOP_DIRS = ("pki", "ssh", "registry", "repo", "nodes", "tools", "inventory")
@@ -38,40 +38,6 @@ def plan_nodes(count: int, flavours: list[str]) -> list[dict[str, Any]]:
             for i in range(1, count + 1)]
 
 
-def alive(rec: dict[str, Any] | None) -> bool:
-    """The recorded process still runs (not recycled, not a zombie)."""
-    if not rec or not same_process(rec):
-        return False
-    pid = int(rec["pid"])
-    try:  # reap it if it is our own child that already exited
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _signal(rec: dict[str, Any], sig: int) -> None:
-    if alive(rec):
-        try:
-            os.kill(int(rec["pid"]), sig)
-        except ProcessLookupError:
-            pass
-
-
-def _wait_gone(recs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        recs = [r for r in recs if alive(r)]
-        if not recs:
-            break
-        time.sleep(0.1)
-    return [r for r in recs if alive(r)]
-
-
 class Lab:
     def __init__(self, lab_dir: Path, progress: Callable[[str], None] = _stderr):
         self.dir = Path(lab_dir).absolute()
@@ -91,12 +57,12 @@ class Lab:
 
     def _control_plane(self):
         try:
-            from installer.lab.kube import ControlPlane
+            from gpu_install_lab.kube import ControlPlane
         except ModuleNotFoundError as exc:
-            if exc.name != "installer.lab.kube":
+            if exc.name != "gpu_install_lab.kube":
                 raise
             raise EnvironmentProblem(
-                "the lab's Kubernetes control plane (installer/lab/kube.py) is not in this checkout",
+                "the lab's Kubernetes control plane (gpu_install_lab/kube/) is not in this checkout",
                 hint="run `lab up` without --kubernetes",
             ) from None
         return ControlPlane(self.dir, progress=self.say)
@@ -112,11 +78,7 @@ class Lab:
             paths = nodes.cgroup_create(cgroup)
             preexec = lambda: nodes.cgroup_enter(paths)  # noqa: E731
         st.record("process", role, argv=argv, pid=None, start=None, boot=None, **extra)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as fh:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True, preexec_fn=preexec)
-        st.record("process", role, **proc_identity(proc.pid))
+        st.record("process", role, **proc.spawn(argv, log, preexec_fn=preexec))
         return True
 
     def _mkdirs(self, st: State) -> None:
@@ -192,7 +154,7 @@ class Lab:
             atomic_write(self.dir / "inventory" / "hosts.yml", text)
 
             if kubernetes:
-                self.say("kubernetes: control plane (installer.lab.kube)")
+                self.say("kubernetes: control plane (gpu_install_lab.kube)")
                 cp = self._control_plane()
                 cp.up()
                 cp.register_nodes([{"name": n["name"], "ip": n["ip"], "gpus": gpus,
@@ -266,14 +228,14 @@ class Lab:
             # nspawn turns SIGTERM into an orderly poweroff of the node; a node still early in its
             # boot may miss it (PID 1 ignores signals it has no handler for yet): send it again.
             for r in left:
-                _signal(r, signal.SIGTERM)
-            left = _wait_gone(left, 5)
+                proc.send(r, signal.SIGTERM)
+            left = proc.wait_gone(left, 5)
             if not left:
                 break
         for r in left:
             self.say(f"{r['key']}: did not stop in {timeout:.0f}s, killing")
-            _signal(r, signal.SIGKILL)
-        _wait_gone(recs, 5)
+            proc.send(r, signal.SIGKILL)
+        proc.wait_gone(recs, 5)
         for r in recs:
             if r.get("netns"):  # anything still in the node's namespace is the node's (ours)
                 for pid in net.netns_pids(r["netns"]):

@@ -15,9 +15,9 @@ import os
 import shutil
 from pathlib import Path
 
+from gpu_install_lab import FLAVOURS
+from gpu_install_lab.sh import run
 from installer.errors import ConfigError
-from installer.lab import FLAVOURS
-from installer.lab.sh import run
 from installer.util import cache_dir
 
 SUITE = "bookworm"

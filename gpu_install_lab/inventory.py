@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from installer.lab.rootfs import LAB_USER
+from gpu_install_lab.rootfs import LAB_USER
 
 # Facts Ansible will report for each flavour (the rhel9 flavour is a stand-in, see rootfs.py).
 OS_FAMILY = {"debian12": "Debian", "rhel9": "RedHat"}
@@ -69,7 +69,7 @@ def inventory(lab_dir: Path, settings: dict[str, Any], nodes: dict[str, dict[str
 
 
 def scheduler_policy_vars(lab_dir: Path) -> dict[str, Any]:
-    """Where the lab keeps what a kubeadm control plane keeps in /etc/kubernetes (installer/lab/kube.py):
+    """Where the lab keeps what a kubeadm control plane keeps in /etc/kubernetes (gpu_install_lab/kube/):
     the kube-scheduler static pod run by the lab's kubelet stand-in, and short waits."""
     kube = lab_dir / "kube"
     out: dict[str, Any] = {

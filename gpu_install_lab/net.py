@@ -11,8 +11,8 @@ import ipaddress
 import json
 from pathlib import Path
 
+from gpu_install_lab.sh import run
 from installer.errors import EnvironmentProblem
-from installer.lab.sh import run
 
 SUPERNET = ipaddress.ip_network("10.250.0.0/16")
 NODE_OFFSET = 10  # node i (1-based) gets .10+i; the bastion is .1

@@ -17,8 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gpu_install_lab.sh import run
 from installer.errors import ConfigError
-from installer.lab.sh import run
 
 STANDIN = "gpu-install-lab-standin"
 STANDIN_VERSION = "1.0"

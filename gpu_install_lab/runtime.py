@@ -1,7 +1,7 @@
 """`gpu-install lab up --runtime containerd|docker`: put a container runtime on the lab's debian12 nodes the
 way a site's nodes have one before gpu-install runs (Kubernetes nodes come with their runtime).
 
-The lab repo gets the runtime packages (installer/lab/packages.py runtime_debs(): Debian's containerd and
+The lab repo gets the runtime packages (gpu_install_lab/packages.py runtime_debs(): Debian's containerd and
 docker.io with their closure relative to the node rootfs, plus the STAND-IN nvidia-container-runtime /
 nvidia-container-toolkit that `apply` with toolkit.mode host installs), then each node runs
 `apt-get install` from the bastion over SSH. For docker the node first gets the daemon.json dockerd needs
@@ -40,8 +40,8 @@ def node_run(lab_dir: Path, ip: str, command: str, input: str | None = None, tim
 
 def install(lab_dir: Path, status: dict[str, Any], runtime: str, progress: Callable[[str], None] = print) -> None:
     """Runtime packages into the lab repo, then installed on every debian12 node (idempotent)."""
-    from installer.lab import packages, repo
-    from installer.lab.state import locked
+    from gpu_install_lab import packages, repo
+    from gpu_install_lab.state import locked
 
     if runtime not in RUNTIMES:
         raise ConfigError(f"--runtime {runtime}: unknown", hint=f"use one of {', '.join(RUNTIMES)}")

@@ -22,14 +22,14 @@ to the manifest is exercised against the real kube-scheduler binary:
 * host network only (the lab's manifests are hostNetwork; a pod without it is refused);
   dnsPolicy is recorded in the state file but has no effect (there is no cluster DNS in the lab);
 * each container's stdout/stderr goes to <logs>/<pod>.log (appended; a line marks each
-  (re)start and why); each process is recorded (pid + start time + boot id) in the state file,
-  so the lab's `down` can stop them by identity even if this supervisor was killed.
+  (re)start and why); each process is recorded (gpu_install_lab.proc: pid + start time + boot id) in
+  the state file, so the lab's `down` can stop them by identity even if this supervisor was killed.
 
 What it is NOT: no images (binaries come from the lab's build), no pod sandbox, no pid/ipc/uts
 namespaces, no cgroups or resource limits, no probes, no API mirror pods, no restartPolicy other
 than Always, only hostPath volumes, only the first container.
 
-Usage: python -m installer.lab.staticpods --manifests DIR --logs DIR --bin-dir DIR [--state FILE]
+Usage: python -m gpu_install_lab.staticpods --manifests DIR --logs DIR --bin-dir DIR [--state FILE]
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpu_install_lab import proc
 
 PROCESS_NAME = "kubelet-standin"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
@@ -218,54 +220,6 @@ def launch_argv(p: ContainerPlan, root: Path) -> list[str]:
             "sh", "-c", mount_script(p), "kubelet-standin-mounts", str(root), *p.argv]
 
 
-# --------------------------------------------------------------------------- process identity
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(")") + 2:].split()[19])
-
-
-def alive(rec: dict[str, Any] | None) -> bool:
-    if not rec or not rec.get("pid") or rec.get("boot") != _boot_id():
-        return False
-    try:
-        stat = Path(f"/proc/{int(rec['pid'])}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(")") + 2:].split()
-    return int(fields[19]) == rec.get("start") and fields[0] not in ("Z", "X")
-
-
-def stop_record(rec: dict[str, Any], grace: float = STOP_GRACE) -> None:
-    """SIGTERM then SIGKILL the recorded process, only while it is still that process."""
-    if not alive(rec):
-        return
-    pid = int(rec["pid"])
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and alive(rec):
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.05)
-        if not alive(rec):
-            return
-
-
 # --------------------------------------------------------------------------- the supervisor
 @dataclass
 class Pod:
@@ -312,8 +266,7 @@ class Supervisor:
                           "dnsPolicy": pod.plan.dns_policy if pod.plan else None,
                           **({k: pod.record[k] for k in ("pid", "start", "boot")}
                              if pod.record and pod.proc is not None and pod.proc.poll() is None else {})}
-        data = {"supervisor": {"pid": os.getpid(), "start": _start_ticks(os.getpid()), "boot": _boot_id()},
-                "pods": pods}
+        data = {"supervisor": proc.identity(os.getpid()), "pods": pods}
         tmp = self.state.with_name(f".{self.state.name}.tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.state)
@@ -325,9 +278,9 @@ class Supervisor:
         except (OSError, ValueError):
             return
         for name, rec in (old.get("pods") or {}).items():
-            if alive(rec):
+            if proc.alive(rec):
                 self.say(f"stopping {name} (pid {rec['pid']}) left by an earlier {PROCESS_NAME}")
-                stop_record(rec)
+                proc.stop(rec, grace=STOP_GRACE)
 
     # ---------------------------------------------------------------- pods
     def start(self, pod: Pod, why: str) -> None:
@@ -339,7 +292,7 @@ class Supervisor:
             pod.proc = subprocess.Popen(
                 launch_argv(pod.plan, root), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env={"PATH": ":".join(CONTAINER_PATH), "HOME": "/root"}, close_fds=True, start_new_session=True)
-        pod.record = {"pid": pod.proc.pid, "start": _start_ticks(pod.proc.pid), "boot": _boot_id()}
+        pod.record = proc.identity(pod.proc.pid)
         pod.started = time.monotonic()
         self.say(f"started {pod.plan.pod} (pid {pod.proc.pid}): {why}")
 
@@ -438,7 +391,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=f"python -m installer.lab.staticpods ({PROCESS_NAME})",
+    ap = argparse.ArgumentParser(prog=f"python -m gpu_install_lab.staticpods ({PROCESS_NAME})",
                                  description="the lab's stand-in for the kubelet's static-pod runner")
     ap.add_argument("--manifests", type=Path, required=True, help="static pod manifest directory")
     ap.add_argument("--logs", type=Path, required=True, help="directory for <pod>.log")
