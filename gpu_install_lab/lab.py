@@ -9,12 +9,13 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpu_install_lab import FLAVOURS, inventory, net, nodes, pki, proc, registry, repo, rootfs
 from gpu_install_lab.proc import alive
-from gpu_install_lab.sh import require_root_and_tools, run
+from gpu_install_lab.sh import require_root_and_tools
 from gpu_install_lab.state import State, locked, teardown_order
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.util import atomic_write

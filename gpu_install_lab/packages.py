@@ -39,10 +39,10 @@ Put them into a lab with `gpu-install lab repo-add $(...)`, then `apt-get instal
 from __future__ import annotations
 
 import hashlib
-import time
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from gpu_install_lab import rootfs

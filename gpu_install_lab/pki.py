@@ -45,7 +45,7 @@ def ensure_ca(pki: Path, cn: str = LAB_CA) -> tuple[Path, Path]:
         return crt, key_path
     pki.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(cn))
@@ -71,7 +71,7 @@ def _issue(pki: Path, subject: x509.Name, usage: x509.ObjectIdentifier,
     ca = x509.load_pem_x509_certificate(ca_crt.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)

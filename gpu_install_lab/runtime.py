@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from installer.errors import ConfigError, EnvironmentProblem
 

@@ -6,7 +6,7 @@ import os
 import shutil
 import stat
 import subprocess
-from typing import Sequence
+from collections.abc import Sequence
 
 from installer.errors import EXIT_USAGE, EnvironmentProblem
 

@@ -12,8 +12,9 @@ import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from installer.errors import EnvironmentProblem
 from installer.util import atomic_write

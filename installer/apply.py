@@ -3,8 +3,9 @@ Ansible seam (installer.ansible), the run's per-host outcome → the matching ex
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from installer.ansible import RunResult, run_playbook
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
@@ -26,7 +27,7 @@ class RunOptions:
     diff: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)  # variables for tests/labs, merged over the plan's
 
-    def removing(self) -> "RunOptions":
+    def removing(self) -> RunOptions:
         """The same run with the roles' remove action (uninstall)."""
         return replace(self, extra={**self.extra, "gpu_install_action": "remove"})
 

@@ -6,8 +6,9 @@ without the nodes' OS) is an error, not a warning. installer.plan.Plan.images ca
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from installer.catalog import Release
 from installer.config import Site

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,7 @@ class Catalog:
         self.root = root
 
     @classmethod
-    def default(cls) -> "Catalog":
+    def default(cls) -> Catalog:
         env = os.environ.get(ENV_CATALOG)
         return _catalog(Path(env) if env else content.catalog_dir())
 
@@ -210,12 +210,12 @@ class Catalog:
         return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _catalog(root: Path) -> Catalog:
     return Catalog(root)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_release(root: Path, tag: str) -> Release:
     import yaml
 

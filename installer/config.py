@@ -71,7 +71,7 @@ class PullSecret(_Model):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> "PullSecret":
+    def _one_source(self) -> PullSecret:
         if self.dockerConfigFile and (self.usernameEnv or self.passwordEnv):
             raise ValueError("give either usernameEnv/passwordEnv or dockerConfigFile, not both")
         if bool(self.usernameEnv) != bool(self.passwordEnv):
@@ -153,7 +153,7 @@ class Driver(_Model):
         return v.lower() if v else v
 
     @model_validator(mode="after")
-    def _runfile(self) -> "Driver":
+    def _runfile(self) -> Driver:
         if self.mode != "runfile":
             if self.runfile or self.runfileSha256:
                 raise ValueError("driver.runfile/runfileSha256 are only used with driver.mode: runfile")
@@ -301,7 +301,7 @@ class Scheduler(_Model):
         return v
 
     @model_validator(mode="after")
-    def _one_binder(self) -> "Scheduler":
+    def _one_binder(self) -> Scheduler:
         binders = [str(i) for i, e in enumerate(self.extenders) if e.bindVerb]
         if len(binders) > 1:
             raise ValueError(f"extenders: at most one extender may set bindVerb (extenders {', '.join(binders)} do)")

@@ -12,8 +12,9 @@ GPU nodes are the hosts of the inventory group `gpu_nodes`.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from installer.catalog import parse_release
 from installer.errors import ConfigError

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Coroutine, TypeVar
+from typing import Any, TypeVar
 
 from installer.errors import ClusterError, ClusterUnreachable, GpuInstallError
 
@@ -79,7 +80,7 @@ def _run(coro: Coroutine[Any, Any, T], action: str, hint: str) -> T:
         return asyncio.run(coro)
     except GpuInstallError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - pyhelm3 raises its own and asyncio's errors; all carry helm's words
         raise _helm_error(action, exc, hint) from None
 
 
@@ -115,10 +116,10 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
         return asyncio.run(asyncio.wait_for(run(), timeout + 120))
     except GpuInstallError:
         raise
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise ClusterError(f"helm upgrade --install {release_name} did not finish in {timeout + 120:.0f}s",
                               hint="check the API server; re-running is safe") from None
-    except Exception as exc:  # pyhelm3's errors carry helm's stderr
+    except Exception as exc:  # noqa: BLE001 - pyhelm3's errors carry helm's stderr
         text = str(getattr(exc, "stderr", b"") or exc)
         hint = ("the release's workloads did not become ready in time: check their pods (image pulls, "
                 "pull Secret, node capacity); re-running is safe" if "timed out" in text or "deadline" in text

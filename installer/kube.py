@@ -10,11 +10,13 @@ running it again with the same input changes nothing and says so.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from installer.config import Registry
 from installer.errors import ClusterError, ClusterUnreachable, ConfigError
@@ -190,7 +192,7 @@ def ensure_namespace(client: ApiClient, name: str, timeout: float = 120) -> str:
             return "unchanged"
         body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(MANAGED_BY)}}
         try:
-            _call(f"create namespace {name}", lambda: core.create_namespace(body))
+            _call(f"create namespace {name}", functools.partial(core.create_namespace, body))
             return "created"
         except ApiException as exc:
             if exc.status == 409:  # created meanwhile (or terminating): look again
@@ -316,7 +318,7 @@ def node_labels(client: ApiClient, names: list[str]) -> dict[str, dict[str, str]
     out: dict[str, dict[str, str] | None] = {}
     for name in names:
         try:
-            node = _call(f"read node {name}", lambda: api.read_node(name))
+            node = _call(f"read node {name}", functools.partial(api.read_node, name))
         except ApiException as exc:
             if exc.status == 404:
                 out[name] = None

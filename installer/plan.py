@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping, Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from installer.catalog import Catalog, Release
 from installer.config import PullSecret, Site
@@ -176,7 +177,7 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
         loader = DataLoader()
         try:
             manager = InventoryManager(loader=loader, sources=[str(p)])
-        except Exception as exc:  # ansible raises AnsibleError subclasses with a message
+        except Exception as exc:  # noqa: BLE001 - ansible raises AnsibleError subclasses with a message
             raise ConfigError(f"inventory {path}: {exc}") from None
         if limit:
             manager.subset(limit)

@@ -36,8 +36,9 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from installer import ui
 
@@ -181,7 +182,7 @@ class _StatusLine:
     def __init__(self, display: Display):
         self.display = display
 
-    def __rich_console__(self, console: Any, options: Any):
+    def __rich_console__(self, console: Any, options: Any) -> Any:
         from rich.text import Text
 
         text = ui.printable(self.display.status_text()).replace("\n", " ")
@@ -264,7 +265,7 @@ class Display:
         from rich.text import Text
 
         out = Text()
-        for i, (line, text) in enumerate(zip(lines, texts)):
+        for i, (line, text) in enumerate(zip(lines, texts, strict=True)):
             if i:
                 out.append("\n")
             start = len(out)

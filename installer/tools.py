@@ -16,8 +16,8 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from installer.errors import EnvironmentProblem
 from installer.util import cache_dir

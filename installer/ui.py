@@ -21,7 +21,8 @@ import re
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TextIO, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 # control characters (ESC, CR, BEL, ...) in text from elsewhere: a task name, a message from a remote host
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
-ColumnSpec = Union[str, tuple[str, str]]  # a header, or (header, "left" | "right" | "center")
+ColumnSpec = str | tuple[str, str]  # a header, or (header, "left" | "right" | "center")
 
 
 def printable(text: str) -> str:
@@ -102,7 +103,8 @@ def _cell(value: Any) -> str:
     return "" if value is None else printable(str(value))
 
 
-def _rich_table(columns: Sequence[ColumnSpec], rows: list[Sequence[Any]], *, styled: bool, ascii_only: bool = True):
+def _rich_table(columns: Sequence[ColumnSpec], rows: list[Sequence[Any]], *, styled: bool,
+                ascii_only: bool = True) -> Any:
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -336,10 +338,17 @@ class TransferProgress:
                 self._redraw()
             return t
 
-    def _bars(self):
+    def _bars(self) -> Any:
         if self._progress is None:
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn, TransferSpeedColumn)
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
             amount = ([DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes"
                       else [MofNCompleteColumn(), TextColumn(self.unit, markup=False)])

@@ -8,8 +8,9 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from installer.errors import EnvironmentProblem
 from installer.util import cache_dir

@@ -164,7 +164,7 @@ class HollowNodes(ControlPlaneState):
         bins = Path(self.state["bin_dir"])
         self._ensure_netns()
         ns = self.netns
-        for name, node, labels, _ in specs:
+        for name, node, _labels, _ in specs:
             rec = self.state["nodes"].get(name)
             if rec is None:
                 index = len(self.state["nodes"])
@@ -179,7 +179,7 @@ class HollowNodes(ControlPlaneState):
                 self.state["nodes"][name] = rec
             rec["spec"] = {k: v for k, v in node.items() if k in ("name", "ip", "gpus", "labels", "extra", "resources")}
             self._save()
-        for name, node, labels, _ in specs:
+        for name, node, _labels, _ in specs:
             rec = self.state["nodes"][name]
             if self._running(f"node-{name}"):
                 continue
@@ -236,7 +236,7 @@ class HollowNodes(ControlPlaneState):
                 api.patch_node_status(name, {"status": {"capacity": {k: None for k in gone},
                                                         "allocatable": {k: None for k in gone}}})
             self._patch_capacity(api, name, resources)
-        for name, node, labels, resources in specs:
+        for name, _node, _labels, resources in specs:
             self._wait(
                 f"node {name} Ready with its GPU capacity",
                 lambda n=name, r=resources: self._node_ready(api, n, r),

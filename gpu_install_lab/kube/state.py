@@ -10,8 +10,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpu_install_lab import proc
 from gpu_install_lab.kube.binaries import Progress

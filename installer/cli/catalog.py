@@ -18,7 +18,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from installer.catalog import Catalog
-
     from installer.ui import print_table
 
     rel = Catalog.default().get(args.release)

@@ -6,8 +6,17 @@ import argparse
 import os
 from typing import Any
 
-from installer.cli.common import (ENV_CHART, command, display, inventory_arg, kubeconfig_arg, quiet_arg, resolve_plan,
-                                  site_args, verbose_arg)
+from installer.cli.common import (
+    ENV_CHART,
+    command,
+    display,
+    inventory_arg,
+    kubeconfig_arg,
+    quiet_arg,
+    resolve_plan,
+    site_args,
+    verbose_arg,
+)
 
 
 def _hosts_args(p: argparse.ArgumentParser) -> None:

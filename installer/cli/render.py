@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from installer.cli.common import (command, group, inventory_arg, node_flags, output, output_arg, resolve_plan,
-                                  site_args)
+from installer.cli.common import command, group, inventory_arg, node_flags, output, output_arg, resolve_plan, site_args
 
 
 def cmd_render(args: argparse.Namespace) -> int:

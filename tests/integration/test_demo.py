@@ -106,7 +106,7 @@ def test_demo_apply_twice_then_uninstall(demo):
     assert set(nodes) <= set(stats) and all(stats[n]["changed"] == 0 and stats[n]["ok"] > 0 for n in nodes), stats
 
     # what apply did on the nodes
-    for name, ip in nodes.items():
+    for ip in nodes.values():
         dump = tomllib.loads(ssh(where, ip, "containerd config dump").stdout)
         cri = dump["plugins"]["io.containerd.grpc.v1.cri"]
         assert cri["containerd"]["default_runtime_name"] == "nvidia"

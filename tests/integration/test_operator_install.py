@@ -66,7 +66,7 @@ def gi(env, *args, **overrides):
 
 
 def api(env):
-    from kubernetes import client, config
+    from kubernetes import config
 
     return config.new_client_from_config(config_file=env["kubeconfig"])
 

@@ -173,7 +173,7 @@ def _extender_case(sched: Scheduling, chosen: str, tag: str, **extender) -> None
     sched.ext.chosen = chosen
     before = len(sched.ext.calls)
     gpu = sched.pod(f"gpu-{tag}", 1)
-    cpu = sched.pod(f"cpu-{tag}", 0)
+    sched.pod(f"cpu-{tag}", 0)  # scheduled too (pod() asserts it)
     assert gpu["node"] == chosen, (gpu, sched.ext.calls[before:])
     calls = sched.ext.calls[before:]
     assert any(c["verb"] == "filter" and c["pod"] == f"gpu-{tag}" for c in calls), calls

@@ -31,7 +31,7 @@ def images_and_secrets(resources):
                     if e["name"].endswith("_IMAGE"):
                         out.append((e["value"], names))
         elif r["kind"] == "ClusterPolicy":
-            for name, entry in (r["spec"] or {}).items():
+            for entry in (r["spec"] or {}).values():
                 out.append((entry["image"], entry["imagePullSecrets"]))
     return out
 

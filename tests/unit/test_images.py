@@ -160,6 +160,6 @@ def test_inventory_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"host a: OS unknown"):
         unknown.os_tag("v24.9.2")
     with pytest.raises(ConfigError, match=r"host a: OS unknown"):
-        plan_of(site(), inventory=bad).images
+        _ = plan_of(site(), inventory=bad).images
     with pytest.raises(ConfigError, match="not found"):
         nodes_of(tmp_path / "missing")

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from installer import mig
+from installer.catalog import Catalog
 from installer.config import parse_site
 from installer.errors import ConfigError
-from installer.catalog import Catalog
 from tests.conftest import BASE_SITE, ROOT, plan_of
 
 MIG_UPSTREAM = ROOT.parent / "shared" / "upstream" / "mig-parted"
@@ -169,7 +169,7 @@ def test_plan_site_default_host_override_and_node_name(tmp_path):
 def test_plan_rejects_a_non_string_override(tmp_path):
     inv = inventory(tmp_path, {"gpu-a": {"gpu_install_mig_config": 7}})
     with pytest.raises(ConfigError, match="host gpu-a: gpu_install_mig_config must be a string"):
-        plan_of(site(), inventory=inv).mig
+        _ = plan_of(site(), inventory=inv).mig
 
 
 def test_nothing_configured_labels_nothing_without_a_cluster(tmp_path):

@@ -153,7 +153,7 @@ def test_failures_with_their_message():
 def test_recap_counts_are_ansibles_and_time_is_the_hosts_tasks():
     _, d, split = plain("lab-driver.jsonl")
     assert [p for p, _, _ in d.runs] == ["preflight.yml", "site.yml", "preflight.yml", "site.yml"]
-    for (playbook, hosts, _), (_, evs) in zip(d.runs, split):
+    for (_playbook, hosts, _), (_, evs) in zip(d.runs, split, strict=True):
         stats = of(evs, "playbook_on_stats")[0]["event_data"]
         for host, rec in hosts.items():
             assert rec.ok == stats["ok"].get(host, 0) and rec.changed == stats["changed"].get(host, 0)
@@ -521,7 +521,7 @@ def test_transfer_plain_lines_at_most_one_per_interval_or_step():
         t.advance(1)
     t.done()
     steps = [int(re.search(r"\((\d+)%\)", ln)[1]) // 10 for _, ln in seen[:-1]]
-    for (t0, _), (t1, _), s0, s1 in zip(seen, seen[1:], steps, steps[1:]):
+    for (t0, _), (t1, _), s0, s1 in zip(seen, seen[1:], steps, steps[1:], strict=False):
         assert t1 - t0 >= 30 or s1 > s0
     assert steps == sorted(steps) and set(range(1, 10)) <= set(steps)  # every 10% step has its line
     assert 30 <= len(seen) <= 1000 / 30 + 10 + 1, len(seen)

@@ -10,9 +10,8 @@ import yaml
 from installer.catalog import Catalog, image_ref, split_path
 from installer.config import parse_site
 from installer.facts import Node
-from installer.render.values import destination_repository, values_to_yaml
-from tests.conftest import plan_of
-from tests.conftest import UPSTREAM, needs_upstream
+from installer.render.values import destination_repository
+from tests.conftest import UPSTREAM, needs_upstream, plan_of
 
 RELEASES = Catalog.default().releases()
 NODES = [Node("u", "ubuntu", "22.04", "5.15.0-105-generic"), Node("r", "rhel", "9.4", "5.14.0-427.el9.x86_64")]
