@@ -169,16 +169,23 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
     os.environ.setdefault("ANSIBLE_LOCALHOST_WARNING", "False")
     os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_WARNING", "False")
     os.environ.setdefault("ANSIBLE_INVENTORY_IGNORE_REGEX", SITE_FILE_PATTERN)
-    with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+    said = io.StringIO()  # Ansible's own warnings while parsing: the reason a source failed
+    with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(said):
         warnings.simplefilter("ignore")
+        from ansible import constants
         from ansible.inventory.manager import InventoryManager
         from ansible.parsing.dataloader import DataLoader
 
+        # strict whatever the environment: an inventory (or one file of an inventory directory) that does not parse
+        # is an error, never a silently smaller or empty inventory
+        constants.INVENTORY_ANY_UNPARSED_IS_FAILED = True
+        constants.INVENTORY_UNPARSED_IS_FAILED = True
         loader = DataLoader()
         try:
             manager = InventoryManager(loader=loader, sources=[str(p)])
         except Exception as exc:  # noqa: BLE001 - ansible raises AnsibleError subclasses with a message
-            raise ConfigError(f"inventory {path}: {exc}") from None
+            raise ConfigError(f"inventory {path}: {_parse_reason(said.getvalue()) or exc}",
+                              hint="fix the inventory at the place named; nothing was run") from None
         if limit:
             manager.subset(limit)
         try:
@@ -192,6 +199,18 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
               for name, g in manager.groups.items()}
     return Inventory(path=str(p), limit=limit, hosts=tuple(sorted(selected)), groups=groups,
                      _manager=manager, _loader=loader)
+
+
+def _parse_reason(text: str) -> str:
+    """The useful lines of Ansible's parse warnings ('Failed to parse inventory with 'ini' plugin: <why>')."""
+    lines = [" ".join(ln.replace("[WARNING]:", "").replace("[ERROR]:", "").split()) for ln in text.splitlines()]
+    keep = [ln for ln in lines if ln and not ln.startswith(("<<<", "Origin:")) and "fork-safety" not in ln
+            and "reconfigure stdout" not in ln and "Unable to parse" not in ln and "only implicit localhost" not in ln]
+    out: list[str] = []
+    for ln in keep:
+        if ln not in out and not any(o != ln and ln.rstrip(".") in o for o in keep):
+            out.append(ln)
+    return "; ".join(out)[:1000]
 
 
 def gpu_host_vars(inv: Inventory) -> list[tuple[str, dict[str, Any]]]:

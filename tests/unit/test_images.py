@@ -163,3 +163,14 @@ def test_inventory_errors(tmp_path):
         _ = plan_of(site(), inventory=bad).images
     with pytest.raises(ConfigError, match="not found"):
         nodes_of(tmp_path / "missing")
+
+
+def test_an_inventory_that_does_not_parse_is_an_error_with_ansibles_reason(tmp_path, cli, write_site):
+    """Never a silently empty (or smaller) inventory blamed on a missing group."""
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[gpu_nodes]\ng1 gpu_install_os=ubuntu22.04\ng2 = bad = line\ng3 gpu_install_os=ubuntu22.04\n")
+    with pytest.raises(ConfigError, match=r"hosts.ini: Failed to parse inventory with 'ini' plugin: .*key=value"):
+        nodes_of(inv)
+    rc, out, err = cli("images", "-s", write_site({"operator": {"version": "v24.9.2"},
+                                                   "registry": {"host": "registry.lab:5000"}}), "-i", inv)
+    assert rc == 2 and out == "" and "no group" not in err and "has no hosts" not in err
