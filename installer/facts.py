@@ -23,7 +23,6 @@ GPU_GROUP = "gpu_nodes"
 CONTROL_PLANE_GROUP = "kube_control_plane"
 NODE_NAME_VAR = "gpu_install_node_name"
 _OSTAG = re.compile(r"^([a-z][a-z-]*?)-?(\d[\w.\-]*)$")
-REDHAT_LIKE = ("rhel", "rocky", "centos", "ol", "almalinux", "fedora")
 _V26_3 = parse_release("v26.3.0")
 _V26_7 = parse_release("v26.7.0")
 
@@ -39,12 +38,6 @@ class Node:
     @property
     def node_name(self) -> str:
         return self.k8s_name or self.name
-
-    @property
-    def os_family(self) -> str | None:
-        if self.os_id is None:
-            return None
-        return "RedHat" if self.os_id in REDHAT_LIKE else "Debian"
 
     def os_tag(self, release: str) -> str:
         if self.os_id is None or self.os_version is None:
