@@ -187,10 +187,13 @@ def run_mig(plan: Plan, check: bool, kubeconfig: str, summary: Summary, say: Pro
 # ---------------------------------------------------------------- uninstall
 
 
-def removal_plan(plan: Plan, op: OperatorOptions) -> list[str]:
-    """What uninstall removes (printed without --yes, and before it acts)."""
+def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None) -> list[str]:
+    """What uninstall removes (printed without --yes, and before it acts), for the hosts the run covers."""
     site, ev = plan.site, plan.role_vars
+    groups = plan.inventory.groups if plan.inventory else {}
     out: list[str] = []
+    if skipped:
+        out.append(f"not the GPU Operator release: {skipped}")
     if op.enabled:
         ns, rel = site.operator.namespace, site.operator.releaseName
         out.append(f"Helm release {rel} and its resources in namespace {ns}")
@@ -198,7 +201,7 @@ def removal_plan(plan: Plan, op: OperatorOptions) -> list[str]:
             out.append(f"pull Secret {ns}/{site.registry.pullSecret.name} (only if gpu-install made it)")
         if op.delete_namespace:
             out.append(f"namespace {ns}")
-    on = "on the gpu_nodes hosts:"
+    on = f"on the gpu_nodes hosts ({', '.join(groups.get('gpu_nodes', ())) or 'none under --limit'}):"
     if ev["docker_runtime_enabled"]:
         out.append(f"{on} /etc/docker/daemon.json back to its content before apply minus our keys "
                    "(runtimes.nvidia, default-runtime if still ours, registries we added); backup kept; docker restarted")
@@ -208,8 +211,9 @@ def removal_plan(plan: Plan, op: OperatorOptions) -> list[str]:
     if ev["registry_trust_enabled"]:
         out.append(f"{on} the CA of {site.registry.host} from the OS trust store, docker certs.d and containerd "
                    "hosts.toml (only files gpu-install wrote)")
-    out.append("on the kube_control_plane hosts: gpu-install's flags and mount out of the kube-scheduler static-pod "
-               "manifest and its scheduler policy/config files, if an apply put them there; backup kept")
+    if groups.get("kube_control_plane"):
+        out.append("on the kube_control_plane hosts: gpu-install's flags and mount out of the kube-scheduler "
+                   "static-pod manifest and its scheduler policy/config files, if an apply put them there; backup kept")
     out.append("kept: NVIDIA driver and container toolkit packages stay installed (remove them with the "
                "OS package manager if wanted)")
     return out
@@ -222,7 +226,7 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
     say = _say(display)
     skip_reason = operator_selected(run, op, plan.limit)
     op = replace(op, enabled=skip_reason is None)
-    todo = removal_plan(plan, op)
+    todo = removal_plan(plan, op, skip_reason)
     if not yes:
         raise ConfigError("uninstall would remove:\n    " + "\n    ".join(todo) + "\nnot confirmed; nothing was changed",
                           hint="re-run with --yes to confirm")

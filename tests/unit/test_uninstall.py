@@ -362,6 +362,8 @@ def test_limit_never_widens_uninstall(local_setup, cli, tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))  # would be exit 2 if the operator stage ran
     rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--limit", "gpu1")
     assert rc == 2 and "Helm release" not in err  # the preview: nothing cluster-wide
+    assert "not the GPU Operator release: --limit gpu1" in err and "kube_control_plane hosts" not in err
+    assert "on the gpu_nodes hosts (gpu1)" in err
     rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--limit", "gpu1", "--yes")
     assert rc == 0, err
     assert re.search(r"operator +skipped +--limit gpu1: the operator is cluster-wide \(add --include-operator", out), out
