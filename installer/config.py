@@ -33,6 +33,40 @@ def _version_text(v: Any) -> Any:
 #: A version or tag written in YAML: "550" and 550 are the same; 20.10 unquoted is refused ("quote it").
 VersionText = Annotated[str, BeforeValidator(_version_text)]
 
+# OCI distribution grammar: a tag, a digest, a repository path (optionally with a registry host in front)
+TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+DIGEST = r"sha256:[a-f0-9]{64}"
+PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+
+
+PATTERN_TEXT = {
+    rf"^{TAG}$": "an image tag: letters, digits, '_', '.', '-' (at most 128, not starting with '.' or '-')",
+    rf"^{PATH_COMPONENT}$": "an image name: lower-case letters and digits, joined by '.', '_' or '-'",
+}
+
+
+def image_tag(v: str, what: str = "version") -> str:
+    """An image tag or digest (it becomes part of an image reference and of file names)."""
+    if not (re.fullmatch(TAG, v) or re.fullmatch(DIGEST, v)):
+        shown = v if len(v) <= 60 else v[:57] + "..."
+        raise ValueError(f"{shown!r} is not an image {what}: letters, digits, '_', '.', '-' (at most 128, not "
+                         "starting with '.' or '-'), or sha256:<64 hex digits>")
+    return v
+
+
+def repository_ref(v: str) -> str:
+    """A source repository: [registry-host[:port]/]path/components (lower case)."""
+    first, _, rest = v.partition("/")
+    path = v
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry_host(first)
+        path = rest
+    if len(v) > 255 or not re.fullmatch(rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*", path):
+        shown = v if len(v) <= 60 else v[:57] + "..."
+        raise ValueError(f"{shown!r} is not an image repository such as nvcr.io/nvidia/cloud-native "
+                         "(lower-case path components, an optional registry host in front)")
+    return v
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -55,12 +89,19 @@ class Operator(_Model):
         return v
 
 
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: fields whose value may be a secret pasted by mistake: messages about them never show it
+CREDENTIAL_FIELDS = {"usernameEnv", "passwordEnv", "dockerConfigFile"}
+
+
 class PullSecret(_Model):
     """Credentials are referenced, never written inline: from env vars or a docker config file."""
 
     name: str = Field(description="name of the kubernetes.io/dockerconfigjson Secret")
-    usernameEnv: str | None = Field(None, description="env var holding the registry user name")
-    passwordEnv: str | None = Field(None, description="env var holding the registry password/token")
+    usernameEnv: str | None = Field(None, description="name of the env var holding the registry user name",
+                                    pattern=ENV_NAME)
+    passwordEnv: str | None = Field(None, description="name of the env var holding the registry password/token",
+                                    pattern=ENV_NAME)
     dockerConfigFile: Path | None = Field(None, description="file with a docker config.json to use as-is")
 
     @field_validator("name")
@@ -79,6 +120,35 @@ class PullSecret(_Model):
         return self
 
 
+_DOMAIN_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def registry_host(v: str) -> str:
+    """A registry as image references name it (the rules docker and containerd apply): host[:port] where host is a
+    DNS name, an IPv4 address or a bracketed IPv6 address, and a name without a dot or port other than localhost
+    would be read as a Docker Hub path. Lower-cased."""
+    shown = v if len(v) <= 80 else v[:77] + "..."
+    if len(v) > 255:
+        raise ValueError(f"{shown!r}: {len(v)} characters is not a registry host (at most 255)")
+    if "://" in v or "/" in v:
+        raise ValueError(f"{shown!r}: give host[:port] only, without scheme or path (use prefix for a path)")
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::([0-9]+))?", v)
+    if not m:
+        raise ValueError(f"{shown!r} is not a host[:port]")
+    host, port = m.group(1), m.group(2)
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536 and len(port) <= 5):
+        raise ValueError(f"{shown!r}: port {port} is not between 1 and 65535")
+    if not host.startswith("["):
+        labels = host.split(".")
+        if not all(_DOMAIN_LABEL.fullmatch(label) for label in labels):
+            raise ValueError(f"{shown!r}: {host!r} is not a host name (labels of letters, digits and '-', not "
+                             "starting or ending with '-', separated by single dots)")
+        if len(labels) == 1 and port is None and host.lower() != "localhost":
+            raise ValueError(f"{shown!r} would be read as a Docker Hub path (docker.io/{host}/…), not as a registry: "
+                             f"give its full name ({host}.example.com) or its port ({host}:5000)")
+    return v.lower()
+
+
 class Registry(_Model):
     host: str = Field(description="private registry, host[:port], e.g. registry.example.com:5000")
     layout: Literal["strip-host", "keep-host"] = Field(
@@ -93,11 +163,7 @@ class Registry(_Model):
     @field_validator("host")
     @classmethod
     def _host(cls, v: str) -> str:
-        if "://" in v or "/" in v:
-            raise ValueError(f"{v!r}: give host[:port] only, without scheme or path (use prefix for a path)")
-        if not re.fullmatch(r"[A-Za-z0-9.-]+(:\d{1,5})?|\[[0-9a-fA-F:]+\](:\d{1,5})?", v):
-            raise ValueError(f"{v!r} is not a host[:port]")
-        return v.lower()
+        return registry_host(v)
 
     @field_validator("prefix")
     @classmethod
@@ -118,7 +184,8 @@ class Driver(_Model):
         "precompiled: precompiled driver container · preinstalled: already on the nodes",
     )
     version: VersionText | None = Field(
-        None, description="driver version (precompiled: branch, e.g. 550); default: catalog")
+        None, description="driver version (precompiled: branch, e.g. 550); default: catalog",
+        pattern=rf"^{TAG}$")
     runfile: str | None = Field(
         None, description="runfile mode: NVIDIA-Linux-<arch>-<version>.run as an http(s) URL (the site's file mirror) "
         "or a path on the controller (relative to the site file)"
@@ -178,7 +245,8 @@ def runfile_version(runfile: str) -> str | None:
 
 class Toolkit(_Model):
     mode: Literal["host", "operator"] = Field("operator", description="host: roles install it; operator: container")
-    version: VersionText | None = Field(None, description="toolkit image version (operator mode); default: catalog")
+    version: VersionText | None = Field(None, description="toolkit image version (operator mode); default: catalog",
+                                        pattern=rf"^{TAG}$")
 
 
 class Mig(_Model):
@@ -205,10 +273,20 @@ class SandboxWorkloads(_Model):
 
 
 class ComponentOverride(_Model):
-    version: VersionText | None = None
+    version: VersionText | None = Field(None, description="image tag or sha256 digest")
     repository: str | None = Field(None, description="upstream source repository (mapped by registry.layout)")
-    image: str | None = None
+    image: str | None = Field(None, description="image name inside the repository", pattern=rf"^{PATH_COMPONENT}$")
     enabled: bool | None = None
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        return None if v is None else image_tag(v)
+
+    @field_validator("repository")
+    @classmethod
+    def _repository(cls, v: str | None) -> str | None:
+        return None if v is None else repository_ref(v)
 
 
 class ManagedResource(_Model):
@@ -353,38 +431,96 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
     for item in overrides or []:
         apply_set(data, item)
     site = parse_site(data, source=str(path))
-    # relative file references are relative to the site file, not to where the command runs
+    # file references: ~ is the user's home; a relative path is relative to the site file, not to where the command runs
     base = Path(path).resolve().parent
+
+    def local(ref: Path) -> Path:
+        ref = ref.expanduser()
+        return ref if ref.is_absolute() else base / ref
+
     reg = site.registry
-    if reg.ca and not reg.ca.is_absolute():
-        reg.ca = base / reg.ca
-    chart = site.operator.chart
-    if chart and "://" not in chart and not Path(chart).is_absolute():
-        site.operator.chart = str(base / chart)
-    runfile = site.driver.runfile
-    if runfile and "://" not in runfile and not Path(runfile).expanduser().is_absolute():
-        site.driver.runfile = str(base / runfile)
-    if reg.pullSecret and reg.pullSecret.dockerConfigFile and not reg.pullSecret.dockerConfigFile.is_absolute():
-        reg.pullSecret.dockerConfigFile = base / reg.pullSecret.dockerConfigFile
+    if reg.ca:
+        reg.ca = local(reg.ca)
+    if site.operator.chart and "://" not in site.operator.chart:
+        site.operator.chart = str(local(Path(site.operator.chart)))
+    if site.driver.runfile and "://" not in site.driver.runfile:
+        site.driver.runfile = str(local(Path(site.driver.runfile)))
+    if reg.pullSecret and reg.pullSecret.dockerConfigFile:
+        reg.pullSecret.dockerConfigFile = local(reg.pullSecret.dockerConfigFile)
     return site
 
 
-def read_yaml(path: Path, what: str = "file") -> Any:
-    import yaml
+MAX_INPUT_BYTES = 1 << 20  # a site file is a few KB; anything near a megabyte is a mistake (or /dev/zero)
+
+
+def read_text(path: Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> str:
+    """A small regular text file's content, or ConfigError naming the path: never blocks on a FIFO or a device,
+    never reads without bound, never follows a symlink loop into a traceback."""
+    import stat
 
     try:
-        text = path.read_text(encoding="utf-8")
+        st = path.stat()
     except FileNotFoundError:
         raise ConfigError(f"{what} {path} not found", hint="check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+    except OSError as exc:  # ELOOP (a symlink loop), EACCES, ENAMETOOLONG, …
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}", hint="check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} {path} is a directory", hint="give the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file (a device, FIFO or socket)", hint="give a file")
+    if st.st_size > limit:
+        raise ConfigError(f"{what} {path} is {st.st_size} bytes; more than {limit} is not a {what}",
+                          hint="check the path")
     try:
-        return yaml.safe_load(text)
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ConfigError(f"{what} {path} grew past {limit} bytes while being read", hint="check the path")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
+
+
+def read_yaml(path: Path, what: str = "file") -> Any:
+    return parse_yaml(read_text(path, what), str(path))
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML with the mistakes YAML itself forgives refused: a key given twice in one mapping (both lines named),
+    nesting deep enough to exhaust the parser."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: let the constructor say so
+                continue
+            line = key_node.start_mark.line + 1
+            if first is not None:
+                raise ConfigError(f"{where}:{line}: key {key!r} is given twice (first at line {first})",
+                                  hint="YAML would keep only the last one: remove one of them")
+            seen[key] = line
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)  # type: ignore[arg-type]
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: invalid YAML: {problem}", hint="fix the YAML syntax at that position") from None
+        raise ConfigError(f"{at}: invalid YAML: {problem}", hint="fix the YAML syntax at that position") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a site file", hint="check the file") from None
 
 
 def apply_set(data: dict[str, Any], item: str) -> None:
@@ -431,8 +567,16 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "missing":
         return f"{path}: required field is missing"
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    text = repr(got)
+    shown = "" if isinstance(got, (dict, list)) else f" (got {text if len(text) <= 80 else text[:77] + '...'})"
+    if set(loc) & CREDENTIAL_FIELDS:
+        shown = ""  # never echo what may be a password pasted into the wrong field
+        if kind == "string_pattern_mismatch":
+            return (f"{path}: must be the NAME of an environment variable (letters, digits, '_'), not its value: "
+                    "export the credential in a variable and give the variable's name here")
     msg = err["msg"]
+    if kind == "string_pattern_mismatch":
+        msg = "is not " + PATTERN_TEXT.get(str((err.get("ctx") or {}).get("pattern")), f"of the form {msg}")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     return f"{path}: {msg}{shown}"

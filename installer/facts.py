@@ -23,6 +23,16 @@ GPU_GROUP = "gpu_nodes"
 CONTROL_PLANE_GROUP = "kube_control_plane"
 NODE_NAME_VAR = "gpu_install_node_name"
 _OSTAG = re.compile(r"^([a-z][a-z-]*?)-?(\d[\w.\-]*)$")
+_KERNEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")  # `uname -r`: it becomes part of an image tag
+
+
+def kernel_release(value: object, where: str) -> str:
+    text = str(value)
+    if not _KERNEL.match(text):
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ConfigError(f"{where}: {shown!r} is not a kernel release (what `uname -r` prints)",
+                          hint="e.g. 5.15.0-105-generic or 5.14.0-427.el9.x86_64")
+    return text
 _V26_3 = parse_release("v26.3.0")
 _V26_7 = parse_release("v26.7.0")
 
@@ -85,7 +95,7 @@ def flag_nodes(os_tags: list[str] | tuple[str, ...], kernels: list[str] | tuple[
     for i, tag in enumerate(os_tags):
         os_id, ver = split_os(tag, "--os")
         for j, kernel in enumerate(kernels or [None]):
-            nodes.append(Node(f"os{i}-k{j}", os_id, ver, kernel))
+            nodes.append(Node(f"os{i}-k{j}", os_id, ver, kernel_release(kernel, "--kernel") if kernel else None))
     return nodes
 
 
@@ -104,4 +114,5 @@ def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
     elif hv.get("gpu_install_os"):
         os_id, ver = split_os(str(hv["gpu_install_os"]), f"{where}: gpu_install_os")
     k8s = hv.get(NODE_NAME_VAR)
-    return Node(name, os_id, ver, str(kernel) if kernel else None, str(k8s) if k8s else None)
+    kernel_text = kernel_release(kernel, f"{where}: gpu_install_kernel") if kernel else None
+    return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None)

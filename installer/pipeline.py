@@ -16,8 +16,9 @@ Each stage's outcome is collected in a Summary, printed by the CLI also when a s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from installer import apply as nodes
 from installer.errors import ConfigError, GpuInstallError

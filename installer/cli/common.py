@@ -76,6 +76,17 @@ def output_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", help="write here instead of stdout")
 
 
+def seconds(text: str) -> float:
+    """A timeout in seconds: a positive number (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: a timeout must be a positive number of seconds")
+    return value
+
+
 def quiet_arg(p: argparse.ArgumentParser, what: str = "no progress lines on stderr") -> None:
     p.add_argument("-q", "--quiet", action="store_true", help=what)
 

@@ -14,6 +14,7 @@ from installer.cli.common import (
     kubeconfig_arg,
     quiet_arg,
     resolve_plan,
+    seconds,
     site_args,
     verbose_arg,
 )
@@ -104,7 +105,7 @@ def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
                    help="with --limit, also " + ("install/upgrade" if install else "remove") + " the cluster-wide "
                         "operator (a limited run leaves it alone otherwise)")
     kubeconfig_arg(p)
-    p.add_argument("--operator-timeout", type=float, default=300, metavar="SECONDS",
+    p.add_argument("--operator-timeout", type=seconds, default=300, metavar="SECONDS",
                    help="how long helm waits for the operator's workloads (default 300)" if install else
                    "how long helm uninstall waits for the release's resources to go (default 300)")
     if install:

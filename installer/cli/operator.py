@@ -6,7 +6,17 @@ import argparse
 import os
 from typing import Any
 
-from installer.cli.common import ENV_CHART, command, group, kubeconfig_arg, quiet_arg, resolve_plan, say, site_args
+from installer.cli.common import (
+    ENV_CHART,
+    command,
+    group,
+    kubeconfig_arg,
+    quiet_arg,
+    resolve_plan,
+    say,
+    seconds,
+    site_args,
+)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -50,7 +60,7 @@ def register(sub: Any) -> None:
     _common(q)
     q.add_argument("--chart", default=os.environ.get(ENV_CHART),
                    help=f"GPU Operator chart: directory, .tgz or oci://REGISTRY/PATH/gpu-operator; env {ENV_CHART}")
-    q.add_argument("--timeout", type=float, default=300, metavar="SECONDS",
+    q.add_argument("--timeout", type=seconds, default=300, metavar="SECONDS",
                    help="how long to wait for the release's workloads to be ready (default 300)")
     q.add_argument("--no-wait", action="store_true", help="do not wait for the workloads (helm without --wait)")
     q.set_defaults(func=cmd_install)
@@ -63,5 +73,5 @@ def register(sub: Any) -> None:
     _common(q)
     q.add_argument("--yes", action="store_true", help="confirm; without it nothing is removed (exit 2)")
     q.add_argument("--delete-namespace", action="store_true", help="also delete the namespace")
-    q.add_argument("--timeout", type=float, default=300, metavar="SECONDS", help="helm uninstall --wait timeout")
+    q.add_argument("--timeout", type=seconds, default=300, metavar="SECONDS", help="helm uninstall --wait timeout")
     q.set_defaults(func=cmd_uninstall)
