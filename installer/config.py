@@ -499,7 +499,7 @@ def parse_yaml(text: str, where: str) -> Any:
     def mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = loader.construct_object(key_node, deep=deep)
             try:
                 first = seen.get(key)
             except TypeError:  # an unhashable key: let the constructor say so
@@ -511,9 +511,9 @@ def parse_yaml(text: str, where: str) -> Any:
             seen[key] = line
         return loader.construct_mapping(node, deep=deep)
 
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)  # type: ignore[arg-type]
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
