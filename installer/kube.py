@@ -53,14 +53,16 @@ def resolve_kubeconfig(path: str | os.PathLike[str] | None = None,
 
 
 def api_client(kubeconfig: Path) -> ApiClient:
+    import yaml
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
     try:
         client: ApiClient = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         return client
-    except (ConfigException, OSError, ValueError, TypeError) as exc:
-        raise ConfigError(f"kubeconfig {kubeconfig}: {exc}", hint="check the file (kubectl config view)") from None
+    except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
+        text = " ".join(str(exc).split())
+        raise ConfigError(f"kubeconfig {kubeconfig}: {text[:500]}", hint="check the file (kubectl config view)") from None
 
 
 # ---------------------------------------------------------------- the pull secret (pure)

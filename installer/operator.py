@@ -90,7 +90,9 @@ def prepare(plan: Plan, kubeconfig: str | os.PathLike[str] | None,
     ref = check_chart_ref(chart_ref)
     # credentials resolved before anything is touched: a missing env var changes nothing
     secret_body = kube.pull_secret_body(site.registry, site.operator.namespace) if site.registry.pullSecret else None
-    return Prepared(ref, plan.values, secret_body, kube.resolve_kubeconfig(kubeconfig))
+    kc = kube.resolve_kubeconfig(kubeconfig)
+    kube.api_client(kc)  # a malformed kubeconfig is exit 2 here, before any host is touched
+    return Prepared(ref, plan.values, secret_body, kc)
 
 
 def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Progress | None = None,

@@ -235,6 +235,7 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
     if op.enabled:  # checked before anything is touched
         try:
             kubeconfig = kube.resolve_kubeconfig(op.kubeconfig)
+            kube.api_client(kubeconfig)  # parsed now: a malformed one changes nothing
         except ConfigError as exc:
             raise _with_skip_hint(exc) from None
     for line in todo:

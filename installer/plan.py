@@ -146,12 +146,31 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
         nodes = tuple(facts) if facts is not None else tuple(flag_nodes(opts.os_tags, opts.kernels))
         assignments = ()
 
+    if site.registry.ca:
+        check_ca(site.registry.ca)
     components = resolve_components(site, release)
     values = build_values(site, release, components)
     # every MIG layout name, the site default too (also without nodes: render, config check), checked once
     mig.check_names(site, release, [*assignments, *mig.site_default(site, assignments)])
     return Plan(site=site, release=release, options=opts, nodes=nodes, inventory=inventory, components=components,
                 values=values, role_vars=role_vars(site, release), mig=assignments)
+
+
+def check_ca(path: Path) -> None:
+    """registry.ca is a readable PEM certificate (checked before any host is contacted)."""
+    import ssl
+
+    from installer.config import read_text
+
+    text = read_text(Path(path), "registry.ca")
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise ConfigError(f"registry.ca {path}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)",
+                          hint="give the registry's CA certificate in PEM form")
+    try:
+        ssl.create_default_context(cadata=text)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"registry.ca {path}: not a valid PEM certificate ({exc})",
+                          hint="give the registry's CA certificate in PEM form") from None
 
 
 def load_inventory(path: str, limit: str | None = None) -> Inventory:

@@ -37,6 +37,9 @@ def test_defaults_and_argument_specs_do_not_drift(role):
         assert opts[key].get("description"), key
 
 
+FIXTURE_CA = ROOT / "tests" / "fixtures" / "ca.pem"  # a CA certificate (its key was thrown away)
+
+
 def role_vars_of(s) -> dict:
     return dict(plan_of(s).role_vars)
 
@@ -69,7 +72,7 @@ def test_role_vars_mapping():
     assert ev["containerd_runtime_enabled"] and ev["containerd_runtime_set_default"] is False
     assert ev["containerd_runtime_registry_config_path"] == "/etc/containerd/certs.d"
     assert not role_vars_of(site(toolkit={"mode": "operator"}))["docker_runtime_enabled"]
-    ev = role_vars_of(site(runtime="containerd", registry={"host": "Reg.lab:5000", "ca": "ca.pem"}))
+    ev = role_vars_of(site(runtime="containerd", registry={"host": "Reg.lab:5000", "ca": str(FIXTURE_CA)}))
     assert ev["registry_trust_enabled"] and ev["registry_trust_host"] == "reg.lab:5000"
     assert Path(ev["registry_trust_ca_src"]).is_absolute() and ev["registry_trust_ca_src"].endswith("/ca.pem")
     assert ev["registry_trust_containerd_config_path"] == "/etc/containerd/certs.d"

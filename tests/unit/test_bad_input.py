@@ -161,3 +161,33 @@ def test_timeouts_must_be_positive_seconds(cli, tmp_path, value):
     with pytest.raises(SystemExit) as exc:
         cli("operator", "uninstall", "-s", site, "--timeout", value)
     assert exc.value.code == 2
+
+
+def test_registry_ca_is_checked_before_any_host(cli, tmp_path):
+    from tests.conftest import ROOT
+
+    site = tmp_path / "site.yaml"
+    site.write_text("operator: {version: v24.9.2}\nregistry: {host: r.lab, ca: ca.pem}\n")
+    rc, _, err = cli("config", "check", "-s", site)
+    assert rc == 2 and f"registry.ca {tmp_path / 'ca.pem'} not found" in err
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    rc, _, err = cli("config", "check", "-s", site)
+    assert rc == 2 and "no PEM certificate in it" in err
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    rc, _, err = cli("config", "check", "-s", site)
+    assert rc == 2 and "not a valid PEM certificate" in err
+    (tmp_path / "ca.pem").write_bytes((ROOT / "tests" / "fixtures" / "ca.pem").read_bytes())
+    rc, _, err = cli("config", "check", "-s", site)
+    assert rc == 0, err
+
+
+def test_malformed_kubeconfig_is_exit_2_before_any_host(cli, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text(BASE)
+    kc = tmp_path / "kubeconfig"
+    kc.write_text("apiVersion: v1\nkind: Config\nclusters: [}\n")
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: c\nversion: 0.1.0\n")
+    rc, _, err = cli("operator", "install", "-s", site, "--kubeconfig", kc, "--chart", chart)
+    assert rc == 2 and f"kubeconfig {kc}" in err
