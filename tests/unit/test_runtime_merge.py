@@ -13,7 +13,7 @@ from tests.unit.library_modules import load_module as load
 
 
 
-dj = load("gpu_install_daemon_json")
+dj = load("daemon_json")
 
 # ---------------------------------------------------------------- daemon.json
 
@@ -77,7 +77,7 @@ def test_daemon_json_wrong_types_refused(doc):
 
 # ---------------------------------------------------------------- containerd
 
-ct = load("gpu_install_containerd_runtime")
+ct = load("containerd_runtime")
 import os  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402

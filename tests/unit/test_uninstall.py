@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from installer import content
 from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
 from tests.unit.test_ansible_roles import (USER_TOML, apply_role, backups, containerd_bin, containerd_vars,
                                            docker_vars)
-from tests.unit.library_modules import LIBRARY, load_module as load
+from tests.unit.library_modules import load_module as load
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +27,8 @@ def state(tmp_path, monkeypatch):
 
 
 
-dj = load("gpu_install_daemon_json")
-ct = load("gpu_install_containerd_runtime")
+dj = load("daemon_json")
+ct = load("containerd_runtime")
 
 # ---------------------------------------------------------------- daemon.json: record + unmerge (pure)
 
@@ -353,11 +354,11 @@ def test_operator_stage_selection():
 def test_uninstall_playbook_removes_runtimes_trust_and_scheduler_but_no_packages():
     import yaml
 
-    text = (Path(__file__).resolve().parent.parent.parent / "playbooks" / "uninstall.yml").read_text()
+    text = (content.playbooks_dir() / "uninstall.yml").read_text()
     plays = yaml.safe_load(text)
     roles = [r["role"] for p in plays for r in p.get("roles", [])]
-    assert roles == ["docker_runtime", "containerd_runtime", "registry_trust", "scheduler_policy"]
-    sched = next(p for p in plays if any(r["role"] == "scheduler_policy" for r in p.get("roles", [])))
+    assert roles == [content.fqcn(r) for r in ("docker_runtime", "containerd_runtime", "registry_trust", "scheduler_policy")]
+    sched = next(p for p in plays if any(r["role"] == content.fqcn("scheduler_policy") for r in p.get("roles", [])))
     assert sched["hosts"] == "kube_control_plane" and sched["vars"]["gpu_install_action"] == "remove"
     for role in roles:
-        assert (LIBRARY.parent / "roles" / role / "tasks" / "remove.yml").is_file()
+        assert (content.role_dir(role) / "tasks" / "remove.yml").is_file()
