@@ -1,4 +1,4 @@
-"""Runtime config merges (library/ modules, pure functions): user keys kept, idempotent, bad input refused."""
+"""Runtime config merges (the collection's modules, pure functions): user keys kept, idempotent, bad input refused."""
 
 from __future__ import annotations
 

@@ -322,11 +322,13 @@ def test_apply_skip_operator_summary_then_uninstall(local_setup, cli):
     applied = daemon.read_text()
     rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator")
     assert rc == 2 and "not confirmed; nothing was changed" in err and "daemon.json" in err and "--yes" in err, err
-    assert "driver and container toolkit packages stay installed" in err
+    assert "the NVIDIA container toolkit and driver packages gpu-install installed (its record in /var/lib/gpu-install; " \
+           "packages that were there before stay)" in err
     assert daemon.read_text() == applied
     rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator", "--yes")
     assert rc == 0, err
-    assert re.search(r"nodes +changed", out) and re.search(r"packages +kept", out), out
+    # the driver and toolkit plays are skipped here (NODES_ONLY): nothing of theirs removed
+    assert re.search(r"nodes +changed", out) and re.search(r"packages +kept - no package gpu-install installed", out), out
     assert daemon.read_text() == '{"log-level": "warn"}\n'
 
 
@@ -351,14 +353,20 @@ def test_operator_stage_selection():
     assert pipeline.operator_selected(apply.Options("i"), pipeline.OperatorOptions(enabled=False)) == "--skip-operator"
 
 
-def test_uninstall_playbook_removes_runtimes_trust_and_scheduler_but_no_packages():
+def test_uninstall_playbook_reverses_every_role_in_reverse_order():
     import yaml
 
     text = (content.playbooks_dir() / "uninstall.yml").read_text()
     plays = yaml.safe_load(text)
     roles = [r["role"] for p in plays for r in p.get("roles", [])]
-    assert roles == [content.fqcn(r) for r in ("docker_runtime", "containerd_runtime", "registry_trust", "scheduler_policy")]
+    assert roles == [content.fqcn(r) for r in ("docker_runtime", "containerd_runtime", "registry_trust",
+                                                "nvidia_container_toolkit", "nvidia_driver", "scheduler_policy")]
     sched = next(p for p in plays if any(r["role"] == content.fqcn("scheduler_policy") for r in p.get("roles", [])))
     assert sched["hosts"] == "kube_control_plane" and sched["vars"]["gpu_install_action"] == "remove"
+    for play in plays[1:]:
+        assert play["vars"]["gpu_install_action"] == "remove"
     for role in roles:
         assert (content.role_dir(role) / "tasks" / "remove.yml").is_file()
+    # every role of site.yml has a removal in uninstall.yml
+    site = [r["role"] for p in yaml.safe_load((content.playbooks_dir() / "site.yml").read_text()) for r in p.get("roles", [])]
+    assert sorted(site) == sorted(roles)
