@@ -225,7 +225,9 @@ def run_playbook(
 
     cmdline = " ".join(x for x, on in (("--check", check), ("--diff", diff)) if on)
     bindir = os.path.dirname(_ansible_playbook())
-    envvars = {"ANSIBLE_CONFIG": str(content.ansible_cfg()), "ANSIBLE_NOCOLOR": "1",
+    # the bundle's ansible.cfg, and the collection gpu_install.node (roles, modules) through a link in this run's
+    # private data dir to the content root (installer.content: a checkout or the installed package data)
+    envvars = {**content.ansible_env(private / "collections"), "ANSIBLE_NOCOLOR": "1",
                "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
     with _scrubbed_environ(list(scrub_env or [])):
         if display is not None:  # inside: a dynamic inventory script sees the same scrubbed environment

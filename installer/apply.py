@@ -26,10 +26,13 @@ class RunOptions:
     check: bool = False
     diff: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)  # variables for tests/labs, merged over the plan's
+    keep_packages: bool = False  # uninstall --keep-packages: the driver and toolkit packages stay
 
     def removing(self) -> RunOptions:
         """The same run with the roles' remove action (uninstall)."""
-        return replace(self, extra={**self.extra, "gpu_install_action": "remove"})
+        keep = {f"{role}_keep_packages": True for role in ("nvidia_driver", "nvidia_container_toolkit")}
+        return replace(self, extra={**self.extra, "gpu_install_action": "remove",
+                                    **(keep if self.keep_packages else {})})
 
 
 def scrub_names(plan: Plan) -> list[str]:

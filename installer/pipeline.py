@@ -9,7 +9,8 @@ nodes nvidia.com/mig.config (installer.mig; names checked before any host is tou
 
 uninstall: the reverse, guarded by --yes: the Helm release and gpu-install's pull Secret first
 (installer.operator.uninstall), then playbooks/uninstall.yml with gpu_install_action=remove (runtime
-configs back to their backups minus our keys, the registry CA files). Driver and toolkit packages stay.
+configs back to their backups minus our keys, the registry CA files, then the toolkit and driver packages and files
+that gpu-install installed -- its record on each node says which; what was there before stays).
 
 Each stage's outcome is collected in a Summary, printed by the CLI also when a stage fails.
 """
@@ -188,7 +189,8 @@ def run_mig(plan: Plan, check: bool, kubeconfig: str, summary: Summary, say: Pro
 # ---------------------------------------------------------------- uninstall
 
 
-def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None) -> list[str]:
+def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
+                 keep_packages: bool = False) -> list[str]:
     """What uninstall removes (printed without --yes, and before it acts), for the hosts the run covers."""
     site, ev = plan.site, plan.role_vars
     groups = plan.inventory.groups if plan.inventory else {}
@@ -215,8 +217,31 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None) ->
     if groups.get("kube_control_plane"):
         out.append("on the kube_control_plane hosts: gpu-install's flags and mount out of the kube-scheduler "
                    "static-pod manifest and its scheduler policy/config files, if an apply put them there; backup kept")
-    out.append("kept: NVIDIA driver and container toolkit packages stay installed (remove them with the "
-               "OS package manager if wanted)")
+    keep = keep_packages
+    out.append(f"{on} the NVIDIA container toolkit and driver " + (
+        "packages stay installed (keep packages); the files gpu-install wrote go" if keep else
+        "packages gpu-install installed (its record in /var/lib/gpu-install; packages that were there before stay), "
+        "the nouveau blacklist it wrote (initramfs regenerated), a runfile driver it ran"))
+    return out
+
+
+REMOVE_PACKAGES_TASK = "| Remove the packages gpu-install installed"
+
+
+def removed_packages(res: RunResult) -> dict[str, list[str]]:
+    """host -> the packages the driver and toolkit roles removed, from the run's job events."""
+    import json
+
+    out: dict[str, list[str]] = {}
+    events = res.artifacts / "artifacts" / "run" / "job_events" if res.artifacts else None
+    for ev in sorted(events.glob("*.json")) if events and events.is_dir() else []:
+        try:
+            data = json.loads(ev.read_text())
+        except (OSError, ValueError):
+            continue
+        d = data.get("event_data") or {}
+        if data.get("event") == "runner_on_ok" and str(d.get("task", "")).endswith(REMOVE_PACKAGES_TASK):
+            out.setdefault(str(d.get("host")), []).extend((d.get("res") or {}).get("removed") or [])
     return out
 
 
@@ -227,7 +252,7 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
     say = _say(display)
     skip_reason = operator_selected(run, op, plan.limit)
     op = replace(op, enabled=skip_reason is None)
-    todo = removal_plan(plan, op, skip_reason)
+    todo = removal_plan(plan, op, skip_reason, run.keep_packages)
     if not yes:
         raise ConfigError("uninstall would remove:\n    " + "\n    ".join(todo) + "\nnot confirmed; nothing was changed",
                           hint="re-run with --yes to confirm")
@@ -259,5 +284,11 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
     except GpuInstallError as exc:
         summary.add("nodes", "FAILED", exc.message.split(" (run artifacts")[0][:300])
         raise
-    summary.add("packages", "kept", "driver and toolkit packages stay installed")
+    removed = {h: pkgs for h, pkgs in removed_packages(res).items() if pkgs}
+    if removed:
+        summary.add("packages", "would remove" if run.check else "removed",
+                    f"{sum(map(len, removed.values()))} package(s) gpu-install had installed, on "
+                    f"{', '.join(sorted(removed))}; those that were there before stay")
+    else:
+        summary.add("packages", "kept", "no package gpu-install installed was left to remove")
     return summary

@@ -32,7 +32,8 @@ def _run_options(args: argparse.Namespace) -> Any:
     from installer.apply import RunOptions
 
     return RunOptions(tags=getattr(args, "tags", None), skip_tags=getattr(args, "skip_tags", None),
-                      check=getattr(args, "check", False), diff=getattr(args, "diff", False))
+                      check=getattr(args, "check", False), diff=getattr(args, "diff", False),
+                      keep_packages=getattr(args, "keep_packages", False))
 
 
 def _operator_options(args: argparse.Namespace) -> Any:
@@ -134,6 +135,9 @@ def register(sub: Any) -> None:
     _hosts_args(p)
     p.add_argument("--yes", action="store_true", help="confirm; without it the plan is printed and nothing changes (exit 2)")
     p.add_argument("--delete-namespace", action="store_true", help="also delete the operator's namespace")
+    p.add_argument("--keep-packages", action="store_true",
+                   help="keep the NVIDIA driver and container toolkit packages gpu-install installed (by default "
+                        "they are removed; packages that were there before apply always stay)")
     p.add_argument("--tags", help="only these roles' removal (e.g. docker_runtime)")
     p.add_argument("--skip-tags", dest="skip_tags", help="skip these roles' removal")
     _operator_args(p, install=False)

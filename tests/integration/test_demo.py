@@ -6,7 +6,8 @@ nodes a site containerd config, writes the site file (lab registry + CA, toolkit
 fixture chart) and runs `gpu-install apply` twice. Asserted here: exit 0; the Helm release deployed in the
 lab apiserver; the second apply changed=0 on every node (per-host stats from its run records) and left the
 release unchanged; uninstall --yes gives the nodes their pre-apply containerd config byte for byte (the
-site's keys in it), removes the drop-in, the registry CA files and the release; packages stay.
+site's keys in it), removes the drop-in, the registry CA files and the release, and the toolkit package that apply
+installed (containerd, there before, stays).
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def test_demo_apply_twice_then_uninstall(demo):
 
     yes = subprocess.run([*base, "--yes"], env=env, capture_output=True, text=True, timeout=900)
     assert yes.returncode == 0, yes.stdout + yes.stderr[-4000:]
-    assert re.search(r"operator +removed", yes.stdout) and re.search(r"packages +kept", yes.stdout), yes.stdout
+    assert re.search(r"operator +removed", yes.stdout), yes.stdout
+    assert re.search(r"packages +removed - \d+ package\(s\) gpu-install had installed, on node1, node2", yes.stdout), yes.stdout
     assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is None
     st = subprocess.run([str(GI), "operator", "status", "-s", str(site)], env=env, capture_output=True, text=True)
     assert st.returncode == 6 and "release gpu-operator: not installed" in st.stdout
@@ -137,8 +139,10 @@ def test_demo_apply_twice_then_uninstall(demo):
         dump = ssh(where, ip, "containerd config dump").stdout
         assert "nvidia" not in dump, dump
         ssh(where, ip, "systemctl is-active containerd && ctr version >/dev/null")
-        # packages stay
-        assert "ii" in ssh(where, ip, "dpkg -l nvidia-container-toolkit | tail -1").stdout
+        # the toolkit apply installed is gone (its record said so); containerd, installed by `lab up`, stays
+        assert "ii" not in ssh(where, ip, "dpkg -l nvidia-container-toolkit 2>&1 | tail -1", check=False).stdout
+        assert "ii" in ssh(where, ip, "dpkg -l containerd | tail -1").stdout
+        assert ssh(where, ip, "ls /var/lib/gpu-install 2>/dev/null || true").stdout.strip() == ""
     again = subprocess.run([*base, "--yes"], env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "uninstall ok: nodes changed=0" in again.stdout, again.stdout + again.stderr
 

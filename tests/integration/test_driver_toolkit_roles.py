@@ -60,6 +60,14 @@ def task_messages(apply: Applier) -> dict[str, str]:
     return out
 
 
+BASELINE: set[str] = set()  # the node's packages before the first apply (set by the fixture)
+
+
+def installed(handle: LabHandle) -> set[str]:
+    out = root(handle, NODE, "dpkg-query -W -f='${db:Status-Abbrev} ${Package}\\n'").stdout
+    return {ln.split()[1] for ln in out.splitlines() if len(ln.split()) == 2 and ln[1] not in "nc"}
+
+
 def dpkg_version(handle: LabHandle, pkg: str) -> str:
     return root(handle, NODE, f"dpkg-query -W -f='${{Status}} ${{Version}}' {pkg}").stdout
 
@@ -81,7 +89,12 @@ def drv(tmp_path_factory):
                                *map(str, debs)], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
         print(f"{len(debs)} packages into the lab repo in {time.monotonic() - t0:.1f}s", flush=True)
-        root(handle, NODE, "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q containerd")
+        # containerd (preflight wants a runtime) and, as an admin might have, nvidia-persistenced: one of the driver
+        # role's packages that is there BEFORE gpu-install (uninstall must leave it)
+        root(handle, NODE, "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                           "--no-install-recommends containerd nvidia-persistenced")
+        global BASELINE
+        BASELINE = installed(handle)
         work = tmp_path_factory.mktemp("drv")
         yield handle, Applier(lab_inventory(handle, work, LAB_VARS), work / "state"), work
     finally:
@@ -90,7 +103,10 @@ def drv(tmp_path_factory):
 
 def test_host_driver_and_toolkit_pinned_then_changed_0(drv):
     handle, apply, work = drv
-    assert root(handle, NODE, "dpkg-query -W nvidia-driver", check=False).returncode != 0  # not there yet
+    # not there yet (dpkg knows the name -- nvidia-persistenced's relations mention it -- but it is not installed)
+    status = root(handle, NODE, "dpkg-query -W -f='${Status}' nvidia-driver", check=False).stdout
+    assert not status.startswith("install ok installed"), status
+    assert "nvidia-driver" not in BASELINE
     site = write_site(work, "host", {"mode": "host", "version": DRIVER}, {"mode": "host", "version": "1.17.4"})
     t0 = time.monotonic()
     proc = apply(site)
@@ -164,3 +180,99 @@ def test_operator_mode_refuses_host_driver_packages(drv):
     assert f"{NODE}: driver.mode is operator but host NVIDIA driver packages are installed" in err, err
     assert f"nvidia-driver {DRIVER}" in err and f"nvidia-kernel-dkms {DRIVER}" in err, err
     assert "the driver container would conflict with them" in err
+
+
+def uninstall(apply: Applier, site: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "gpu-install"), "uninstall", "-s", str(site), "-i", str(apply.inventory),
+                           "--skip-operator", "--yes", *extra], capture_output=True, text=True, env=apply.env(),
+                          timeout=600)
+
+
+def uninstall_stats(apply: Applier) -> dict[str, int]:
+    runs = sorted((apply.state / "runs").glob("*-uninstall*"), key=lambda p: p.stat().st_mtime)
+    for ev in (runs[-1] / "artifacts" / "run" / "job_events").glob("*.json"):
+        data = json.loads(ev.read_text())
+        if data.get("event") == "playbook_on_stats":
+            return {k: int((data["event_data"].get(k) or {}).get(NODE, 0)) for k in ("ok", "changed", "failures")}
+    raise AssertionError(f"no stats in {runs[-1]}")
+
+
+def test_uninstall_removes_what_gpu_install_installed_then_redeploy(drv):
+    """uninstall reverses the driver and toolkit roles from their records on the node: exactly the packages that
+    were not there before the first apply go (the node's package set is the baseline again), the pre-existing
+    nvidia-persistenced and containerd stay, the nouveau blacklist goes; a second uninstall changes nothing; apply
+    installs everything again."""
+    handle, apply, work = drv
+    site = write_site(work, "host", {"mode": "host", "version": DRIVER}, {"mode": "host", "version": "1.17.4"})
+    rec = json.loads(root(handle, NODE, "cat /var/lib/gpu-install/nvidia_driver.json").stdout)
+    assert {"nvidia-driver", "nvidia-smi", "nvidia-kernel-dkms"} <= set(rec["packages"]), rec
+    assert "nvidia-persistenced" not in rec["packages"] and rec["preexisting"] == ["nvidia-persistenced"], rec
+    assert rec["entries"]["blacklist"]["path"] == "/etc/modprobe.d/blacklist-nouveau.conf"
+    assert rec["entries"]["blacklist"]["backup"] == ""  # the file was not there: removal deletes it
+    tk = json.loads(root(handle, NODE, "cat /var/lib/gpu-install/nvidia_container_toolkit.json").stdout)
+    assert "nvidia-container-toolkit" in tk["packages"] and not set(tk["packages"]) & BASELINE
+    # between them, the two records hold exactly what appeared since the baseline (dependencies included)
+    assert set(rec["packages"]) | set(tk["packages"]) == installed(handle) - BASELINE
+    assert not set(rec["packages"]) & set(tk["packages"])
+    assert root(handle, NODE, "stat -c %a /var/lib/gpu-install/nvidia_driver.json").stdout.strip() == "600"
+
+    t0 = time.monotonic()
+    proc = uninstall(apply, site)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    print(f"uninstall {time.monotonic() - t0:.1f}s", flush=True)
+    assert installed(handle) == BASELINE, (installed(handle) ^ BASELINE)
+    for pkg in ("nvidia-driver", "nvidia-smi", "nvidia-kernel-dkms", "nvidia-container-toolkit"):
+        status = root(handle, NODE, f"dpkg-query -W -f='${{Status}}' {pkg}", check=False).stdout
+        assert not status.startswith("install ok installed"), (pkg, status)
+    assert dpkg_version(handle, "nvidia-persistenced").startswith("install ok installed")
+    assert dpkg_version(handle, "containerd").startswith("install ok installed")
+    assert root(handle, NODE, "test -e /etc/modprobe.d/blacklist-nouveau.conf", check=False).returncode != 0
+    assert root(handle, NODE, "ls /var/lib/gpu-install/").stdout.strip() == ""
+    err = proc.stderr
+    report = re.search(r"^\[node1\] +ok +Driver \| Report the removal  \(\d+\.\ds\)\n((?:\[node1\] {4}.*\n)+)", err, re.M)
+    assert report, err[-3000:]
+    assert "packages removed: " in report.group(1) and "nvidia-driver" in report.group(1)
+    assert "there before gpu-install, kept: nvidia-persistenced" in report.group(1)
+    assert "nouveau blacklist /etc/modprobe.d/blacklist-nouveau.conf: removed" in report.group(1)
+    assert "the NVIDIA kernel module stays loaded until the node reboots" in report.group(1)
+    assert re.search(r"^\[node1\] +ok +Toolkit \| Report the removal .*\n\[node1\] {4,}packages removed: .*"
+                     r"nvidia-container-toolkit", err, re.M), err[-3000:]
+
+    again = uninstall(apply, site)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert uninstall_stats(apply)["changed"] == 0
+    assert "no record of an install by gpu-install" in again.stderr
+
+    t0 = time.monotonic()
+    _ok(apply(site))
+    print(f"re-deploy {time.monotonic() - t0:.1f}s", flush=True)
+    for pkg in ("nvidia-driver", "nvidia-smi", "nvidia-kernel-dkms"):
+        assert dpkg_version(handle, pkg).startswith("install ok installed " + DRIVER), pkg
+    assert dpkg_version(handle, "nvidia-container-toolkit") == "install ok installed 1.17.4-0gpuinstall.standin1"
+    assert "blacklist nouveau" in root(handle, NODE, "cat /etc/modprobe.d/blacklist-nouveau.conf").stdout
+    assert set(json.loads(root(handle, NODE, "cat /var/lib/gpu-install/nvidia_driver.json").stdout)["packages"]) \
+        == set(rec["packages"])
+
+
+def test_uninstall_keep_packages(drv):
+    """nvidia_driver_keep_packages / nvidia_container_toolkit_keep_packages (uninstall --keep-packages): the files
+    go, the packages stay, and the record keeps them so that a later uninstall removes them."""
+    handle, apply, work = drv
+    site = write_site(work, "host", {"mode": "host", "version": DRIVER}, {"mode": "host", "version": "1.17.4"})
+    inv = apply.inventory
+    (inv / "zz-keep.yml").write_text(yaml.safe_dump({"all": {"vars": {"nvidia_driver_keep_packages": True,
+                                                                      "nvidia_container_toolkit_keep_packages": True}}}))
+    try:
+        before = installed(handle)
+        proc = uninstall(apply, site)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert installed(handle) == before
+        assert "packages kept (nvidia_driver_keep_packages): " in proc.stderr
+        assert root(handle, NODE, "test -e /etc/modprobe.d/blacklist-nouveau.conf", check=False).returncode != 0
+        rec = json.loads(root(handle, NODE, "cat /var/lib/gpu-install/nvidia_driver.json").stdout)
+        assert "nvidia-driver" in rec["packages"] and rec["entries"] == {}
+    finally:
+        (inv / "zz-keep.yml").unlink()
+    proc = uninstall(apply, site)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert installed(handle) == BASELINE

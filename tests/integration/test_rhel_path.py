@@ -19,6 +19,7 @@ nvidia-installer whose --driver-info reports the version).
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -188,3 +189,40 @@ def test_host_mode_refuses_a_runfile_driver(rp):
     assert (f"{DEB}: driver.mode is host but an NVIDIA driver installed by a runfile is present "
             "(/usr/bin/nvidia-uninstall)") in proc.stderr, proc.stderr
     assert root(lab, DEB, "dpkg-query -W nvidia-driver", check=False).returncode != 0  # nothing installed
+
+
+def test_uninstall_dnf_packages_and_the_runfile_driver(rp):
+    """Last (the tests above need the drivers in place): uninstall reverses the records on both nodes -- on rhel9 the
+    RPMs gpu-install installed go through dnf (the containerd stand-in installed before stays), on debian12 the runfile
+    driver gpu-install ran is uninstalled with nvidia-installer --uninstall and its cached runfile goes, the site CA
+    leaves the RHEL anchors; a second uninstall changes nothing."""
+    lab, apply, work, _ = rp
+    # the rhel9 apply's site (the driver role's removal follows each node's record, whatever driver.mode says; the
+    # toolkit and trust removals need toolkit.mode host and the CA, as apply did)
+    reg = lab.status["registry"]
+    site = _site(work, "rhel-uninstall", {"host": reg, "ca": str(lab.ca)}, {"mode": "host", "version": DRIVER},
+                 {"mode": "host", "version": TOOLKIT})
+    rec = root(lab, RHEL, "cat /var/lib/gpu-install/nvidia_driver.json").stdout
+    for pkg in ("nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-latest-dkms", "nvidia-persistenced"):
+        assert f'"{pkg}"' in rec, rec
+    assert "runfile" in root(lab, DEB, "cat /var/lib/gpu-install/nvidia_driver.json").stdout
+    argv = [str(VENV_BIN / "gpu-install"), "uninstall", "-s", str(site), "-i", str(apply.inventory), "--skip-operator",
+            "--yes"]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    print(f"uninstall (2 nodes) {time.monotonic() - t0:.1f}s", flush=True)
+    for pkg in ("nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-latest-dkms", "nvidia-persistenced",
+                "nvidia-container-toolkit"):
+        assert "is not installed" in rpm_q(lab, pkg), (pkg, rpm_q(lab, pkg))
+    assert rpm_q(lab, "gpu-install-standin-containerd").startswith("(none):")  # there before apply: stays
+    assert root(lab, RHEL, "ls /etc/pki/ca-trust/source/anchors/").stdout.strip() == ""
+    assert "no NVIDIA driver" in root(lab, DEB, "nvidia-installer --driver-info 2>&1 || true").stdout \
+        or root(lab, DEB, "command -v nvidia-installer", check=False).returncode != 0
+    assert root(lab, DEB, "test -e /usr/bin/nvidia-smi", check=False).returncode != 0
+    assert root(lab, DEB, "test -e /var/cache/gpu-install/nvidia-driver", check=False).returncode != 0
+    assert f"runfile driver {DRIVER}: uninstalled (nvidia-installer --uninstall)" in proc.stderr, proc.stderr[-3000:]
+    for node in (DEB, RHEL):
+        assert root(lab, node, "ls /var/lib/gpu-install/ 2>/dev/null || true").stdout.strip() == ""
+    again = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
+    assert again.returncode == 0 and re.search(r"nodes +unchanged", again.stdout), again.stdout + again.stderr[-3000:]

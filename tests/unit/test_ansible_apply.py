@@ -10,25 +10,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer import apply
-from installer.render.role_vars import toolkit_package_version
+from installer import apply, content
 from installer.config import parse_site
 from installer.errors import ConfigError, HostFailures, HostsUnreachable, PreflightError
-from tests.conftest import plan_of
+from installer.render.role_vars import toolkit_package_version
+from tests.conftest import ROOT, plan_of
 from tests.unit.library_modules import load_module
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "nvidia_driver", "nvidia_container_toolkit",
          "scheduler_policy"]
 
 
 def specs(role: str) -> dict:
-    return yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    return yaml.safe_load((content.role_dir(role) / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_defaults_and_argument_specs_do_not_drift(role):
-    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+    defaults = yaml.safe_load((content.role_dir(role) / "defaults" / "main.yml").read_text())
     opts = specs(role)
     assert set(defaults) == set(opts)
     for key, value in defaults.items():
@@ -148,7 +147,7 @@ def test_toolkit_package_version_refuses(tag):
 @pytest.mark.parametrize("role,os_files", [("nvidia_driver", ["Debian", "Ubuntu", "RedHat"]),
                                            ("nvidia_container_toolkit", ["Debian", "Ubuntu", "RedHat"])])
 def test_os_maps_have_the_same_keys(role, os_files):
-    maps = [yaml.safe_load((ROOT / "roles" / role / "vars" / f"{f}.yml").read_text()) for f in os_files]
+    maps = [yaml.safe_load((content.role_dir(role) / "vars" / f"{f}.yml").read_text()) for f in os_files]
     assert all(set(m) == {f"{role}_os"} for m in maps)
     keys = [set(m[f"{role}_os"]) for m in maps]
     assert all(k == keys[0] for k in keys), keys
@@ -156,8 +155,8 @@ def test_os_maps_have_the_same_keys(role, os_files):
 
 # ---------------------------------------------------------------- preflight probe (pure)
 
-probe = load_module("gpu_install_preflight")
-SUPPORTED = yaml.safe_load((ROOT / "roles/preflight/defaults/main.yml").read_text())["preflight_supported_os"]
+probe = load_module("preflight")
+SUPPORTED = yaml.safe_load((content.role_dir("preflight") / "defaults" / "main.yml").read_text())["preflight_supported_os"]
 
 
 def fake_node(root: Path, os_id="ubuntu", version="22.04", gpu=True, modules=(), runtime="dockerd", driver=None,

@@ -1,4 +1,5 @@
-"""ansible-lint's production profile over playbooks/ and roles/ (configuration: .ansible-lint)."""
+"""ansible-lint's production profile over playbooks/ and roles/ (configuration: .ansible-lint), with the collection
+gpu_install.node on the collections path so that its FQCN roles and modules resolve."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from installer import content
+
+ROOT = content.root()
 
 
 def _ansible_lint() -> str | None:
@@ -26,7 +29,7 @@ def test_production_profile_passes():
         pytest.skip("ansible-lint is not installed (pip install -e .[test])")
     env = {**os.environ, "ANSIBLE_LINT_SKIP_VERSION_CHECK": "1", "NO_COLOR": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+           **content.ansible_env()}
     proc = subprocess.run([exe, "--profile", "production", "--offline", "playbooks", "roles"], cwd=ROOT,
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, f"ansible-lint (production profile) found problems:\n{proc.stdout}\n{proc.stderr}"

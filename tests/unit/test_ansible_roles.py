@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from installer import ansible as seam
+from installer import content
 from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
 
 
@@ -21,7 +22,7 @@ def state(tmp_path, monkeypatch):
 
 def apply_role(tmp_path: Path, role: str, variables: dict, check: bool = False, diff: bool = False):
     pb = tmp_path / "play.yml"
-    pb.write_text(yaml.safe_dump([{"name": "Test", "hosts": "all", "gather_facts": False, "roles": [role]}]))
+    pb.write_text(yaml.safe_dump([{"name": "Test", "hosts": "all", "gather_facts": False, "roles": [content.fqcn(role)]}]))
     inv = tmp_path / "hosts.yml"
     inv.write_text(yaml.safe_dump({"all": {"hosts": {"node": {"ansible_connection": "local",
                                                                 "ansible_python_interpreter": sys.executable}}}}))

@@ -1,4 +1,4 @@
-"""Runtime config merges (library/ modules, pure functions): user keys kept, idempotent, bad input refused."""
+"""Runtime config merges (the collection's modules, pure functions): user keys kept, idempotent, bad input refused."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from hypothesis import strategies as st
 
 from tests.unit.library_modules import load_module as load
 
-
-
-
-dj = load("gpu_install_daemon_json")
+dj = load("daemon_json")
 
 # ---------------------------------------------------------------- daemon.json
 
@@ -90,7 +87,7 @@ def test_daemon_json_wrong_types_refused(doc):
 
 # ---------------------------------------------------------------- containerd
 
-ct = load("gpu_install_containerd_runtime")
+ct = load("containerd_runtime")
 import os  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402

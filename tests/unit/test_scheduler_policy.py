@@ -13,19 +13,15 @@ import pytest
 import yaml
 
 from gpu_install_lab import kube, staticpods
+from installer import content
 from installer.config import parse_site
 from installer.errors import ConfigError
 from tests.conftest import plan_of
 from tests.unit.library_modules import load_module as _module
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-
-
-pol = _module("gpu_install_scheduler_policy")
-man = _module("gpu_install_scheduler_manifest")
-wait = _module("gpu_install_scheduler_wait")
+pol = _module("scheduler_policy")
+man = _module("scheduler_manifest")
+wait = _module("scheduler_wait")
 
 MANIFEST = yaml.safe_load(kube.scheduler_manifest(10259, Path("/etc/kubernetes/scheduler.conf")))
 EXT = {"urlPrefix": "https://ext.kube-system.svc:3456/sched", "filterVerb": "filter", "prioritizeVerb": "prio",
@@ -216,7 +212,7 @@ def _role(tmp_path, variables, check=False, diff=False):
     from installer import ansible as seam
 
     pb = tmp_path / "play.yml"
-    pb.write_text(yaml.safe_dump([{"name": "T", "hosts": "all", "gather_facts": False, "roles": ["scheduler_policy"]}]))
+    pb.write_text(yaml.safe_dump([{"name": "T", "hosts": "all", "gather_facts": False, "roles": [content.fqcn("scheduler_policy")]}]))
     inv = tmp_path / "hosts.yml"
     inv.write_text(yaml.safe_dump({"all": {"hosts": {"cp": {"ansible_connection": "local",
                                                              "ansible_python_interpreter": sys.executable}}}}))

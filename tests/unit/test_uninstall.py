@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from installer import content
 from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
-from tests.unit.test_ansible_roles import (USER_TOML, apply_role, backups, containerd_bin, containerd_vars,
-                                           docker_vars)
-from tests.unit.library_modules import LIBRARY, load_module as load
+from tests.unit.library_modules import load_module as load
+from tests.unit.test_ansible_roles import USER_TOML, apply_role, backups, containerd_bin, containerd_vars, docker_vars
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +26,8 @@ def state(tmp_path, monkeypatch):
 
 
 
-dj = load("gpu_install_daemon_json")
-ct = load("gpu_install_containerd_runtime")
+dj = load("daemon_json")
+ct = load("containerd_runtime")
 
 # ---------------------------------------------------------------- daemon.json: record + unmerge (pure)
 
@@ -321,11 +321,13 @@ def test_apply_skip_operator_summary_then_uninstall(local_setup, cli):
     applied = daemon.read_text()
     rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator")
     assert rc == 2 and "not confirmed; nothing was changed" in err and "daemon.json" in err and "--yes" in err, err
-    assert "driver and container toolkit packages stay installed" in err
+    assert "the NVIDIA container toolkit and driver packages gpu-install installed (its record in /var/lib/gpu-install; " \
+           "packages that were there before stay)" in err
     assert daemon.read_text() == applied
     rc, out, err = cli("uninstall", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator", "--yes")
     assert rc == 0, err
-    assert re.search(r"nodes +changed", out) and re.search(r"packages +kept", out), out
+    # the driver and toolkit plays are skipped here (NODES_ONLY): nothing of theirs removed
+    assert re.search(r"nodes +changed", out) and re.search(r"packages +kept - no package gpu-install installed", out), out
     assert daemon.read_text() == '{"log-level": "warn"}\n'
 
 
@@ -383,14 +385,20 @@ def test_limit_never_widens_apply(local_setup, cli, tmp_path, monkeypatch):
     assert rc == 2 and "operator stage: no GPU Operator chart given" in err and not out  # checked before any host
 
 
-def test_uninstall_playbook_removes_runtimes_trust_and_scheduler_but_no_packages():
+def test_uninstall_playbook_reverses_every_role_in_reverse_order():
     import yaml
 
-    text = (Path(__file__).resolve().parent.parent.parent / "playbooks" / "uninstall.yml").read_text()
+    text = (content.playbooks_dir() / "uninstall.yml").read_text()
     plays = yaml.safe_load(text)
     roles = [r["role"] for p in plays for r in p.get("roles", [])]
-    assert roles == ["docker_runtime", "containerd_runtime", "registry_trust", "scheduler_policy"]
-    sched = next(p for p in plays if any(r["role"] == "scheduler_policy" for r in p.get("roles", [])))
+    assert roles == [content.fqcn(r) for r in ("docker_runtime", "containerd_runtime", "registry_trust",
+                                                "nvidia_container_toolkit", "nvidia_driver", "scheduler_policy")]
+    sched = next(p for p in plays if any(r["role"] == content.fqcn("scheduler_policy") for r in p.get("roles", [])))
     assert sched["hosts"] == "kube_control_plane" and sched["vars"]["gpu_install_action"] == "remove"
+    for play in plays[1:]:
+        assert play["vars"]["gpu_install_action"] == "remove"
     for role in roles:
-        assert (LIBRARY.parent / "roles" / role / "tasks" / "remove.yml").is_file()
+        assert (content.role_dir(role) / "tasks" / "remove.yml").is_file()
+    # every role of site.yml has a removal in uninstall.yml
+    site = [r["role"] for p in yaml.safe_load((content.playbooks_dir() / "site.yml").read_text()) for r in p.get("roles", [])]
+    assert sorted(site) == sorted(roles)

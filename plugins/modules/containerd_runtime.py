@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpu_install_containerd_runtime
+module: containerd_runtime
 short_description: NVIDIA runtime for containerd (config version 2 and 3) through a drop-in
 description:
   - Writes O(dropin) (by default /etc/containerd/conf.d/99-nvidia.toml) and makes sure the main config's top-level
@@ -43,13 +43,8 @@ import json
 import os
 import re
 
-STATE_SUFFIX = ".gpu-install-state"
-
-
-def state_file(path):
-    """The record of our first change: a hidden file next to the config (and its backups)."""
-    return os.path.join(os.path.dirname(path), "." + os.path.basename(path) + STATE_SUFFIX)
-STATE_FORMAT = 1
+from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
+    STATE_FORMAT, load_state as _load_state, state_file, write_state)
 
 CRI_V2 = "io.containerd.grpc.v1.cri"
 CRI_V3_RUNTIME = "io.containerd.cri.v1.runtime"
@@ -498,26 +493,7 @@ def main():
 
 
 def load_state(state_path):
-    if not os.path.exists(state_path):
-        return None
-    try:
-        with open(state_path) as fh:
-            st = json.load(fh)
-    except ValueError as exc:
-        raise MergeError("%s (gpu-install's record of its first change) is not valid JSON (%s); remove it to "
-                         "fall back to removing only our import entry" % (state_path, exc))
-    if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
-        raise MergeError("%s: unknown record format; remove it to fall back to removing only our import entry"
-                         % state_path)
-    return st
-
-
-def write_state(state_path, st):
-    tmp = os.path.join(os.path.dirname(state_path), ".%s.%d.tmp" % (os.path.basename(state_path), os.getpid()))
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(st, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o600)
-    os.rename(tmp, state_path)
+    return _load_state(state_path, fallback="our import entry", error=MergeError)
 
 
 def absent(module, read, state, state_path):

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpu_install_scheduler_wait
+module: scheduler_wait
 short_description: Wait for a healthy kube-scheduler started from the current static-pod manifest
 description:
   - Looks in /proc for a kube-scheduler process whose arguments are exactly C(command)[1:] (static-pod

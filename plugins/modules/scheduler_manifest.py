@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpu_install_scheduler_manifest
+module: scheduler_manifest
 short_description: Add or remove gpu-install's scheduler extender file in the kube-scheduler static pod
 description:
   - C(state=present) adds the flags (e.g. --policy-config-file + --use-legacy-policy-config, or --config), a
@@ -49,6 +49,7 @@ import shutil
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
 PREFIX = "gpu-install.io/"
 ANN_FLAGS = PREFIX + "scheduler-flags"
@@ -153,15 +154,6 @@ def command_of(doc):
     return [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
 
 
-def flag_value(command, name, default=None):
-    """--name=value (or --name value) in a command list; the last one wins, like pflag."""
-    value = default
-    for i, arg in enumerate(command):
-        if arg == "--" + name and i + 1 < len(command) and not command[i + 1].startswith("-"):
-            value = command[i + 1]
-        elif arg.startswith("--" + name + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def serving(command):

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpu_install_daemon_json
+module: daemon_json
 short_description: Merge the NVIDIA runtime into /etc/docker/daemon.json
 description:
   - Reads daemon.json, adds C(runtimes.<runtime_name>), optionally C(default-runtime), registry mirrors and
@@ -47,15 +47,9 @@ import hashlib
 import json
 import os
 
-STATE_SUFFIX = ".gpu-install-state"
-
-
-def state_file(path):
-    """The record of our first change: a hidden file next to the config (and its backups)."""
-    return os.path.join(os.path.dirname(path), "." + os.path.basename(path) + STATE_SUFFIX)
-STATE_FORMAT = 1
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
+    STATE_FORMAT, load_state as _load_state, state_file, write_state)
 
 
 class MergeError(Exception):
@@ -255,18 +249,7 @@ def _sha256(text):
 
 
 def load_state(state_path):
-    if not os.path.exists(state_path):
-        return None
-    try:
-        with open(state_path) as fh:
-            st = json.load(fh)
-    except ValueError as exc:
-        raise MergeError("%s (gpu-install's record of the keys it set) is not valid JSON (%s); remove it to "
-                         "fall back to removing only what is unmistakably ours" % (state_path, exc))
-    if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
-        raise MergeError("%s: unknown record format; remove it to fall back to removing only what is "
-                         "unmistakably ours" % state_path)
-    return st
+    return _load_state(state_path, what="gpu-install's record of the keys it set", error=MergeError)
 
 
 def write_tmp(path, text, exists, mode=0o644):
@@ -278,12 +261,6 @@ def write_tmp(path, text, exists, mode=0o644):
     if not exists:
         os.chmod(tmp, mode)
     return tmp
-
-
-def write_state(state_path, st):
-    tmp = write_tmp(state_path, json.dumps(st, indent=2, sort_keys=True) + "\n", False, 0o600)
-    os.chmod(tmp, 0o600)
-    os.rename(tmp, state_path)
 
 
 def original_text(state, doc):

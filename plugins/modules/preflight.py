@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpu_install_preflight
+module: preflight
 short_description: Read-only checks of a GPU node before gpu-install changes anything
 description:
   - Reads os-release, /proc, /sys and the package manager's view; changes nothing (check mode safe).

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: gpu_install_scheduler_policy
+module: scheduler_policy
 short_description: Write the scheduler extender file that the kube-scheduler static pod will read
 description:
   - Reads the kube-scheduler static-pod manifest to learn the Kubernetes version (image tag, unless
@@ -53,11 +53,12 @@ import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
 POLICY_FILE = "gpu-install-scheduler-policy.json"
 CONFIG_FILE = "gpu-install-scheduler-config.yaml"
 OUR_FILES = (POLICY_FILE, CONFIG_FILE)
-OUR_FLAGS_ANNOTATION = "gpu-install.io/scheduler-flags"  # written by gpu_install_scheduler_manifest
+OUR_FLAGS_ANNOTATION = "gpu-install.io/scheduler-flags"  # written by gpu_install.node.scheduler_manifest
 FOREIGN_FLAGS = ("--config", "--policy-config-file", "--policy-configmap", "--use-legacy-policy-config")
 LEGACY_POLICY_REMOVED = (1, 23)  # --policy-config-file and the Policy API are gone from 1.23
 CONFIG_EXTENDERS_FROM = (1, 19)  # first KubeSchedulerConfiguration (v1beta1) with extenders:
@@ -148,15 +149,6 @@ def extender_doc(ext, fmt):
     return out
 
 
-def flag_value(command, name, default=None):
-    """The value of --name=value (or --name value) in a command list; the last one wins, like pflag."""
-    value = default
-    for i, arg in enumerate(command):
-        if arg == "--" + name and i + 1 < len(command) and not command[i + 1].startswith("-"):
-            value = command[i + 1]
-        elif arg.startswith("--" + name + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def render(extenders, fmt, api_version, command, insecure_bind_address="127.0.0.1:10251"):
