@@ -58,7 +58,8 @@ class Inventory:
     path: str
     limit: str | None
     hosts: tuple[str, ...]
-    groups: Mapping[str, tuple[str, ...]]
+    groups: Mapping[str, tuple[str, ...]]  # after --limit
+    all_groups: Mapping[str, tuple[str, ...]]  # the whole inventory
     _manager: Any = field(repr=False, compare=False, default=None)
     _loader: Any = field(repr=False, compare=False, default=None)
 
@@ -138,6 +139,12 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
                               hint="set gpu_install_os / gpu_install_kernel in the inventory instead")
         inventory = load_inventory(opts.inventory, opts.limit)
         gpu_vars = gpu_host_vars(inventory)
+        if site.scheduler.extenders and not inventory.all_groups.get(CONTROL_PLANE_GROUP):
+            raise ConfigError(
+                f"inventory {inventory.path}: group '{CONTROL_PLANE_GROUP}' is missing or empty, and the scheduler "
+                "stage needs it: scheduler.extenders are patched into kube-scheduler on those hosts",
+                hint=f"add the control-plane hosts to group {CONTROL_PLANE_GROUP} (see inventories/sample/hosts.yml), "
+                     "or drop scheduler.extenders")
         nodes = tuple(node_from_vars(name, hv) for name, hv in gpu_vars)
         assignments = tuple(mig.assignments(site, gpu_vars))
     else:
@@ -205,6 +212,7 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
         except Exception as exc:  # noqa: BLE001 - ansible raises AnsibleError subclasses with a message
             raise ConfigError(f"inventory {path}: {_parse_reason(said.getvalue()) or exc}",
                               hint="fix the inventory at the place named; nothing was run") from None
+        all_groups = {name: tuple(sorted(h.name for h in g.get_hosts())) for name, g in manager.groups.items()}
         if limit:
             manager.subset(limit)
         try:
@@ -216,7 +224,7 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
                           hint="give host names or groups of the inventory (Ansible patterns)")
     groups = {name: tuple(sorted(h.name for h in g.get_hosts() if h.name in selected))
               for name, g in manager.groups.items()}
-    return Inventory(path=str(p), limit=limit, hosts=tuple(sorted(selected)), groups=groups,
+    return Inventory(path=str(p), limit=limit, hosts=tuple(sorted(selected)), groups=groups, all_groups=all_groups,
                      _manager=manager, _loader=loader)
 
 

@@ -123,7 +123,7 @@ def test_demo_apply_twice_then_uninstall(demo):
     yes = subprocess.run([*base, "--yes"], env=env, capture_output=True, text=True, timeout=900)
     assert yes.returncode == 0, yes.stdout + yes.stderr[-4000:]
     assert re.search(r"operator +removed", yes.stdout), yes.stdout
-    assert re.search(r"packages +removed - \d+ package\(s\) gpu-install had installed, on node1, node2", yes.stdout), yes.stdout
+    assert re.search(r"packages +removed +\d+ package\(s\) gpu-install had installed, on node1, node2", yes.stdout), yes.stdout
     assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is None
     st = subprocess.run([str(GI), "operator", "status", "-s", str(site)], env=env, capture_output=True, text=True)
     assert st.returncode == 6 and "release gpu-operator: not installed" in st.stdout

@@ -343,12 +343,18 @@ def test_preflight_problem_exit_3_nothing_changed(tmp_path, capsys):
     assert exc.value.exit_code == 3 and not daemon.exists()
 
 
-def test_missing_group_is_config_error_nothing_changed(tmp_path):
+EXTENDER = {"extenders": [{"urlPrefix": "http://127.0.0.1:3456/scheduler", "filterVerb": "filter"}]}
+
+
+def test_kube_control_plane_is_required_only_by_the_scheduler_stage(tmp_path):
     node = fake_node(tmp_path / "node")
     opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}, groups=()), node)
-    with pytest.raises(ConfigError, match="group 'kube_control_plane' is missing") as exc:
-        apply_nodes(site(), opts)
+    with pytest.raises(ConfigError, match="group 'kube_control_plane' is missing or empty, and the scheduler stage "
+                                          "needs it") as exc:
+        apply_nodes(site(scheduler=EXTENDER), opts)
     assert exc.value.exit_code == 2 and not daemon.exists()
+    _, res = apply_nodes(site(), opts)  # no extenders: nothing needs the control plane
+    assert res.changed >= 1 and daemon.exists()
 
 
 def test_removed_variable_named_with_fix(tmp_path):
@@ -379,6 +385,6 @@ def _events(run_dir: Path) -> list[str]:
 
 def test_cli_preflight_exit_code_and_message(tmp_path, cli, write_site):
     inv = inventory(tmp_path, {"gpu1": LOCAL}, groups=())
-    path = write_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "reg.lab:5000"}})
+    path = write_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "reg.lab:5000"}, "scheduler": EXTENDER})
     rc, out, err = cli("preflight", "-s", path, "-i", inv, "-q")
-    assert rc == 2 and "kube_control_plane" in err and "hint:" in err
+    assert rc == 2 and "kube_control_plane" in err and "scheduler" in err and "hint:" in err
