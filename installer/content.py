@@ -72,9 +72,10 @@ def fqcn(name: str) -> str:
 
 
 def _cache_base() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    from installer.util import cache_dir
+
     key = hashlib.sha256(str(root()).encode()).hexdigest()[:12]  # one per checkout / installed copy
-    return Path(cache) / "gpu-install" / "collections" / key
+    return cache_dir() / "collections" / key
 
 
 def collections_path(base: str | os.PathLike[str] | None = None) -> Path:
@@ -82,7 +83,7 @@ def collections_path(base: str | os.PathLike[str] | None = None) -> Path:
     to root(). Made (or corrected) on demand, atomically, so concurrent callers agree.
 
     base: where to make it (apply puts it in the run's private data dir); default: a per-content-root directory
-    under $XDG_CACHE_HOME/gpu-install/collections (a temp directory when the cache is not writable)."""
+    under the cache root's collections/ ($GPU_INSTALL_CACHE; a temp directory when the cache is not writable)."""
     bases = [Path(base)] if base is not None else [
         _cache_base(), Path(tempfile.gettempdir()) / f"gpu-install-{os.getuid()}" / _cache_base().name]
     error: OSError | None = None

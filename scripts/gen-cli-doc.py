@@ -26,7 +26,8 @@ ENVIRONMENT = {
     "GPU_INSTALL_CATALOG": "a catalog directory to use instead of the shipped one (`<release>.yaml` + `keys/`)",
     "GPU_INSTALL_HELM": "a helm binary to use instead of the sha256-verified helm 3.18.0 fetched into the cache",
     "GPU_INSTALL_CACHE": "cache root (default `$XDG_CACHE_HOME/gpu-install`, i.e. `~/.cache/gpu-install`): "
-                         "`tools/` (helm), and for the lab `rootfs/`, `kubernetes/`, `packages/`",
+                         "`tools/` (helm), `collections/` (the link Ansible finds gpu_install.node through), and for the lab "
+                         "`rootfs/`, `kubernetes/`, `packages/`",
     "GPU_INSTALL_STATE": "state root (default `$XDG_STATE_HOME/gpu-install`, i.e. `~/.local/state/gpu-install`): "
                          "`runs/<time>-<playbook>/`, one 0700 ansible-runner record per node run",
     "GPU_INSTALL_LAB_DIR": "lab: default for `--lab-dir` (default `/var/lib/gpu-install/lab`)",
