@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from installer import content
+from tests.conftest import need
 
 ROOT = content.root()
 
@@ -23,10 +22,7 @@ def _ansible_lint() -> str | None:
 
 def test_production_profile_passes():
     exe = _ansible_lint()
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("ansible-lint is not installed (it is in the test extras: pip install -e .[test])")
-        pytest.skip("ansible-lint is not installed (pip install -e .[test])")
+    need(exe, "ansible-lint is not installed (it is in the test extras: pip install -e .[test])")
     env = {**os.environ, "ANSIBLE_LINT_SKIP_VERSION_CHECK": "1", "NO_COLOR": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            **content.ansible_env()}

@@ -13,6 +13,7 @@ import yaml
 from installer import ansible as seam
 from installer import content
 from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
+from tests.conftest import requires
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +121,7 @@ def containerd_vars(tmp_path: Path, **extra) -> dict:
 USER_TOML = 'version = 2\n# mine\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "reg.lab/pause:3.9"\n'
 
 
-@pytest.mark.skipif(not containerd_bin(), reason="no containerd binary to validate with (see test_runtime_merge)")
+@requires(containerd_bin(), "no containerd binary to validate with (Debian package containerd; scripts/bootstrap)")
 def test_containerd_role_validates_with_real_containerd_and_second_run_changed_0(tmp_path):
     import subprocess
     import tomllib

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import requires
 from tests.unit.library_modules import load_module as load
 
 dj = load("daemon_json")
@@ -235,7 +236,7 @@ def containerd_binary() -> str | None:
     return shutil.which("containerd") or (str(cached) if cached.exists() else None)
 
 
-@pytest.mark.skipif(not containerd_binary(), reason="no containerd binary (Debian package containerd, or its files "
+@requires(containerd_binary(), "no containerd binary (Debian package containerd, or its files "
                     "extracted under ~/.cache/gpu-install/pkgroot)")
 @pytest.mark.parametrize("user", [USER_V2, "", "version = 2\n"])
 def test_real_containerd_config_dump_shows_nvidia_and_keeps_user_keys(tmp_path, user):

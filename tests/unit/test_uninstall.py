@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from installer import content
 from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
+from tests.conftest import need
 from tests.unit.library_modules import load_module as load
 from tests.unit.test_ansible_roles import USER_TOML, apply_role, backups, containerd_bin, containerd_vars, docker_vars
 
@@ -191,8 +192,8 @@ def test_docker_restart_failure_rolls_back_and_fails_the_host(tmp_path):
 
 @pytest.mark.parametrize("validate", [False, True])
 def test_containerd_remove_restores_the_original_bytes(tmp_path, validate):
-    if validate and not containerd_bin():
-        pytest.skip("no containerd binary to validate with")
+    if validate:
+        need(containerd_bin(), "no containerd binary to validate with (Debian package containerd; scripts/bootstrap)")
     config = tmp_path / "config.toml"
     config.write_text(USER_TOML)
     v = containerd_vars(tmp_path, containerd_runtime_validate=validate,
