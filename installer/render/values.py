@@ -201,9 +201,49 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
         _set(values, "sandboxWorkloads.enabled", True)
 
     if site.values:
+        check_image_overrides(site, release, components)
         values = deep_merge(values, site.values)
     check_keys(values, release)
     return values
+
+
+#: values keys that say where an image comes from or how it is pulled: gpu-install owns them (private registry,
+#: pinned versions, the pull secret), so `images` and the mirror list always match what the chart deploys
+IMAGE_KEYS = ("repository", "image", "version", "tag", "registry", "imagePullSecrets")
+
+
+def _get(tree: dict[str, Any], parts: list[str]) -> Any:
+    node: Any = tree
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def check_image_overrides(site: Site, release: Release, components: dict[str, ResolvedComponent]) -> None:
+    """Refuse site `values:` that would change an image's source, tag or pull secret behind the plan's back."""
+    by_path = {c.spec.values_path: c.name for c in components.values()}
+    problems, fixes = [], []
+    for path in flatten_paths(site.values, release):
+        parts = split_path(path)
+        if parts[-1] not in IMAGE_KEYS or isinstance(_get(site.values, parts), dict):
+            continue  # a mapping such as node-feature-discovery.image: its leaves are checked themselves
+        parent = join_path(parts[:-1])
+        comp = by_path.get(parent)
+        problems.append(f"values.{path}")
+        if parts[-1] == "imagePullSecrets" or parts[-1] == "registry":
+            fixes.append("registry.pullSecret / registry.host")
+        elif comp and parts[-1] in ("repository", "image", "version"):
+            fixes.append(f"components.{comp}.{parts[-1]}")
+        elif comp and parts[-1] == "tag":
+            fixes.append(f"components.{comp}.version")
+        else:
+            fixes.append("components.<name>.repository/.image/.version")
+    if problems:
+        raise ConfigError(
+            f"{', '.join(problems)}: image sources, tags and pull secrets are gpu-install's to set (every image from "
+            f"{site.registry.host}, pinned, and listed by `gpu-install images`); a values override would deploy an "
+            "image that `images` and the mirror do not list",
+            hint="use " + ", ".join(dict.fromkeys(fixes)) + " in the site file instead")
 
 
 def _require(release: Release, key: str, field_name: str, why: str) -> None:

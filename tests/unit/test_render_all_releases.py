@@ -201,3 +201,44 @@ def test_layouts_map_hosts():
     assert destination_repository("nvidia/cuda", keep) == "registry.lab:5000/m/nvidia/cuda"
     assert destination_repository("registry.lab:5000/m/site/vgpu", keep) == "registry.lab:5000/m/site/vgpu"
     assert image_ref("r/x", "img", "sha256:abc") == "r/x/img@sha256:abc"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_values_cannot_undo_the_registry_guarantee(release):
+    """Over every image-bearing component of every release: a site `values:` override of its repository, image,
+    version (tag) or pull secrets is refused, naming the supported field; the supported override reaches both the
+    rendered values and the image list (one source of truth)."""
+    from installer.errors import ConfigError
+
+    rel = Catalog.default().get(release)
+    checked = 0
+    for comp in rel.components.values():
+        if not comp.repository or not comp.version:
+            continue
+        fields = ["repository", "tag"] if comp.is_nfd else ["repository", "image", "version"]
+        if comp.pull_secrets_path:
+            fields.append("imagePullSecrets")
+        for field in fields:
+            key = f"{comp.values_path}.{field}"
+            if not rel.key_allowed(key):
+                continue
+            override: dict = {}
+            node = override
+            parts = split_path(key)
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = ["x"] if field == "imagePullSecrets" else "x"
+            site = make_site(release, {"values": override})
+            with pytest.raises(ConfigError) as exc:
+                plan_of(site, NODES)
+            want = ("registry.pullSecret" if field == "imagePullSecrets" else
+                    f"components.{comp.name}.{'version' if field == 'tag' else field}")
+            assert f"values.{key}" in exc.value.message and want in (exc.value.hint or ""), (key, exc.value)
+            checked += 1
+    assert checked >= 10, checked
+    # the supported way: components.<name>.version changes values and images together
+    comp = rel.components["devicePlugin"]
+    site = make_site(release, {"components": {"devicePlugin": {"version": "v9.9.9-site"}}})
+    p = plan_of(site, NODES)
+    assert get(p.values, f"{comp.values_path}.version") == "v9.9.9-site"
+    assert any(i.component == "devicePlugin" and i.source.endswith(":v9.9.9-site") for i in p.images)
