@@ -30,6 +30,17 @@ def parse_release(tag: str) -> Version | None:
     return v
 
 
+def parse_loose(tag: str) -> Version | None:
+    """'v24', 'v24.9' as v24.0.0 / v24.9.0 (for finding a near release), else None."""
+    try:
+        v = Version(str(tag).strip())
+    except InvalidVersion:
+        return None
+    if not 1 <= len(v.release) <= 3 or v.pre or v.post or v.dev or v.local or v.epoch:
+        return None
+    return Version(".".join(str(x) for x in (*v.release, 0, 0)[:3]))
+
+
 def release_name(v: Version) -> str:
     return "v{}.{}.{}".format(*v.release)
 
@@ -158,28 +169,34 @@ class Catalog:
             name = release_name(want)
             if name in releases:
                 return name
+        near = self.nearest(tag)
+        known = f"releases {releases[0]} … {releases[-1]}"
         raise ConfigError(
-            f"{field}: {tag} is not in the catalog; nearest: {', '.join(self.nearest(tag))}",
+            f"{field}: {tag} is not in the catalog" + (f"; nearest: {', '.join(near)}" if near else f" ({known})"),
             hint="`gpu-install catalog list` shows every pinned release",
         )
 
     def nearest(self, tag: str, n: int = 1) -> list[str]:
-        releases = self.releases()
+        """The releases nearest to a version that is not in the catalog -- only ones of the same major version:
+        anything further away is not 'near' (v99 has no nearest release)."""
         want = parse_release(tag)
         if want is None:
-            return [releases[-1]]
-
+            loose = parse_loose(tag)
+            if loose is None:
+                return []
+            want = loose
         w = want.release
+        candidates = [r for r in self.releases() if (k := parse_release(r)) is not None and k.release[0] == w[0]]
 
         def distance(r: str) -> tuple[int, int, int, int]:
             k = parse_release(r)
             assert k
             kr = k.release
-            # same major.minor first, then closest patch below; otherwise closest by major/minor
+            # same major.minor first, then closest patch below; otherwise closest minor
             same = 0 if kr[:2] == w[:2] else 1
             return (same, abs(kr[0] - w[0]), abs(kr[1] - w[1]), abs(kr[2] - w[2]))
 
-        return sorted(releases, key=distance)[:n]
+        return sorted(candidates, key=distance)[:n]
 
     def get(self, tag: str, field: str = "operator.version") -> Release:
         return _load_release(self.root, self.resolve(tag, field))

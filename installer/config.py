@@ -428,9 +428,13 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the site file must be a mapping, got {type(data).__name__}")
+    flags = {}
     for item in overrides or []:
+        path = item.split("=", 1)[0]
+        # named in messages as given -- except a credential field's value, which is never shown
+        flags[path] = f"{path}=…" if set(path.split(".")) & CREDENTIAL_FIELDS else item
         apply_set(data, item)
-    site = parse_site(data, source=str(path))
+    site = parse_site(data, source=str(path), flags=flags)
     # file references: ~ is the user's home; a relative path is relative to the site file, not to where the command runs
     base = Path(path).resolve().parent
 
@@ -543,11 +547,20 @@ def apply_set(data: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def parse_site(data: dict[str, Any], source: str = "site") -> Site:
+def parse_site(data: dict[str, Any], source: str = "site", flags: dict[str, str] | None = None) -> Site:
+    """The typed site; errors name each field, and a field set by --set names the flag rather than the file."""
     try:
         return Site.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe(dict(err)) for err in exc.errors()]
+        lines = []
+        for err in exc.errors():
+            line = _describe(dict(err))
+            dotted = ".".join(str(p) for p in err["loc"])
+            flag = next((f for path, f in (flags or {}).items()
+                         if dotted == path or dotted.startswith(path + ".") or path.startswith(dotted + ".")), None)
+            lines.append(f"{line} (from --set {flag})" if flag else line)
+        if flags and all("(from --set " in ln for ln in lines):
+            source = "--set"
         raise ConfigError(
             f"{source}: {len(lines)} problem(s):\n  " + "\n  ".join(lines),
             hint="`gpu-install config sample` prints a commented example; `gpu-install config schema` the schema",

@@ -84,10 +84,11 @@ def docker_config_json(registry: Registry, environ: Mapping[str, str] | None = N
     assert ps.usernameEnv and ps.passwordEnv  # the model guarantees one source
     for field, name in (("usernameEnv", ps.usernameEnv), ("passwordEnv", ps.passwordEnv)):
         if not env.get(name):
+            # the variable's name is not shown: when a credential was pasted into the field, it would be the secret
             raise ConfigError(
-                f"registry.pullSecret.{field}: environment variable {name} is not set (or empty)",
-                hint=f"export {name} with the registry {'user name' if field == 'usernameEnv' else 'password/token'} "
-                     "before running; it is read at run time and never stored by gpu-install")
+                f"registry.pullSecret.{field}: the environment variable it names is not set (or empty)",
+                hint=f"export that variable with the registry {'user name' if field == 'usernameEnv' else 'password/token'}"
+                     " before running (the field holds the variable's NAME); it is read at run time and never stored")
     user, password = env[ps.usernameEnv], env[ps.passwordEnv]
     auth = base64.b64encode(f"{user}:{password}".encode()).decode()
     doc = {"auths": {registry.host: {"username": user, "password": password, "auth": auth}}}

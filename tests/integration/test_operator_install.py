@@ -86,7 +86,7 @@ def test_missing_credentials_change_nothing(env):
 
     proc = gi(env, "install", "--set", "operator.namespace=gpu-op-nocreds", T_GI_REG_PASSWORD="")
     assert proc.returncode == 2, proc.stderr
-    assert "environment variable T_GI_REG_PASSWORD is not set" in proc.stderr
+    assert "registry.pullSecret.passwordEnv: the environment variable it names is not set" in proc.stderr
     with pytest.raises(ApiException) as err:
         client.CoreV1Api(api(env)).read_namespace("gpu-op-nocreds")
     assert err.value.status == 404

@@ -191,3 +191,19 @@ def test_malformed_kubeconfig_is_exit_2_before_any_host(cli, tmp_path):
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: c\nversion: 0.1.0\n")
     rc, _, err = cli("operator", "install", "-s", site, "--kubeconfig", kc, "--chart", chart)
     assert rc == 2 and f"kubeconfig {kc}" in err
+
+
+def test_a_credential_that_looks_like_a_variable_name_is_not_echoed_either(cli, tmp_path, monkeypatch):
+    """hunter2 is a valid variable name: the field takes it, and the run-time error names the field, not the value."""
+    canary = "Canary_Secret_7f1e"
+    monkeypatch.delenv(canary, raising=False)
+    monkeypatch.setenv("REG_USER", "admin")
+    site = tmp_path / "site.yaml"
+    site.write_text(BASE)
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: c\nversion: 0.1.0\n")
+    rc, out, err = cli("operator", "install", "-s", site, "--chart", chart, "--set", "registry.pullSecret.name=p",
+                       "--set", "registry.pullSecret.usernameEnv=REG_USER",
+                       "--set", f"registry.pullSecret.passwordEnv={canary}")
+    assert rc == 2 and "registry.pullSecret.passwordEnv" in err and canary not in out + err
