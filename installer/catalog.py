@@ -93,6 +93,11 @@ class Release:
         assert k is not None
         return k
 
+    @property
+    def catalog_dir(self) -> Path:
+        """The catalog directory the release was read from (it holds keys/<release>.txt and platforms.yaml)."""
+        return self.keys_file.parent.parent
+
     def at_least(self, tag: str) -> bool:
         """This release is tag or newer ('v26.7.0')."""
         other = parse_release(tag)

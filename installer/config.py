@@ -200,6 +200,11 @@ class Driver(_Model):
     serial: str | int = Field(
         "100%", description="host/runfile mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%"
     )
+    customImageOs: list[Annotated[str, Field(pattern=r"^[a-z][a-z-]*\d[\w.-]{0,30}$", max_length=40)]] = Field(
+        default_factory=list,
+        description="operator/precompiled mode: OS tags (e.g. debian12) the site builds its own driver images for; "
+        "other OSes must be ones NVIDIA publishes driver images of the release for",
+        max_length=64)
 
     @field_validator("serial")
     @classmethod
@@ -645,6 +650,7 @@ driver:
   kernelModuleType: null    # auto | open | proprietary (null: release default)
   rebootPolicy: never       # host/runfile: never (report "reboot required") | if-needed | always
   serial: 100%              # host/runfile: nodes per driver batch, e.g. 1 or 25%
+  customImageOs: []         # operator/precompiled: OS tags you build driver images for (e.g. [debian12])
   # runfile mode: NVIDIA-Linux-<arch>-<version>.run from the site's file mirror (URL) or a controller path
   # runfile: https://mirror.example.internal/files/NVIDIA-Linux-x86_64-535.216.03.run
   # runfileSha256: <sha256sum of the file>

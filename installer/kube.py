@@ -171,6 +171,18 @@ def _api_error(what: str, exc: Exception) -> ClusterError:
     return ClusterError(f"{what}: {_describe(exc)}", hint=hint)
 
 
+def server_version(client: ApiClient) -> str:
+    """The API server's version (gitVersion, e.g. v1.20.2): read-only, allowed for any authenticated user."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        info = _call("read the server version", lambda: k.VersionApi(client).get_code(), attempts=3)
+    except ApiException as exc:
+        raise _api_error("read the server version", exc) from None
+    return str(info.git_version or f"v{info.major}.{info.minor}")
+
+
 def ensure_namespace(client: ApiClient, name: str, timeout: float = 120) -> str:
     """Create the namespace if missing (waiting out one that is being deleted). 'created'|'unchanged'."""
     from kubernetes import client as k

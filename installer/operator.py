@@ -95,6 +95,18 @@ def prepare(plan: Plan, kubeconfig: str | os.PathLike[str] | None,
     return Prepared(ref, plan.values, secret_body, kc)
 
 
+def check_cluster(plan: Plan, kubeconfig: Path) -> str | None:
+    """Read the API server's version and refuse (PreflightError, exit 3) a Kubernetes the release cannot run on,
+    naming the newest catalog release that fits; a note when it is outside NVIDIA's validated range. Read-only."""
+    from installer import platforms
+    from installer.catalog import Catalog
+
+    version = kube.server_version(kube.api_client(kubeconfig))
+    cat_dir = plan.release.catalog_dir
+    return platforms.check_kubernetes(plan.release.version, version, Catalog(cat_dir).releases(),
+                                      f"cluster ({kubeconfig}: Kubernetes {version})", cat_dir)
+
+
 def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Progress | None = None,
             wait: bool = True) -> InstallReport:
     """Namespace, pull Secret, `helm upgrade --install` with what prepare() checked."""

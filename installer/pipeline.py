@@ -127,6 +127,10 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
 
     stage = "preflight"
     try:
+        if prepared is not None:  # the cluster's Kubernetes version, before any host is touched (read-only)
+            note = operator.check_cluster(plan, prepared.kubeconfig)
+            if note:
+                say(f"note: {note}")
         pre = nodes.preflight(plan, run, display)
         summary.add("preflight", "ok", f"{len(pre.hosts)} host(s) checked, read-only")
         stage = "nodes"

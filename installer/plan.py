@@ -27,6 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from installer import platforms
 from installer.catalog import Catalog, Release
 from installer.config import PullSecret, Site
 from installer.errors import ConfigError
@@ -49,6 +50,7 @@ class Options:
     kernels: tuple[str, ...] = ()  # --kernel, with --os
     limit: str | None = None  # Ansible host pattern (preflight/apply/uninstall --limit)
     need_inventory: bool = False  # the command acts on hosts: -i is required
+    kube_version: str | None = None  # --kube-version: the cluster's Kubernetes version, checked without a cluster
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Plan:
     values: dict[str, Any]
     role_vars: Mapping[str, Any]
     mig: tuple[Assignment, ...]
+    notes: tuple[str, ...] = ()  # worth saying, not wrong (e.g. Kubernetes outside NVIDIA's validated range)
 
     @property
     def pull_secret(self) -> PullSecret | None:
@@ -157,10 +160,35 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
         check_ca(site.registry.ca)
     components = resolve_components(site, release)
     values = build_values(site, release, components)
+    check_nodes_os(site, release, nodes, components, values, "--os" if not opts.inventory else None)
     # every MIG layout name, the site default too (also without nodes: render, config check), checked once
     mig.check_names(site, release, [*assignments, *mig.site_default(site, assignments)])
+    notes: list[str] = []
+    if opts.kube_version:
+        note = platforms.check_kubernetes(release.version, opts.kube_version, cat.releases(), "--kube-version",
+                                          release.catalog_dir)
+        notes += [note] if note else []
     return Plan(site=site, release=release, options=opts, nodes=nodes, inventory=inventory, components=components,
-                values=values, role_vars=role_vars(site, release), mig=assignments)
+                values=values, role_vars=role_vars(site, release), mig=assignments, notes=tuple(notes))
+
+
+def check_nodes_os(site: Site, release: Release, nodes: Sequence[Node], components: Mapping[str, ResolvedComponent],
+                   values: dict[str, Any], flag: str | None) -> None:
+    """Every node's OS (as the inventory or --os says) is one the roles support and, when the operator deploys the
+    driver container (or another image tagged -<osTag>), one NVIDIA publishes those images of the release for."""
+    from installer.render.values import deployed
+
+    suffixed = [c for c in components.values()
+                if c.spec.os_suffix and not c.spec.user_supplied and deployed(values, release, c)]
+    for node in nodes:
+        if node.os_id is None or node.os_version is None:
+            continue  # unknown: only what needs it fails (the image list)
+        where = flag or f"host {node.name}: gpu_install_os"
+        platforms.check_role_os(node.name, node.os_id, node.os_version, where)
+        if suffixed:
+            platforms.check_driver_os(release.version, node.os_id, node.os_version, node.os_tag(release.version),
+                                      f"{where} with {' and '.join(c.name for c in suffixed)} from the operator",
+                                      site.driver.customImageOs, release.catalog_dir)
 
 
 def check_ca(path: Path) -> None:

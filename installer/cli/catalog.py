@@ -17,6 +17,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from installer import platforms
     from installer.catalog import Catalog
     from installer.ui import print_table
 
@@ -29,6 +30,16 @@ def cmd_show(args: argparse.Namespace) -> int:
         rows.append((comp.name, enabled, gates, f"{comp.image_ref or '(user supplied)'}{suffix}"))
     print_table(f"GPU Operator {rel.version}  (NFD chart {rel.nfd_chart_version})",
                 ["component", "enabled", "also needs", "image"], rows)
+    s = platforms.series(rel.version, rel.catalog_dir)
+    if s is None:
+        print("platforms: not recorded for this release")
+        return 0
+    ks = s.kube
+    print(f"Kubernetes: runs on {ks.works_text()}" + (f" ({ks.reason})" if ks.reason else "")
+          + f"; NVIDIA validated {ks.validated_text()}" + (f"  [{ks.source}]" if ks.source else ""))
+    if s.driver_os:
+        listed = ", ".join(f"{i} {'/'.join(v)}" for i, v in sorted(s.driver_os.items()))
+        print(f"driver images published for: {listed}" + (f"  [{s.driver_os_source}]" if s.driver_os_source else ""))
     return 0
 
 

@@ -72,6 +72,12 @@ def kubeconfig_arg(p: argparse.ArgumentParser) -> None:
                    help=f"kubeconfig of the cluster; env {ENV_KUBECONFIG} (first existing entry), else ~/.kube/config")
 
 
+def kube_version_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kube-version", metavar="VERSION",
+                   help="the cluster's Kubernetes version (e.g. 1.27): refuse (exit 3) a release that cannot run on "
+                        "it, without contacting a cluster")
+
+
 def output_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", help="write here instead of stdout")
 
@@ -107,8 +113,12 @@ def resolve_plan(args: argparse.Namespace, need_inventory: bool = False) -> Plan
     site = load_site(args.site, args.set)
     opts = Options(inventory=getattr(args, "inventory", None), os_tags=tuple(getattr(args, "os", None) or ()),
                    kernels=tuple(getattr(args, "kernel", None) or ()), limit=getattr(args, "limit", None),
-                   need_inventory=need_inventory)
-    return resolve(site, opts)
+                   need_inventory=need_inventory, kube_version=getattr(args, "kube_version", None))
+    plan = resolve(site, opts)
+    if not getattr(args, "quiet", False):
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
+    return plan
 
 
 def display(args: argparse.Namespace) -> Display:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from installer.cli.common import (
@@ -56,6 +57,14 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from installer import apply
 
     plan = resolve_plan(args, need_inventory=True)
+    if args.kubeconfig:  # also the cluster: its Kubernetes version must suit the release (read-only)
+        from installer import kube, operator
+
+        kc = kube.resolve_kubeconfig(args.kubeconfig)
+        kube.api_client(kc)  # a malformed kubeconfig is exit 2 before any host
+        note = operator.check_cluster(plan, kc)
+        if note and not args.quiet:
+            print(f"note: {note}", file=sys.stderr)
     disp = display(args)
     try:
         res = apply.preflight(plan, _run_options(args), disp)
@@ -119,6 +128,9 @@ def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
 def register(sub: Any) -> None:
     p = command(sub, "preflight", "read-only checks of inventory and GPU nodes (exit 3 on problems)")
     _hosts_args(p)
+    p.add_argument("--kubeconfig", default=None,
+                   help="also check the cluster: its Kubernetes version must be one the release runs on "
+                        "(without it only the nodes are checked)")
     p.set_defaults(func=cmd_preflight)
 
     p = command(sub, "apply", "preflight, configure the GPU nodes (playbooks/site.yml), install the operator, "

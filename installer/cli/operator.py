@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from installer.cli.common import (
@@ -30,6 +31,9 @@ def cmd_install(args: argparse.Namespace) -> int:
 
     plan = resolve_plan(args)
     prepared = operator.prepare(plan, args.kubeconfig, args.chart or plan.site.operator.chart)
+    note = operator.check_cluster(plan, prepared.kubeconfig)
+    if note and not args.quiet:
+        print(f"note: {note}", file=sys.stderr)
     report = operator.install(plan, prepared, timeout=args.timeout, progress=say(args), wait=not args.no_wait)
     print("\n".join(report.lines()))
     return 0

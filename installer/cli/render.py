@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from installer.cli.common import command, group, inventory_arg, node_flags, output, output_arg, resolve_plan, site_args
+from installer.cli.common import (
+    command,
+    group,
+    inventory_arg,
+    kube_version_arg,
+    node_flags,
+    output,
+    output_arg,
+    resolve_plan,
+    site_args,
+)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -55,6 +65,7 @@ def register(sub: Any) -> None:
     site_args(p)
     inventory_arg(p)
     node_flags(p)
+    kube_version_arg(p)
     output_arg(p)
     p.set_defaults(func=cmd_render)
 
@@ -75,4 +86,5 @@ def register(sub: Any) -> None:
     q.set_defaults(func=cmd_config_sample)
     q = command(csub, "check", "validate a site file (every check render and apply make before touching a host)")
     site_args(q)
+    kube_version_arg(q)
     q.set_defaults(func=cmd_config_check)

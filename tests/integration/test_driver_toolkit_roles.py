@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import LAB_DRIVER_OS
 from tests.integration.conftest import LabHandle, lab_prerequisites
 from tests.integration.test_runtime_roles import VENV_BIN, Applier, _ok, apply_inventory, root
 
@@ -35,7 +36,7 @@ LAB_VARS = {"preflight_require_kernel_headers": False, "nvidia_driver_require_ke
 
 def write_site(where: Path, name: str, driver: dict, toolkit: dict) -> Path:
     site = {"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.example.internal:5000"},
-            "runtime": "containerd", "toolkit": toolkit, "driver": driver}
+            "runtime": "containerd", "toolkit": toolkit, "driver": {**driver, "customImageOs": LAB_DRIVER_OS}}
     path = where / f"site-{name}.yaml"
     path.write_text(yaml.safe_dump(site))
     return path

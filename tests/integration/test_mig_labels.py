@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import LAB_DRIVER_OS
+
 pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
 GPU_INSTALL = Path(sys.executable).parent / "gpu-install"
 LABEL = "nvidia.com/mig.config"
@@ -33,7 +35,8 @@ def k(lab_kubernetes, tmp_path_factory):
     work = tmp_path_factory.mktemp("mig")
     site = work / "site.yaml"
     site.write_text(yaml.safe_dump({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
-                                    "mig": {"strategy": "mixed", "config": "all-1g.10gb"}}))
+                                    "mig": {"strategy": "mixed", "config": "all-1g.10gb"},
+                                    "driver": {"customImageOs": LAB_DRIVER_OS}}))
     try:
         yield {"api": api, "kubeconfig": kubeconfig, "site": site, "work": work, "lab": lab_kubernetes}
     finally:

@@ -45,7 +45,7 @@ def env(lab_kubernetes, tmp_path_factory):
     tgz = next(tmp.glob("gpu-operator-fixture-*.tgz"))
     site = tmp / "site.yaml"
     site.write_text(yaml.safe_dump({
-        "operator": {"version": "v24.9.2", "namespace": "gpu-op-test", "releaseName": "gpu-operator"},
+        "operator": {"version": "v23.9.2", "namespace": "gpu-op-test", "releaseName": "gpu-operator"},
         "registry": {"host": REGISTRY, "prefix": "mirror",
                      "pullSecret": {"name": "gpu-registry", "usernameEnv": "T_GI_REG_USER",
                                     "passwordEnv": "T_GI_REG_PASSWORD"}},
@@ -92,6 +92,35 @@ def test_missing_credentials_change_nothing(env):
     assert err.value.status == 404
 
 
+def test_a_release_the_cluster_cannot_run_is_refused_before_anything_changes(env):
+    """The lab's API server is Kubernetes 1.20; from v24.9 the chart's node-feature-discovery objects use gRPC
+    probes, which it refuses: exit 3 naming the newest release that fits, nothing created."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    proc = gi(env, "install", "--set", "operator.version=v24.9.2", "--set", "operator.namespace=gpu-op-k8s")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Kubernetes 1.20 cannot run GPU Operator v24.9.2" in proc.stderr, proc.stderr
+    assert "the newest catalog release that fits Kubernetes 1.20 is v" in proc.stderr, proc.stderr
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(api(env)).read_namespace("gpu-op-k8s")
+    assert err.value.status == 404
+
+
+@pytest.mark.parametrize("command", [["apply"], ["preflight"]])
+def test_apply_and_preflight_check_the_cluster_before_any_host(env, tmp_path, command):
+    """The host is TEST-NET (192.0.2.1): were it contacted, the run would end unreachable (exit 5), not 3."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n"
+                   "        gpu1: {ansible_host: 192.0.2.1, gpu_install_os: ubuntu22.04}\n")
+    proc = subprocess.run([str(GPU_INSTALL), *command, "-s", str(env["site"]), "-i", str(inv), "--kubeconfig",
+                           env["kubeconfig"], "--set", "operator.version=v24.9.2"],
+                          capture_output=True, text=True, env=env["env"], timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Kubernetes 1.20 cannot run GPU Operator v24.9.2" in proc.stderr, proc.stderr
+    assert "192.0.2.1" not in proc.stdout + proc.stderr and "UNREACHABLE" not in proc.stdout + proc.stderr
+
+
 def test_install_status_reinstall_uninstall(env):
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
@@ -122,7 +151,7 @@ def test_install_status_reinstall_uninstall(env):
     # hollow kubelet (helm --wait returned only after that)
     dep = apps.read_namespaced_deployment("gpu-operator", "gpu-op-test")
     spec = dep.spec.template.spec
-    assert spec.containers[0].image == f"{REGISTRY}/mirror/nvidia/gpu-operator:v24.9.2"
+    assert spec.containers[0].image == f"{REGISTRY}/mirror/nvidia/gpu-operator:v23.9.2"
     assert [s.name for s in spec.image_pull_secrets] == ["gpu-registry"]
     assert dep.status.available_replicas == 1
     ds = apps.read_namespaced_daemon_set("nfd-worker", "gpu-op-test")

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import LAB_DRIVER_OS
 from tests.integration.conftest import LabHandle
 from tests.integration.test_driver_toolkit_roles import LAB_VARS, lab_inventory, task_messages
 from tests.integration.test_runtime_roles import VENV_BIN, Applier, _ok, root
@@ -41,7 +42,7 @@ UNTRUST_RHEL = ("rm -f /etc/pki/ca-trust/source/anchors/* && update-ca-trust ext
 
 def _site(work: Path, name: str, registry: dict, driver: dict, toolkit: dict | None = None) -> Path:
     site = {"operator": {"version": "v24.9.2"}, "registry": registry, "runtime": "containerd",
-            "toolkit": toolkit or {"mode": "operator"}, "driver": driver}
+            "toolkit": toolkit or {"mode": "operator"}, "driver": {**driver, "customImageOs": LAB_DRIVER_OS}}
     path = work / f"site-{name}.yaml"
     path.write_text(yaml.safe_dump(site))
     return path

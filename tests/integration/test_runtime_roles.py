@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import LAB_DRIVER_OS
 from tests.integration.conftest import LabHandle, lab_prerequisites
 
 pytestmark = pytest.mark.lab
@@ -81,7 +82,7 @@ def apply_inventory(handle: LabHandle, where: Path) -> Path:
 
 def write_site(where: Path, runtime: str, **registry) -> Path:
     site = {"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.example.internal:5000", **registry},
-            "runtime": runtime, "toolkit": {"mode": "host"}, "driver": {"mode": "operator"}}
+            "runtime": runtime, "toolkit": {"mode": "host"}, "driver": {"mode": "operator", "customImageOs": LAB_DRIVER_OS}}
     path = where / f"site-{runtime}.yaml"
     path.write_text(yaml.safe_dump(site))
     return path

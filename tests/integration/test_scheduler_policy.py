@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import LAB_DRIVER_OS
+
 pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
 VENV_BIN = Path(sys.executable).parent
 
@@ -92,7 +94,7 @@ class Scheduling:
     def site(self, **scheduler) -> Path:
         path = self.work / "site.yaml"
         path.write_text(yaml.safe_dump({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
-                                        "scheduler": scheduler}))
+                                        "scheduler": scheduler, "driver": {"customImageOs": LAB_DRIVER_OS}}))
         return path
 
     def cli(self, site: Path) -> subprocess.CompletedProcess:

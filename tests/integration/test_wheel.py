@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import LAB_DRIVER_OS, ROOT
 from tests.integration.conftest import LabHandle
 
 pytestmark = pytest.mark.lab
@@ -147,7 +147,7 @@ def test_apply_and_uninstall_from_the_wheel(installed, lab: LabHandle, tmp_path)
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"operator": {"version": "v24.9.2"}, "registry": {"host": reg, "ca": str(lab.ca)},
                                     "runtime": "containerd", "toolkit": {"mode": "operator"},
-                                    "driver": {"mode": "operator"}}))
+                                    "driver": {"mode": "operator", "customImageOs": LAB_DRIVER_OS}}))
     try:
         out = gi(installed, "apply", "-s", site, "-i", inv, "--limit", NODE, "--skip-operator")
         assert "apply ok" in out.stdout, out.stdout

@@ -44,15 +44,15 @@ def test_os_tag_rule_per_release(release, os_id, version, want):
 
 
 def test_driver_images_expand_per_node_os():
-    nodes = [Node("a", "ubuntu", "22.04"), Node("b", "ubuntu", "22.04"), Node("c", "rhel", "9.4")]
+    nodes = [Node("a", "ubuntu", "22.04"), Node("b", "ubuntu", "22.04"), Node("c", "rhel", "8.10")]
     imgs = {i.source: i.destination for i in image_list(site(), nodes)}
     assert imgs["nvcr.io/nvidia/driver:550.144.03-ubuntu22.04"] == "registry.lab:5000/nvidia/driver:550.144.03-ubuntu22.04"
-    assert "nvcr.io/nvidia/driver:550.144.03-rhel9.4" in imgs
+    assert "nvcr.io/nvidia/driver:550.144.03-rhel8.10" in imgs
     assert sorted(s for s in imgs if "/driver:" in s) == [
-        "nvcr.io/nvidia/driver:550.144.03-rhel9.4", "nvcr.io/nvidia/driver:550.144.03-ubuntu22.04"]
+        "nvcr.io/nvidia/driver:550.144.03-rhel8.10", "nvcr.io/nvidia/driver:550.144.03-ubuntu22.04"]
     # v26.7.0: RHEL tags are major-only
     imgs = {i.source for i in image_list(site("v26.7.0"), nodes)}
-    assert "nvcr.io/nvidia/driver:595.91.07-rhel9" in imgs and "nvcr.io/nvidia/driver:595.91.07-rhel9.4" not in imgs
+    assert "nvcr.io/nvidia/driver:595.91.07-rhel8" in imgs and "nvcr.io/nvidia/driver:595.91.07-rhel8.10" not in imgs
 
 
 def test_precompiled_tags_need_kernels():
@@ -112,12 +112,12 @@ def test_images_agree_with_rendered_values():
 
 def test_images_cli_json_and_text(cli, write_site):
     path = write_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"}})
-    rc, out, _ = cli("images", "-s", path, "--os", "ubuntu22.04", "--os", "rhel9.4", "--format", "json")
+    rc, out, _ = cli("images", "-s", path, "--os", "ubuntu22.04", "--os", "rhel8.10", "--format", "json")
     assert rc == 0
     data = json.loads(out)
     assert all(set(d) == {"source", "destination"} for d in data)
-    assert {"source": "nvcr.io/nvidia/driver:550.144.03-rhel9.4",
-            "destination": "registry.lab:5000/nvidia/driver:550.144.03-rhel9.4"} in data
+    assert {"source": "nvcr.io/nvidia/driver:550.144.03-rhel8.10",
+            "destination": "registry.lab:5000/nvidia/driver:550.144.03-rhel8.10"} in data
     rc, text, _ = cli("images", "-s", path, "--os", "ubuntu22.04")
     assert rc == 0 and len(text.splitlines()) == len({d["source"] for d in data if "rhel" not in d["source"]})
     rc, _, err = cli("images", "-s", path, "--os", "22.04")
@@ -132,7 +132,7 @@ def test_inventory_nodes(tmp_path, cli, write_site):
           children:
             gpu_nodes:
               hosts:
-                g1: {gpu_install_os: ubuntu20.04, gpu_install_kernel: 5.4.0-150-generic}
+                g1: {gpu_install_os: ubuntu24.04, gpu_install_kernel: 6.8.0-31-generic}
                 g2: {gpu_install_os_id: rocky, gpu_install_os_version: "9.5"}
                 g3: {}
             other:
@@ -143,11 +143,11 @@ def test_inventory_nodes(tmp_path, cli, write_site):
     (inv / "site.yaml").write_text("operator: {version: v26.7.0}\nregistry: {host: registry.lab:5000}\n")
     nodes = {n.name: n for n in nodes_of(inv)}
     assert set(nodes) == {"g1", "g2", "g3"}  # site.yaml in the directory is not an inventory source
-    assert (nodes["g1"].os_id, nodes["g1"].os_version, nodes["g1"].kernel) == ("ubuntu", "20.04", "5.4.0-150-generic")
+    assert (nodes["g1"].os_id, nodes["g1"].os_version, nodes["g1"].kernel) == ("ubuntu", "24.04", "6.8.0-31-generic")
     assert nodes["g3"].os_tag("v24.9.2") == "ubuntu22.04"  # from group_vars
     rc, out, _ = cli("images", "-s", inv / "site.yaml", "-i", inv)
     assert rc == 0
-    assert "nvcr.io/nvidia/driver:595.91.07-rocky9 " in out and "-ubuntu20.04 " in out
+    assert "nvcr.io/nvidia/driver:595.91.07-rocky9 " in out and "-ubuntu24.04 " in out
 
 
 def test_inventory_errors(tmp_path):

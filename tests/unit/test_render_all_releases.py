@@ -38,6 +38,9 @@ def make_site(release: str, variant: dict):
     }
     for k, v in variant.items():
         data[k] = v
+    # node "r" (RHEL 9.4) has driver images of few releases: these properties are about values and images, not
+    # about which OS a release publishes driver images for (tests/unit/test_platforms.py)
+    data["driver"] = {**data.get("driver", {}), "customImageOs": ["rhel9.4", "rhel9"]}
     comps = data.get("components", {})
     data["components"] = {k: v for k, v in comps.items() if k in Catalog.default().get(release).components}
     rel = Catalog.default().get(release)
@@ -155,8 +158,9 @@ def test_catalog_files_are_what_the_generator_makes(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-catalog.py"), "--upstream", str(UPSTREAM),
                     "--out", str(tmp_path)], check=True, capture_output=True)
     ours = ROOT / "values" / "catalog"
+    curated = {"platforms.yaml", "PLATFORMS.md"}  # hand-curated with their sources, not generated
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    assert made == sorted(p.relative_to(ours) for p in ours.rglob("*") if p.is_file())
+    assert made == sorted(p.relative_to(ours) for p in ours.rglob("*") if p.is_file() and p.name not in curated)
     for rel in made:
         assert (tmp_path / rel).read_bytes() == (ours / rel).read_bytes(), rel
 
