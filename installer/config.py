@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,47 @@ VersionText = Annotated[str, BeforeValidator(_version_text)]
 TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 DIGEST = r"sha256:[a-f0-9]{64}"
 PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+
+
+# The same rules as JSON-schema patterns (ECMA-262 regular expressions, also valid for Python's re), published by
+# `gpu-install config schema` so that an editor refuses what the validators below refuse. The validators decide and
+# word the messages; these only describe them.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# 1 to 65535 in at most 5 digits (leading zeros allowed, as int() reads them)
+_PORT = r"(?=[0-9]{1,5}(?![0-9]))0*(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+#: registry_host(): [IPv6]:port, a dotted name with an optional port, a single label with a port, or localhost
+_HOST_PORT = rf"\[[0-9A-Fa-f:.]+\](?::{_PORT})?|{_LABEL}(?:\.{_LABEL})+(?::{_PORT})?|{_LABEL}:{_PORT}"
+REGISTRY_HOST = rf"(?:{_HOST_PORT}|[Ll][Oo][Cc][Aa][Ll][Hh][Oo][Ss][Tt])"
+_PATH_COMPONENT_NO_DOT = r"[a-z0-9]+(?:(?:_|__|-+)[a-z0-9]+)*"
+#: repository_ref(): one path component, or components whose first one names a registry when it has a '.' or ':'
+REPOSITORY = (rf"^(?:{PATH_COMPONENT}|{_PATH_COMPONENT_NO_DOT}(?:/{PATH_COMPONENT})+"
+              rf"|(?:{_HOST_PORT}|localhost)(?:/{PATH_COMPONENT})+)$")
+DNS_LABEL = r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$"
+SECRET_NAME = r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$"
+DURATION = r"^(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|ms|s|m|h))+$"
+URL_PREFIX = r"^https?://[^/\s?#]+(?:/[^\s?#]*)?$"
+EXTENDED_RESOURCE = (r"^(?![^/]*kubernetes\.io/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)+"
+                     r"/[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+KUBERNETES_VERSION = r"^v?[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[-+][0-9A-Za-z.-]+)?$"
+
+
+def rules(string: dict[str, Any] | None = None, integer: dict[str, Any] | None = None,
+          **extra: Any) -> Callable[[dict[str, Any]], None]:
+    """json_schema_extra for a field: `string` constraints go on the field's string branch (also inside anyOf with
+    null), `integer` adds an integer branch (a VersionText field takes 550 as "550"), `extra` goes on the field."""
+
+    def edit(schema: dict[str, Any]) -> None:
+        branches = schema.get("anyOf", [schema])
+        for b in branches:
+            if b.get("type") == "string" and string:
+                b.update(string)
+        if integer is not None:
+            if "anyOf" not in schema:
+                schema["anyOf"] = [{k: schema.pop(k) for k in list(schema) if k in ("type", "pattern", "maxLength")}]
+            schema["anyOf"].insert(1, {"type": "integer", **integer})
+        schema.update(extra)
+
+    return edit
 
 
 PATTERN_TEXT = {
@@ -73,9 +115,12 @@ class _Model(BaseModel):
 
 
 class Operator(_Model):
-    version: VersionText = Field(description="GPU Operator release from the catalog, e.g. v24.9.2")
-    namespace: str = Field("gpu-operator", description="namespace the operator is installed into")
-    releaseName: str = Field("gpu-operator", description="Helm release name")
+    version: VersionText = Field(description="GPU Operator release from the catalog, e.g. v24.9.2",
+                                 json_schema_extra=rules(integer={"minimum": 0}))
+    namespace: str = Field("gpu-operator", description="namespace the operator is installed into",
+                           json_schema_extra=rules({"pattern": DNS_LABEL}))
+    releaseName: str = Field("gpu-operator", description="Helm release name",
+                             json_schema_extra=rules({"pattern": DNS_LABEL}))
     chart: str | None = Field(
         None, description="GPU Operator chart: directory, .tgz or oci://<registry>/<path>/gpu-operator "
         "(--chart / GPU_INSTALL_CHART override it); a relative path is relative to the site file"
@@ -94,10 +139,27 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 CREDENTIAL_FIELDS = {"usernameEnv", "passwordEnv", "dockerConfigFile"}
 
 
+def holds_credential(loc: list[str] | tuple[str, ...]) -> bool:
+    """A field path that is a credential field, lies inside one, or holds one (registry, registry.pullSecret: a
+    value given for them may carry a pasted secret): messages never show what was given there."""
+    parts = [str(p) for p in loc]
+    return bool(set(parts) & CREDENTIAL_FIELDS) or parts in (["registry"], ["registry", "pullSecret"])
+
+
 class PullSecret(_Model):
     """Credentials are referenced, never written inline: from env vars or a docker config file."""
 
-    name: str = Field(description="name of the kubernetes.io/dockerconfigjson Secret")
+    model_config = ConfigDict(json_schema_extra={"allOf": [  # _one_source()
+        {"if": {"required": ["usernameEnv"], "properties": {"usernameEnv": {"type": "string"}}},
+         "then": {"required": ["passwordEnv"], "properties": {"passwordEnv": {"type": "string"}}}},
+        {"if": {"required": ["passwordEnv"], "properties": {"passwordEnv": {"type": "string"}}},
+         "then": {"required": ["usernameEnv"], "properties": {"usernameEnv": {"type": "string"}}}},
+        {"if": {"required": ["dockerConfigFile"], "properties": {"dockerConfigFile": {"type": "string"}}},
+         "then": {"properties": {"usernameEnv": {"type": "null"}, "passwordEnv": {"type": "null"}}}},
+    ]})
+
+    name: str = Field(description="name of the kubernetes.io/dockerconfigjson Secret",
+                      json_schema_extra=rules({"pattern": SECRET_NAME}))
     usernameEnv: str | None = Field(None, description="name of the env var holding the registry user name",
                                     pattern=ENV_NAME)
     passwordEnv: str | None = Field(None, description="name of the env var holding the registry password/token",
@@ -150,12 +212,14 @@ def registry_host(v: str) -> str:
 
 
 class Registry(_Model):
-    host: str = Field(description="private registry, host[:port], e.g. registry.example.com:5000")
+    host: str = Field(description="private registry, host[:port], e.g. registry.example.com:5000",
+                      json_schema_extra=rules({"pattern": f"^{REGISTRY_HOST}$", "maxLength": 255}))
     layout: Literal["strip-host", "keep-host"] = Field(
         "strip-host",
         description="strip-host: nvcr.io/nvidia/x → <host>/nvidia/x; keep-host: → <host>/nvcr.io/nvidia/x",
     )
-    prefix: str = Field("", description="optional path prefix inside the registry, e.g. mirror/gpu")
+    prefix: str = Field("", description="optional path prefix inside the registry, e.g. mirror/gpu",
+                        json_schema_extra=rules({"pattern": rf"^/*(?:{PATH_COMPONENT}(?:/{PATH_COMPONENT})*)?/*$"}))
     pullSecret: PullSecret | None = Field(None, description="image pull Secret put on every component")
     ca: Path | None = Field(None, description="CA certificate (PEM) the nodes must trust for this registry")
     insecure: bool = Field(False, description="plain HTTP / unverified TLS (labs only)")
@@ -177,6 +241,13 @@ class Registry(_Model):
 
 
 class Driver(_Model):
+    model_config = ConfigDict(json_schema_extra={  # _runfile(): runfile and its checksum belong to mode runfile
+        "if": {"required": ["mode"], "properties": {"mode": {"const": "runfile"}}},
+        "then": {"required": ["runfile"], "properties": {"runfile": {"type": "string", "minLength": 1}}},
+        "else": {"properties": {"runfile": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}]},
+                                "runfileSha256": {"type": "null"}}},
+    })
+
     mode: Literal["host", "runfile", "operator", "precompiled", "preinstalled"] = Field(
         "operator",
         description="host: roles install packages, operator driver off · runfile: roles run NVIDIA's .run installer "
@@ -185,12 +256,13 @@ class Driver(_Model):
     )
     version: VersionText | None = Field(
         None, description="driver version (precompiled: branch, e.g. 550); default: catalog",
-        pattern=rf"^{TAG}$")
+        pattern=rf"^{TAG}$", json_schema_extra=rules({"pattern": rf"^{TAG}$"}, integer={"minimum": 0}))
     runfile: str | None = Field(
         None, description="runfile mode: NVIDIA-Linux-<arch>-<version>.run as an http(s) URL (the site's file mirror) "
         "or a path on the controller (relative to the site file)"
     )
-    runfileSha256: str | None = Field(None, description="runfile mode: sha256 of the runfile, checked before it runs")
+    runfileSha256: str | None = Field(None, description="runfile mode: sha256 of the runfile, checked before it runs",
+                                      json_schema_extra=rules({"pattern": "^[0-9a-fA-F]{64}$"}))
     kernelModuleType: Literal["auto", "open", "proprietary"] | None = Field(
         None, description="kernel modules flavour; default: the release's default"
     )
@@ -198,7 +270,8 @@ class Driver(_Model):
         "never", description="host/runfile mode: reboot nodes after a driver install (never: report 'reboot required')"
     )
     serial: str | int = Field(
-        "100%", description="host/runfile mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%"
+        "100%", description="host/runfile mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%",
+        json_schema_extra=rules({"pattern": "^(?:(?:100|[1-9][0-9]?)%|[1-9][0-9]*)$"}, minimum=1),
     )
     customImageOs: list[Annotated[str, Field(pattern=r"^[a-z][a-z-]*\d[\w.-]{0,30}$", max_length=40)]] = Field(
         default_factory=list,
@@ -213,7 +286,7 @@ class Driver(_Model):
             if v < 1:
                 raise ValueError("must be at least 1")
             return v
-        if not re.fullmatch(r"(100|[1-9]\d?)%|[1-9]\d*", v):
+        if not re.fullmatch(r"(100|[1-9][0-9]?)%|[1-9][0-9]*", v):
             raise ValueError(f"{v!r} is neither a host count nor a percentage such as 25%")
         return int(v) if v.isdigit() else v
 
@@ -236,7 +309,7 @@ class Driver(_Model):
         if self.version and named and self.version != named:
             raise ValueError(f"driver.version {self.version} but driver.runfile is the {named} installer")
         version = self.version or named  # role_vars() uses the same (no assignment here: validate_assignment)
-        if not version or not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+        if not version or not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?", version):
             raise ValueError("driver.mode runfile needs the exact driver version (e.g. 535.216.03): set driver.version "
                              "or name the file NVIDIA-Linux-<arch>-<version>.run")
         return self
@@ -244,14 +317,15 @@ class Driver(_Model):
 
 def runfile_version(runfile: str) -> str | None:
     """The driver version in an NVIDIA runfile name (NVIDIA-Linux-x86_64-535.216.03.run and -STANDIN/-grid variants)."""
-    m = re.match(r"NVIDIA-Linux-[A-Za-z0-9_]+-(\d+\.\d+(?:\.\d+)?)(?:[-.][^/]*)?\.run$", runfile.rsplit("/", 1)[-1])
+    m = re.match(r"NVIDIA-Linux-[A-Za-z0-9_]+-([0-9]+\.[0-9]+(?:\.[0-9]+)?)(?:[-.][^/]*)?\.run$", runfile.rsplit("/", 1)[-1])
     return m.group(1) if m else None
 
 
 class Toolkit(_Model):
     mode: Literal["host", "operator"] = Field("operator", description="host: roles install it; operator: container")
     version: VersionText | None = Field(None, description="toolkit image version (operator mode); default: catalog",
-                                        pattern=rf"^{TAG}$")
+                                        pattern=rf"^{TAG}$",
+                                        json_schema_extra=rules({"pattern": rf"^{TAG}$"}, integer={"minimum": 0}))
 
 
 class Mig(_Model):
@@ -278,9 +352,12 @@ class SandboxWorkloads(_Model):
 
 
 class ComponentOverride(_Model):
-    version: VersionText | None = Field(None, description="image tag or sha256 digest")
-    repository: str | None = Field(None, description="upstream source repository (mapped by registry.layout)")
-    image: str | None = Field(None, description="image name inside the repository", pattern=rf"^{PATH_COMPONENT}$")
+    version: VersionText | None = Field(None, description="image tag or sha256 digest", json_schema_extra=rules(
+        {"pattern": rf"^(?:{TAG}|{DIGEST})$"}, integer={"minimum": 0}))
+    repository: str | None = Field(None, description="upstream source repository (mapped by registry.layout)",
+                                   json_schema_extra=rules({"pattern": REPOSITORY, "maxLength": 255}))
+    image: str | None = Field(None, description="image name inside the repository", pattern=rf"^{PATH_COMPONENT}$",
+                              json_schema_extra=rules({"pattern": rf"^{PATH_COMPONENT}$"}))
     enabled: bool | None = None
 
     @field_validator("version")
@@ -295,7 +372,8 @@ class ComponentOverride(_Model):
 
 
 class ManagedResource(_Model):
-    name: str = Field(description="extended resource the extender manages, e.g. nvidia.com/gpu")
+    name: str = Field(description="extended resource the extender manages, e.g. nvidia.com/gpu",
+                      json_schema_extra=rules({"pattern": EXTENDED_RESOURCE}))
     ignoredByScheduler: bool = Field(False, description="the scheduler skips its own fit check for it")
 
     @field_validator("name")
@@ -313,14 +391,22 @@ class ManagedResource(_Model):
 class Extender(_Model):
     """A kube-scheduler extender (the fields Kubernetes' extender config has, same names)."""
 
-    urlPrefix: str = Field(description="http(s) URL of the extender, e.g. http://127.0.0.1:3456/scheduler")
+    model_config = ConfigDict(json_schema_extra={  # _weight(): prioritizeVerb needs a positive weight
+        "if": {"required": ["prioritizeVerb"], "properties": {"prioritizeVerb": {"type": "string", "minLength": 1}}},
+        "then": {"required": ["weight"], "properties": {"weight": {"type": "integer", "minimum": 1}}},
+    })
+
+    urlPrefix: str = Field(description="http(s) URL of the extender, e.g. http://127.0.0.1:3456/scheduler",
+                           json_schema_extra=rules({"pattern": URL_PREFIX}))
     filterVerb: str | None = Field(None, description="verb appended to urlPrefix for filter calls")
     preemptVerb: str | None = Field(None, description="verb for preempt calls")
     prioritizeVerb: str | None = Field(None, description="verb for prioritize calls (needs a positive weight)")
-    weight: int | None = Field(None, validate_default=True, description="multiplier of the prioritize scores; > 0 with prioritizeVerb")
+    weight: int | None = Field(None, validate_default=True, description="multiplier of the prioritize scores; > 0 with prioritizeVerb",
+                               json_schema_extra=rules(minimum=0))
     bindVerb: str | None = Field(None, description="verb for bind calls (at most one extender may bind)")
     enableHTTPS: bool = Field(False, description="use TLS settings for the extender (no CA given: unverified)")
-    httpTimeout: str | None = Field(None, description="timeout of a call, a duration such as 30s (default 30s)")
+    httpTimeout: str | None = Field(None, description="timeout of a call, a duration such as 30s (default 30s)",
+                                    json_schema_extra=rules({"pattern": DURATION}))
     nodeCacheCapable: bool = Field(False, description="the extender caches nodes: only node names are sent")
     ignorable: bool = Field(False, description="scheduling goes on when the extender fails or is unreachable")
     managedResources: list[ManagedResource] = Field(
@@ -346,7 +432,7 @@ class Extender(_Model):
     @field_validator("httpTimeout")
     @classmethod
     def _duration(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"(\d+(\.\d+)?(ns|us|ms|s|m|h))+", v):
+        if v is not None and not re.fullmatch(r"([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+", v):
             raise ValueError(f"{v!r} is not a duration such as 30s, 1m30s or 500ms")
         return v
 
@@ -370,16 +456,20 @@ def kubernetes_minor(version: str) -> tuple[int, int]:
 
 class Scheduler(_Model):
     extenders: list[Extender] = Field(
-        default_factory=list, description="kube-scheduler extenders (scheduler_policy role); empty: role does nothing")
+        default_factory=list, description="kube-scheduler extenders (scheduler_policy role); empty: role does nothing",
+        json_schema_extra=rules(  # _one_binder(): at most one extender binds
+            contains={"required": ["bindVerb"], "properties": {"bindVerb": {"type": "string", "minLength": 1}}},
+            minContains=0, maxContains=1))
     format: Literal["auto", "policy", "config"] = Field(
         "auto", description="auto: legacy Policy below Kubernetes 1.23, KubeSchedulerConfiguration from 1.23")
     kubernetesVersion: VersionText | None = Field(
-        None, description="Kubernetes version of the control plane; default: the kube-scheduler image tag")
+        None, description="Kubernetes version of the control plane; default: the kube-scheduler image tag",
+        json_schema_extra=rules({"pattern": KUBERNETES_VERSION}))
 
     @field_validator("kubernetesVersion")
     @classmethod
     def _version(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"v?\d+\.\d+(\.\d+)?([-+][0-9A-Za-z.-]+)?", v):
+        if v is not None and not re.fullmatch(r"v?[0-9]+\.[0-9]+(\.[0-9]+)?([-+][0-9A-Za-z.-]+)?", v):
             raise ValueError(f"{v!r} is not a Kubernetes version such as v1.20.2")
         return v
 
@@ -437,7 +527,7 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
     for item in overrides or []:
         path = item.split("=", 1)[0]
         # named in messages as given -- except a credential field's value, which is never shown
-        flags[path] = f"{path}=…" if set(path.split(".")) & CREDENTIAL_FIELDS else item
+        flags[path] = f"{path}=…" if holds_credential(path.split(".")) else item
         apply_set(data, item)
     site = parse_site(data, source=str(path), flags=flags)
     # file references: ~ is the user's home; a relative path is relative to the site file, not to where the command runs
@@ -587,7 +677,7 @@ def _describe(err: dict[str, Any]) -> str:
     got = err.get("input")
     text = repr(got)
     shown = "" if isinstance(got, (dict, list)) else f" (got {text if len(text) <= 80 else text[:77] + '...'})"
-    if set(loc) & CREDENTIAL_FIELDS:
+    if holds_credential(loc):
         shown = ""  # never echo what may be a password pasted into the wrong field
         if kind == "string_pattern_mismatch":
             return (f"{path}: must be the NAME of an environment variable (letters, digits, '_'), not its value: "

@@ -13,12 +13,13 @@ import base64
 import functools
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer.config import Registry
+from installer.config import MAX_INPUT_BYTES, Registry
 from installer.errors import ClusterError, ClusterUnreachable, ConfigError
 
 if TYPE_CHECKING:
@@ -96,11 +97,19 @@ def docker_config_json(registry: Registry, environ: Mapping[str, str] | None = N
 
 
 def _from_file(path: Path, host: str) -> bytes:
-    where = f"registry.pullSecret.dockerConfigFile {path}"
+    # the path is not shown: like the other credential fields, this one may hold a credential pasted by mistake
+    where = "registry.pullSecret.dockerConfigFile"
+    hint = ("check the path the field names (a relative one is relative to the site file) and its permissions; the "
+            "field holds the PATH of a docker config.json")
     try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a device never end
+            raise ConfigError(f"{where}: not a regular file", hint=hint)
+        if st.st_size > MAX_INPUT_BYTES:
+            raise ConfigError(f"{where}: {st.st_size} bytes is not a docker config.json", hint=hint)
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{where}: cannot read it ({exc.strerror})", hint="check the path and permissions") from None
+        raise ConfigError(f"{where}: cannot read it ({exc.strerror})", hint=hint) from None
     try:
         doc = json.loads(raw)
     except ValueError:

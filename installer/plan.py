@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Mapping, Sequence
-from contextlib import redirect_stderr, redirect_stdout
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -224,7 +225,12 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
     os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_WARNING", "False")
     os.environ.setdefault("ANSIBLE_INVENTORY_IGNORE_REGEX", SITE_FILE_PATTERN)
     said = io.StringIO()  # Ansible's own warnings while parsing: the reason a source failed
-    with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(said):
+    failed_at: dict[str, int] = {}  # INI file → the line its parser stopped at
+    # a YAML file is tried by the INI parser too (last): its failure there says nothing about the file
+    yaml_file = p.suffix in (".yml", ".yaml", ".json")
+    hint = "fix the inventory at the place named; nothing was run"
+    with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(said), \
+            _ini_failure_line({} if yaml_file else failed_at):
         warnings.simplefilter("ignore")
         from ansible import constants
         from ansible.inventory.manager import InventoryManager
@@ -238,8 +244,12 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
         try:
             manager = InventoryManager(loader=loader, sources=[str(p)])
         except Exception as exc:  # noqa: BLE001 - ansible raises AnsibleError subclasses with a message
-            raise ConfigError(f"inventory {path}: {_parse_reason(said.getvalue()) or exc}",
-                              hint="fix the inventory at the place named; nothing was run") from None
+            reason = _parse_reason(said.getvalue(), yaml_file) or _redact(str(exc))
+            raise ConfigError(f"{_where(p, said.getvalue(), reason, failed_at)}: {reason}", hint=hint) from None
+        # a warning while parsing is a line Ansible read otherwise than it is written (or dropped): an error too
+        warned = _parse_reason(said.getvalue(), yaml_file)
+        if warned:
+            raise ConfigError(f"{_where(p, said.getvalue(), warned, failed_at)}: {warned}", hint=hint)
         all_groups = {name: tuple(sorted(h.name for h in g.get_hosts())) for name, g in manager.groups.items()}
         if limit:
             manager.subset(limit)
@@ -256,16 +266,97 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
                      _manager=manager, _loader=loader)
 
 
-def _parse_reason(text: str) -> str:
-    """The useful lines of Ansible's parse warnings ('Failed to parse inventory with 'ini' plugin: <why>')."""
-    lines = [" ".join(ln.replace("[WARNING]:", "").replace("[ERROR]:", "").split()) for ln in text.splitlines()]
+@contextmanager
+def _ini_failure_line(found: dict[str, int]) -> Iterator[None]:
+    """Record the line the INI inventory parser was at when it failed (ansible-core 2.19 drops it from the error;
+    earlier releases call the position `lineno`). Only while our InventoryManager parses; put back after."""
+    from ansible.plugins.inventory import ini
+
+    original = ini.InventoryModule._parse
+
+    def parse(self: Any, lines: list[str]) -> Any:
+        try:
+            return original(self, lines)
+        except Exception:
+            origin = getattr(self, "_origin", None)
+            line = getattr(origin, "line_num", None) or getattr(self, "lineno", None)
+            source = getattr(origin, "path", None) or getattr(self, "_filename", None)
+            if isinstance(line, int) and line > 0 and source:
+                found.setdefault(str(source), line)
+            raise
+
+    ini.InventoryModule._parse = parse
+    try:
+        yield
+    finally:
+        ini.InventoryModule._parse = original
+
+
+#: inventory variables whose values are secrets (ansible_password, ansible_become_pass, …): never shown
+_SECRET_VALUE = re.compile(r"(\b\w*(?:pass(?:word|wd|phrase)?|secret|token|credential|private_?key|api_?key|auth)\w*)"
+                           r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s;,}]+)", re.I)
+
+
+def _redact(text: str) -> str:
+    return _SECRET_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}…", text)
+
+
+def _parse_reason(text: str, yaml_file: bool = False) -> str:
+    """The useful lines of Ansible's parse warnings ('Failed to parse inventory with 'ini' plugin: <why>'), without
+    its source excerpts (we name the line ourselves) and with secret-looking variables' values left out."""
+    lines = [" ".join(ln.replace("[WARNING]:", "").replace("[ERROR]:", "").replace("[DEPRECATION WARNING]:", "")
+                      .split()) for ln in text.splitlines()]
     keep = [ln for ln in lines if ln and not ln.startswith(("<<<", "Origin:")) and "fork-safety" not in ln
-            and "reconfigure stdout" not in ln and "Unable to parse" not in ln and "only implicit localhost" not in ln]
+            and "reconfigure stdout" not in ln and "Unable to parse" not in ln and "only implicit localhost" not in ln
+            and "Deprecation warnings can be disabled" not in ln and not re.fullmatch(r"\d+ .*|\^.*", ln)]
     out: list[str] = []
     for ln in keep:
         if ln not in out and not any(o != ln and ln.rstrip(".") in o for o in keep):
             out.append(ln)
-    return "; ".join(out)[:1000]
+    noise = ("no root 'plugin' key found", *(("with 'ini' plugin",) if yaml_file else ()))
+    out = [o for o in out if not any(n in o for n in noise)] or out
+    return _redact("; ".join(out)[:1000])
+
+
+def _where(path: Path, said: str, reason: str, failed_at: Mapping[str, int]) -> str:
+    """'inventory FILE:LINE (LINE TEXT)' for the line a parse failure or warning is about, when it can be told: the
+    line the INI parser stopped at, Ansible's 'Origin: FILE:LINE', a 'FILE:LINE:' in the message (ansible-core before
+    2.19), else the one line of the file that holds the text the message quotes. 'inventory PATH' otherwise."""
+    found: tuple[Path, int] | None = None
+    for source, line in failed_at.items():
+        found = (Path(source), line)
+        break
+    if found is None:
+        m = re.search(r"Origin: (.+?):(\d+)(?::\d+)?\s*$", said, re.M) or re.search(r"(/[^\s:'\"]+):(\d+):", said)
+        if m and Path(m.group(1)).is_file():
+            found = (Path(m.group(1)), int(m.group(2)))
+    if found is None and path.is_file():
+        found = _quoted_line(path, reason)
+    if found is None:
+        return f"inventory {path}"
+    file, line = found
+    try:
+        text = file.read_text(errors="replace").splitlines()[line - 1].strip()
+    except (OSError, IndexError):
+        return f"inventory {file}:{line}"
+    shown = text if len(text) <= 120 else text[:117] + "..."
+    return f"inventory {file}:{line} ({_redact(shown)!r})"
+
+
+def _quoted_line(path: Path, reason: str) -> tuple[Path, int] | None:
+    """The line of an inventory file holding what a parse message quotes ('…', [section], 'got: …'), if exactly one
+    line does."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    quoted = re.findall(r"'([^']+)'|(\[[^\]\s]*\])|got: (.+?)(?:;|$)", reason)
+    for fragment in (next(f for f in q if f) for q in quoted):
+        hits = [n for n, ln in enumerate(lines, 1) if ln.strip() == fragment.strip()] or \
+               [n for n, ln in enumerate(lines, 1) if fragment.strip() in ln and not ln.lstrip().startswith(("#", ";"))]
+        if len(hits) == 1:
+            return path, hits[0]
+    return None
 
 
 def gpu_host_vars(inv: Inventory) -> list[tuple[str, dict[str, Any]]]:

@@ -169,7 +169,7 @@ def test_an_inventory_that_does_not_parse_is_an_error_with_ansibles_reason(tmp_p
     """Never a silently empty (or smaller) inventory blamed on a missing group."""
     inv = tmp_path / "hosts.ini"
     inv.write_text("[gpu_nodes]\ng1 gpu_install_os=ubuntu22.04\ng2 = bad = line\ng3 gpu_install_os=ubuntu22.04\n")
-    with pytest.raises(ConfigError, match=r"hosts.ini: Failed to parse inventory with 'ini' plugin: .*key=value"):
+    with pytest.raises(ConfigError, match=r"hosts.ini:3 \('g2 = bad = line'\): Failed to parse inventory with 'ini' plugin: .*key=value"):
         nodes_of(inv)
     rc, out, err = cli("images", "-s", write_site({"operator": {"version": "v24.9.2"},
                                                    "registry": {"host": "registry.lab:5000"}}), "-i", inv)
