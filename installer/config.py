@@ -13,7 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from installer.errors import ConfigError
 
@@ -222,7 +232,7 @@ class Registry(_Model):
                         json_schema_extra=rules({"pattern": rf"^/*(?:{PATH_COMPONENT}(?:/{PATH_COMPONENT})*)?/*$"}))
     pullSecret: PullSecret | None = Field(None, description="image pull Secret put on every component")
     ca: Path | None = Field(None, description="CA certificate (PEM) the nodes must trust for this registry")
-    insecure: bool = Field(False, description="plain HTTP / unverified TLS (labs only)")
+    insecure: StrictBool = Field(False, description="plain HTTP / unverified TLS (labs only)")
 
     @field_validator("host")
     @classmethod
@@ -269,7 +279,7 @@ class Driver(_Model):
     rebootPolicy: Literal["never", "if-needed", "always"] = Field(
         "never", description="host/runfile mode: reboot nodes after a driver install (never: report 'reboot required')"
     )
-    serial: str | int = Field(
+    serial: str | StrictInt = Field(
         "100%", description="host/runfile mode: nodes per driver batch (Ansible serial), e.g. 1 or 25%",
         json_schema_extra=rules({"pattern": "^(?:(?:100|[1-9][0-9]?)%|[1-9][0-9]*)$"}, minimum=1),
     )
@@ -335,8 +345,8 @@ class Mig(_Model):
 
 
 class TimeSlicing(_Model):
-    replicas: int = Field(0, ge=0, le=128, description="time-sliced replicas per GPU; 0 or 1 = off")
-    renameByDefault: bool = Field(False, description="advertise nvidia.com/gpu.shared instead of nvidia.com/gpu")
+    replicas: StrictInt = Field(0, ge=0, le=128, description="time-sliced replicas per GPU; 0 or 1 = off")
+    renameByDefault: StrictBool = Field(False, description="advertise nvidia.com/gpu.shared instead of nvidia.com/gpu")
 
 
 class DevicePlugin(_Model):
@@ -344,11 +354,11 @@ class DevicePlugin(_Model):
 
 
 class Cdi(_Model):
-    enabled: bool | None = Field(None, description="Container Device Interface; default: the release's default")
+    enabled: StrictBool | None = Field(None, description="Container Device Interface; default: the release's default")
 
 
 class SandboxWorkloads(_Model):
-    enabled: bool = Field(False, description="VM workloads (KubeVirt/Kata): deploys and mirrors the sandbox components")
+    enabled: StrictBool = Field(False, description="VM workloads (KubeVirt/Kata): deploys and mirrors the sandbox components")
 
 
 class ComponentOverride(_Model):
@@ -358,7 +368,7 @@ class ComponentOverride(_Model):
                                    json_schema_extra=rules({"pattern": REPOSITORY, "maxLength": 255}))
     image: str | None = Field(None, description="image name inside the repository", pattern=rf"^{PATH_COMPONENT}$",
                               json_schema_extra=rules({"pattern": rf"^{PATH_COMPONENT}$"}))
-    enabled: bool | None = None
+    enabled: StrictBool | None = None
 
     @field_validator("version")
     @classmethod
@@ -374,7 +384,7 @@ class ComponentOverride(_Model):
 class ManagedResource(_Model):
     name: str = Field(description="extended resource the extender manages, e.g. nvidia.com/gpu",
                       json_schema_extra=rules({"pattern": EXTENDED_RESOURCE}))
-    ignoredByScheduler: bool = Field(False, description="the scheduler skips its own fit check for it")
+    ignoredByScheduler: StrictBool = Field(False, description="the scheduler skips its own fit check for it")
 
     @field_validator("name")
     @classmethod
@@ -401,14 +411,14 @@ class Extender(_Model):
     filterVerb: str | None = Field(None, description="verb appended to urlPrefix for filter calls")
     preemptVerb: str | None = Field(None, description="verb for preempt calls")
     prioritizeVerb: str | None = Field(None, description="verb for prioritize calls (needs a positive weight)")
-    weight: int | None = Field(None, validate_default=True, description="multiplier of the prioritize scores; > 0 with prioritizeVerb",
+    weight: StrictInt | None = Field(None, validate_default=True, description="multiplier of the prioritize scores; > 0 with prioritizeVerb",
                                json_schema_extra=rules(minimum=0))
     bindVerb: str | None = Field(None, description="verb for bind calls (at most one extender may bind)")
-    enableHTTPS: bool = Field(False, description="use TLS settings for the extender (no CA given: unverified)")
+    enableHTTPS: StrictBool = Field(False, description="use TLS settings for the extender (no CA given: unverified)")
     httpTimeout: str | None = Field(None, description="timeout of a call, a duration such as 30s (default 30s)",
                                     json_schema_extra=rules({"pattern": DURATION}))
-    nodeCacheCapable: bool = Field(False, description="the extender caches nodes: only node names are sent")
-    ignorable: bool = Field(False, description="scheduling goes on when the extender fails or is unreachable")
+    nodeCacheCapable: StrictBool = Field(False, description="the extender caches nodes: only node names are sent")
+    ignorable: StrictBool = Field(False, description="scheduling goes on when the extender fails or is unreachable")
     managedResources: list[ManagedResource] = Field(
         default_factory=list, description="extended resources for which pods are sent to this extender")
 

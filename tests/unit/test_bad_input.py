@@ -207,3 +207,19 @@ def test_a_credential_that_looks_like_a_variable_name_is_not_echoed_either(cli, 
                        "--set", "registry.pullSecret.usernameEnv=REG_USER",
                        "--set", f"registry.pullSecret.passwordEnv={canary}")
     assert rc == 2 and "registry.pullSecret.passwordEnv" in err and canary not in out + err
+
+
+@pytest.mark.parametrize("line,field", [
+    ("devicePlugin: {timeSlicing: {replicas: true}}", "devicePlugin.timeSlicing.replicas"),
+    ("devicePlugin: {timeSlicing: {replicas: '4'}}", "devicePlugin.timeSlicing.replicas"),
+    ("registry: {host: registry.lab:5000, insecure: 'no'}", "registry.insecure"),
+    ("registry: {host: registry.lab:5000, insecure: 1}", "registry.insecure"),
+    ("driver: {serial: true}", "driver.serial"),
+])
+def test_booleans_and_integers_are_not_guessed(cli, tmp_path, line, field):
+    """true is not 1 and 'no' is not false: a quoted or mistyped value is refused, naming the field."""
+    path = tmp_path / "site.yaml"
+    base = BASE if not line.startswith("registry") else "operator: {version: v24.9.2}\n"
+    path.write_text(base + line + "\n")
+    rc, _, err = cli("config", "check", "-s", path)
+    assert rc == 2 and field in err, err

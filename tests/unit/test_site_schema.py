@@ -134,17 +134,9 @@ def _base_for(path: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def lax_coercion(path: tuple[Any, ...], value: Any) -> bool:
-    """Values the model takes in pydantic's lax mode where the schema names the one JSON type: a number for a
-    boolean or a string of digits for an integer field (YAML has already made unquoted true/550 the real type), and
-    an integral float where JSON cannot tell 550.0 from 550. Deliberately not in the schema: editors suggest the
-    canonical type."""
-    kind = _leaf_schema(path)
-    types = {b.get("type") for b in kind.get("anyOf", [kind])}
-    if isinstance(value, float) and value.is_integer():
-        return True
-    if "integer" in types and not isinstance(value, int) or "integer" in types and isinstance(value, bool):
-        return isinstance(value, (str, bool, float))
-    return "boolean" in types and isinstance(value, (int, float, str)) and not isinstance(value, bool)
+    """JSON has one number type: an integral float (550.0) is an integer to the schema. Booleans and integers are
+    strict in the model (no 'no' for false, no true for 1, no '4' for 4), so nothing else may differ."""
+    return isinstance(value, float) and value.is_integer()
 
 
 def _leaf_schema(path: tuple[Any, ...]) -> dict[str, Any]:
