@@ -13,6 +13,7 @@ import base64
 import functools
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -364,6 +365,26 @@ CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 HELM_KEEP = {"helm.sh/resource-policy": "keep"}
 
 
+UNDECLARED = re.compile(r"^\s*\.(\S+): field not declared in schema", re.M)
+
+
+def _drop(obj: Any, path: str) -> None:
+    """Remove the field at a server-side-apply error path (`spec.versions[0].schema.x`) from obj."""
+    keys: list[str | int] = []
+    for part in path.split("."):
+        name, _, rest = part.partition("[")
+        if name:
+            keys.append(name)
+        keys.extend(int(i) for i in re.findall(r"(\d+)\]", "[" + rest) if rest)
+    for key in keys[:-1]:
+        try:
+            obj = obj[key]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(obj, dict):
+        obj.pop(keys[-1], None)
+
+
 def _json(resp: Any) -> Any:
     return json.loads(resp.data) if resp.data else None
 
@@ -409,13 +430,22 @@ def apply_crds(client: ApiClient, crds: list[dict[str, Any]], dry_run: bool = Fa
         body.pop("status", None)
         before = _crd_raw(client, name)
         what = f"server-side apply CRD {name}" + (" (dry run)" if dry_run else "")
-        try:
-            after = _json(_call(what, functools.partial(
-                api.patch_custom_resource_definition, name, body, field_manager=FIELD_MANAGER, force=True,
-                dry_run="All" if dry_run else None, _content_type="application/apply-patch+yaml",
-                _preload_content=False)))
-        except ApiException as exc:
-            raise _api_error(what, exc) from None
+        for attempt in range(2):
+            try:
+                after = _json(_call(what, functools.partial(
+                    api.patch_custom_resource_definition, name, body, field_manager=FIELD_MANAGER, force=True,
+                    dry_run="All" if dry_run else None, _content_type="application/apply-patch+yaml",
+                    _preload_content=False)))
+                break
+            except ApiException as exc:
+                # an older API server does not know some schema fields of a newer chart (x-kubernetes-validations
+                # before 1.23): server-side apply refuses them where a create would drop them silently -- drop
+                # them here too, once
+                unknown = UNDECLARED.findall(_describe(exc))
+                if attempt or not unknown:
+                    raise _api_error(what, exc) from None
+                for path in unknown:
+                    _drop(body, path)
         action = ("created" if before is None else
                   "unchanged" if _crd_view(before) == _crd_view(after) else "updated")
         out.append((name, action))

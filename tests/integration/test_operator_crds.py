@@ -104,6 +104,8 @@ def minimal(schema: dict):
     """The smallest value the schema accepts: every required property filled, strings never empty (the lab API
     server of recipe 3 refuses "" in custom resources)."""
     kind = schema.get("type")
+    if schema.get("enum"):
+        return schema["enum"][0]
     if kind == "object":
         props = schema.get("properties") or {}
         return {k: minimal(props.get(k, {})) for k in schema.get("required") or []}
