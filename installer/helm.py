@@ -38,6 +38,59 @@ def template(chart_ref: str | Path, values: dict[str, Any], release_name: str = 
     return _run(run(), f"helm template {chart_ref}", "check the chart reference and the rendered values")
 
 
+# ---------------------------------------------------------------- the chart's CRDs
+
+
+def _crd_source(source: str) -> bool:
+    """True for a file of a chart's or a subchart's `crds/` directory: `<chart>/crds/…`,
+    `<chart>/charts/<sub>/crds/…` (templates that render a CRD are release resources, helm's business)."""
+    parts = source.strip().split("/")[1:]
+    while len(parts) > 2 and parts[0] == "charts":
+        parts = parts[2:]
+    return len(parts) > 1 and parts[0] == "crds"
+
+
+def split_crds(rendered: str) -> list[dict[str, Any]]:
+    """The CustomResourceDefinitions of the crds/ files in `helm template --include-crds` output (each file is
+    printed after a `# Source: <path>` line, and may hold several documents); subcharts that the values disable
+    are not in it."""
+    import re
+
+    import yaml
+
+    parts = re.split(r"(?m)^# Source: (.*)$", rendered)
+    out: list[dict[str, Any]] = []
+    for source, text in zip(parts[1::2], parts[2::2], strict=True):
+        if not _crd_source(source):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                out.append(doc)
+    return out
+
+
+def chart_crds(chart_ref: str | Path, values: dict[str, Any], release_name: str = "gpu-operator",
+               namespace: str = "gpu-operator") -> list[dict[str, Any]]:
+    """The CRDs helm would install with this chart and these values: its crds/ directory and those of the enabled
+    subcharts (the GPU Operator's node-feature-discovery when nfd.enabled), read with
+    `helm template --include-crds` (`helm show crds` ignores the values, so a disabled subchart's CRDs would be
+    in it)."""
+    import json
+
+    from pyhelm3.command import Command
+
+    from installer.tools import ensure_helm
+
+    async def run() -> list[dict[str, Any]]:
+        cmd = Command(executable=str(ensure_helm()))
+        raw = await cmd.run(["template", release_name, str(chart_ref), "--include-crds", "--namespace", namespace,
+                             "--values", "-"], json.dumps(values).encode())
+        return split_crds(raw.decode())
+
+    return _run(run(), f"helm template --include-crds {chart_ref}",
+                "check the chart reference and the rendered values")
+
+
 # ---------------------------------------------------------------- releases
 
 
@@ -107,9 +160,11 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
         current = await c.get_proceedable_revision(release_name, namespace=namespace, timeout=_timeout(timeout))
         if not await c.should_install_or_upgrade_release(current, chart, values):
             return await _state(await c.get_current_revision(release_name, namespace=namespace))
+        # --skip-crds: gpu-install applies the chart's CRDs itself, server-side, before every install and upgrade
+        # (installer.operator); helm's own CRD step (first install only, create-if-missing) would have no effect
         rev = await c.install_or_upgrade_release(
             release_name, chart, values, namespace=namespace, create_namespace=False,
-            wait=wait, timeout=_timeout(timeout))
+            wait=wait, timeout=_timeout(timeout), skip_crds=True)
         return await _state(rev, changed=True)
 
     try:

@@ -13,6 +13,7 @@ import base64
 import functools
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Mapping
@@ -362,3 +363,180 @@ def set_node_label(client: ApiClient, name: str, key: str, value: str) -> None:
         _call(f"label node {name}", lambda: api.patch_node(name, {"metadata": {"labels": {key: value}}}))
     except ApiException as exc:
         raise _api_error(f"label node {name} {key}={value}", exc) from None
+
+
+# ---------------------------------------------------------------- CRDs (the chart's crds/, applied server-side)
+
+FIELD_MANAGER = "gpu-install"
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+# helm deletes a resource an upgrade no longer renders unless it carries this: the NFD subchart of v22.9 and
+# older rendered its NodeFeatureRule CRD from a template (a release resource), later charts carry it in crds/
+HELM_KEEP = {"helm.sh/resource-policy": "keep"}
+
+
+UNDECLARED = re.compile(r"^\s*\.(\S+): field not declared in schema", re.M)
+
+
+def _drop(obj: Any, path: str) -> None:
+    """Remove the field at a server-side-apply error path (`spec.versions[0].schema.x`) from obj."""
+    keys: list[str | int] = []
+    for part in path.split("."):
+        name, _, rest = part.partition("[")
+        if name:
+            keys.append(name)
+        keys.extend(int(i) for i in re.findall(r"(\d+)\]", "[" + rest) if rest)
+    for key in keys[:-1]:
+        try:
+            obj = obj[key]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(obj, dict):
+        obj.pop(keys[-1], None)
+
+
+def _json(resp: Any) -> Any:
+    return json.loads(resp.data) if resp.data else None
+
+
+def _crd_raw(client: ApiClient, name: str) -> dict[str, Any] | None:
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    api = k.ApiextensionsV1Api(client)
+    try:
+        return _json(_call(f"read CRD {name}", lambda: api.read_custom_resource_definition(name, _preload_content=False)))  # type: ignore[no-any-return]
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise _api_error(f"read CRD {name}", exc) from None
+
+
+def _crd_view(obj: Mapping[str, Any] | None) -> Any:
+    """What an apply can change that matters: spec, labels, annotations (never status or managedFields)."""
+    if obj is None:
+        return None
+    meta = obj.get("metadata") or {}
+    return (obj.get("spec"), meta.get("labels") or {}, meta.get("annotations") or {})
+
+
+def apply_crds(client: ApiClient, crds: list[dict[str, Any]], dry_run: bool = False,
+               timeout: float = 60) -> list[tuple[str, str]]:
+    """Server-side apply of each CRD (field manager gpu-install, conflicts forced: helm created them on a first
+    install) with helm.sh/resource-policy=keep; with dry_run the API server computes the result (dryRun=All) and
+    nothing is stored. Returns (name, created|updated|unchanged) -- from the stored spec, labels and annotations
+    before and after. After a real apply, waits until every CRD is Established (the release's custom resources
+    need it)."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    api = k.ApiextensionsV1Api(client)
+    out: list[tuple[str, str]] = []
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        body = {**crd, "metadata": {**crd["metadata"],
+                                    "annotations": {**(crd["metadata"].get("annotations") or {}), **HELM_KEEP}}}
+        body["metadata"].pop("creationTimestamp", None)
+        body.pop("status", None)
+        before = _crd_raw(client, name)
+        what = f"server-side apply CRD {name}" + (" (dry run)" if dry_run else "")
+        for attempt in range(2):
+            try:
+                after = _json(_call(what, functools.partial(
+                    api.patch_custom_resource_definition, name, body, field_manager=FIELD_MANAGER, force=True,
+                    dry_run="All" if dry_run else None, _content_type="application/apply-patch+yaml",
+                    _preload_content=False)))
+                break
+            except ApiException as exc:
+                # an older API server does not know some schema fields of a newer chart (x-kubernetes-validations
+                # before 1.23): server-side apply refuses them where a create would drop them silently -- drop
+                # them here too, once
+                unknown = UNDECLARED.findall(_describe(exc))
+                if attempt or not unknown:
+                    raise _api_error(what, exc) from None
+                for path in unknown:
+                    _drop(body, path)
+        action = ("created" if before is None else
+                  "unchanged" if _crd_view(before) == _crd_view(after) else "updated")
+        out.append((name, action))
+    if not dry_run:
+        wait_crds_established(client, [n for n, _ in out], timeout)
+    return out
+
+
+def wait_crds_established(client: ApiClient, names: list[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            obj = _crd_raw(client, name) or {}
+            conds = (obj.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"CRD {name} is not Established after {timeout:.0f}s",
+                                   hint="check the API server's log (kubectl describe crd " + name + ")")
+            time.sleep(0.5)
+
+
+def existing_crds(client: ApiClient, names: list[str]) -> list[str]:
+    """The named CRDs that exist, in the given order."""
+    return [n for n in names if _crd_raw(client, n) is not None]
+
+
+def custom_resources(client: ApiClient, names: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """Every custom resource of each named CRD (absent CRDs skipped), across namespaces, as
+    (`Kind/namespace/name` -- `Kind/name` when cluster-scoped --, its annotations), listed through the CRD's
+    storage version."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    api = k.CustomObjectsApi(client)
+    out: list[tuple[str, dict[str, str]]] = []
+    for name in names:
+        crd = _crd_raw(client, name)
+        if crd is None:
+            continue
+        spec = crd["spec"]
+        versions = spec.get("versions") or []
+        version = next((v["name"] for v in versions if v.get("storage")),
+                       next((v["name"] for v in versions if v.get("served")), None))
+        if version is None:
+            continue
+        group, plural, kind = spec["group"], spec["names"]["plural"], spec["names"]["kind"]
+        what = f"list {kind} ({name})"
+        try:
+            items = _json(_call(what, functools.partial(
+                api.list_cluster_custom_object, group, version, plural, _preload_content=False)))["items"]
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise _api_error(what, exc) from None
+        for it in items:
+            meta = it.get("metadata") or {}
+            ns = meta.get("namespace")
+            out.append((f"{kind}/{ns}/{meta.get('name')}" if ns else f"{kind}/{meta.get('name')}",
+                        dict(meta.get("annotations") or {})))
+    return out
+
+
+def delete_crds(client: ApiClient, names: list[str], timeout: float = 120) -> list[str]:
+    """Delete the named CRDs and wait until they are gone; returns those that existed."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    api = k.ApiextensionsV1Api(client)
+    deleted: list[str] = []
+    for name in names:
+        try:
+            _call(f"delete CRD {name}", functools.partial(
+                api.delete_custom_resource_definition, name, _preload_content=False))
+            deleted.append(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _api_error(f"delete CRD {name}", exc) from None
+    deadline = time.monotonic() + timeout
+    while (left := existing_crds(client, deleted)):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"CRD(s) still being deleted after {timeout:.0f}s: {', '.join(left)}",
+                               hint="check for finalizers on the CRDs; re-running is safe")
+        time.sleep(0.5)
+    return deleted

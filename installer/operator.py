@@ -1,8 +1,15 @@
 """Install, inspect and remove the GPU Operator Helm release (apply step "operator install").
 
-install(): namespace → pull Secret → `helm upgrade --install` of the chart with the plan's values
-(installer.plan: the same values `gpu-install render` prints), waiting up to
-a timeout for the release's workloads. Kubernetes API calls go through installer.kube, Helm through
+install(): namespace → pull Secret → the chart's CRDs → `helm upgrade --install --skip-crds` of the chart
+with the plan's values (installer.plan: the same values `gpu-install render` prints), waiting up to
+a timeout for the release's workloads.
+
+CRDs: helm installs a chart's crds/ on the first install only and never upgrades or removes them (the GPU
+Operator's own CRD hook Jobs need running pods and the operator image). So before every install or upgrade the
+CRDs of the chart's crds/ and of its enabled subcharts' crds/ (node-feature-discovery when nfd.enabled) are
+applied server-side with the field manager `gpu-install` (conflicts forced: helm created them on a first
+install), and helm runs with --skip-crds: one owner, the same path on first install and upgrade.
+uninstall(purge_crds=True) deletes them once the release is gone and no custom resource of theirs is left. Kubernetes API calls go through installer.kube, Helm through
 installer.helm. A second install with the same chart and values changes nothing and reports so.
 """
 
@@ -11,12 +18,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer import helm, kube
-from installer.errors import ConfigError
+from installer.errors import ConfigError, PreflightError
 
 if TYPE_CHECKING:
     from installer.plan import Plan
@@ -27,6 +34,19 @@ Progress = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
+
+
+def crd_lines(crds: list[tuple[str, str]], would: bool = False) -> list[str]:
+    """One line per CRD: `CRD clusterpolicies.nvidia.com: updated (server-side apply, field manager gpu-install)`."""
+    how = f"server-side apply, field manager {kube.FIELD_MANAGER}" + (", dry run" if would else "")
+    return [f"CRD {name}: {('would be ' + action) if would and action != 'unchanged' else action} ({how})"
+            for name, action in crds]
+
+
+def chart_crds(plan: Plan, chart_ref: str) -> list[dict[str, Any]]:
+    """The CRDs of the chart's crds/ and of its enabled subcharts' crds/, with the plan's values."""
+    site = plan.site
+    return helm.chart_crds(chart_ref, plan.values, site.operator.releaseName, site.operator.namespace)
 
 
 def check_chart_ref(chart_ref: str | os.PathLike[str] | None) -> str:
@@ -55,10 +75,12 @@ class InstallReport:
     secret: str | None  # pull Secret name
     secret_action: str  # created | updated | unchanged | none
     seconds: float
+    crds: list[tuple[str, str]] = field(default_factory=list)  # (name, created|updated|unchanged)
 
     @property
     def changed(self) -> bool:
-        return self.release.changed or self.namespace_action != "unchanged" or self.secret_action in ("created", "updated")
+        return (self.release.changed or self.namespace_action != "unchanged"
+                or self.secret_action in ("created", "updated") or any(a != "unchanged" for _, a in self.crds))
 
     def lines(self) -> list[str]:
         r = self.release
@@ -67,6 +89,7 @@ class InstallReport:
         out = [f"namespace {self.namespace}: {self.namespace_action}"]
         if self.secret:
             out.append(f"pull secret {self.namespace}/{self.secret}: {self.secret_action}")
+        out.extend(crd_lines(self.crds))
         out.append(f"release {r.name} ({r.chart}): {helm_part}")
         out.append(f"operator install ok in {self.seconds:.1f}s: {'changed' if self.changed else 'no change'}")
         return out
@@ -124,11 +147,17 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
     if ps and pre.secret_body:
         secret_action = kube.ensure_secret(client, pre.secret_body)
         say(f"pull secret {ns}/{ps.name}: {secret_action}")
-    say(f"helm upgrade --install {site.operator.releaseName} {ref} -n {ns}"
+    crds = chart_crds(plan, ref)
+    say(f"CRDs of the chart: server-side apply of {len(crds)} ({', '.join(c['metadata']['name'] for c in crds)})")
+    crd_actions = kube.apply_crds(client, crds, timeout=min(120.0, timeout))
+    for line in crd_lines(crd_actions):
+        say(line)
+    say(f"helm upgrade --install --skip-crds {site.operator.releaseName} {ref} -n {ns}"
         f"{f' (wait up to {timeout:.0f}s)' if wait else ''}")
     remaining = max(30.0, timeout - (time.monotonic() - t0))
     state = helm.install_or_upgrade(ref, site.operator.releaseName, ns, values, kc, timeout=remaining, wait=wait)
-    return InstallReport(state, ns, ns_action, ps.name if ps else None, secret_action, time.monotonic() - t0)
+    return InstallReport(state, ns, ns_action, ps.name if ps else None, secret_action, time.monotonic() - t0,
+                         crd_actions)
 
 
 @dataclass
@@ -141,16 +170,19 @@ class PlanReport:
     secret_exists: bool
     release: str
     plan: helm.ReleasePlan
+    crds: list[tuple[str, str]] = field(default_factory=list)  # dry-run server-side apply: (name, action)
 
     @property
     def changed(self) -> bool:
-        return self.plan.action != "unchanged" or self.namespace_phase is None or bool(self.secret and not self.secret_exists)
+        return (self.plan.action != "unchanged" or self.namespace_phase is None
+                or bool(self.secret and not self.secret_exists) or any(a != "unchanged" for _, a in self.crds))
 
     def lines(self) -> list[str]:
         out = [f"namespace {self.namespace}: " + (self.namespace_phase or "would be created")]
         if self.secret:
             out.append(f"pull secret {self.namespace}/{self.secret}: "
                        + ("exists (would be updated if its content differs)" if self.secret_exists else "would be created"))
+        out.extend(crd_lines(self.crds, would=True))
         p, cur = self.plan, self.plan.current
         if p.action == "install" or cur is None:
             out.append(f"release {self.release}: would install chart {p.chart}")
@@ -170,7 +202,8 @@ def preview(plan: Plan, prepared: Prepared) -> PlanReport:
     phase = kube.namespace_phase(client, ns)
     exists = bool(ps and phase and kube.secret_info(client, ns, ps.name))
     rp = helm.plan_release(prepared.chart, site.operator.releaseName, ns, prepared.values, prepared.kubeconfig)
-    return PlanReport(ns, phase, ps.name if ps else None, exists, site.operator.releaseName, rp)
+    crds = kube.apply_crds(client, chart_crds(plan, prepared.chart), dry_run=True)
+    return PlanReport(ns, phase, ps.name if ps else None, exists, site.operator.releaseName, rp, crds)
 
 
 @dataclass
@@ -217,18 +250,50 @@ class UninstallReport:
     release_removed: bool
     secret_removed: bool
     namespace_deleted: bool
+    crds_deleted: list[str] | None = None  # None: not purged (--purge-crds not given)
 
     def lines(self) -> list[str]:
         out = [f"release {self.release}: {'uninstalled' if self.release_removed else 'was not installed'}"]
         out.append(f"pull secret: {'deleted' if self.secret_removed else 'none of ours'}")
         out.append(f"namespace {self.namespace}: {'deletion started' if self.namespace_deleted else 'kept'}")
+        if self.crds_deleted is None:
+            out.append("CRDs: kept (helm leaves a chart's CRDs in place; --purge-crds deletes them when no custom "
+                       "resource of theirs is left)")
+        else:
+            out.append("CRDs: " + (f"deleted {', '.join(self.crds_deleted)}" if self.crds_deleted
+                                   else "none of the chart's were present"))
         return out
 
 
+def remaining_resources(client: Any, crd_names: list[str], release: str | None = None,
+                        namespace: str | None = None) -> list[str]:
+    """The custom resources of the named CRDs, except (with release) those the Helm release itself owns (its
+    uninstall deletes them)."""
+    items = kube.custom_resources(client, crd_names)
+    if release is None:
+        return [i for i, _ in items]
+    return [i for i, ann in items if not (ann.get("meta.helm.sh/release-name") == release
+                                          and ann.get("meta.helm.sh/release-namespace") == namespace)]
+
+
+def _refuse_purge(left: list[str], crd_names: list[str], after_release: bool) -> PreflightError:
+    shown = ", ".join(left[:20]) + (f" (+{len(left) - 20} more)" if len(left) > 20 else "")
+    return PreflightError(
+        f"--purge-crds: {len(left)} custom resource(s) of the chart's CRDs remain: {shown}; no CRD was deleted"
+        + (" (the release is already uninstalled)" if after_release else " and nothing was changed"),
+        hint=f"delete them first (kubectl delete <kind> [-n <namespace>] <name>), then re-run; the CRDs: "
+             f"{', '.join(crd_names)}")
+
+
 def uninstall(plan: Plan, kubeconfig: str | os.PathLike[str] | None, yes: bool, delete_namespace: bool = False,
-              timeout: float = 300, progress: Progress | None = None) -> UninstallReport:
+              timeout: float = 300, progress: Progress | None = None, purge_crds: bool = False,
+              chart_ref: str | os.PathLike[str] | None = None) -> UninstallReport:
     """Reverse install(): helm uninstall, delete the pull Secret gpu-install made; the namespace
-    only with delete_namespace. Refuses without yes (nothing is touched)."""
+    only with delete_namespace. Refuses without yes (nothing is touched).
+
+    purge_crds: the CRDs the chart carries (with the plan's values: as install() applied them) are deleted after
+    the release is gone -- only when no custom resource of theirs is left; else PreflightError (exit 3) naming
+    them, no CRD deleted. Resources that are not the release's own are looked for before anything is touched."""
     site = plan.site
     ns, name = site.operator.namespace, site.operator.releaseName
     if not yes:
@@ -236,11 +301,26 @@ def uninstall(plan: Plan, kubeconfig: str | os.PathLike[str] | None, yes: bool, 
         raise ConfigError(f"operator uninstall removes the {what}; not confirmed",
                           hint="re-run with --yes to confirm")
     say = progress or _quiet
+    ref = check_chart_ref(chart_ref) if purge_crds else None  # exit 2 before anything is touched
     kc = kube.resolve_kubeconfig(kubeconfig)
     client = kube.api_client(kc)
+    crd_names: list[str] = []
+    if ref is not None:
+        crd_names = [c["metadata"]["name"] for c in chart_crds(plan, ref)]
+        say(f"--purge-crds: the chart's CRDs: {', '.join(crd_names) or 'none'}")
+        left = remaining_resources(client, crd_names, name, ns)
+        if left:
+            raise _refuse_purge(left, crd_names, after_release=False)
     say(f"helm uninstall {name} -n {ns}")
     removed = helm.uninstall(name, ns, kc, timeout=timeout) if kube.namespace_phase(client, ns) else False
     ps = site.registry.pullSecret
     secret_removed = kube.delete_secret_if_ours(client, ns, ps.name) if ps else False
+    deleted: list[str] | None = None
+    if ref is not None:
+        left = remaining_resources(client, crd_names)
+        if left:
+            raise _refuse_purge(left, crd_names, after_release=True)
+        say(f"delete CRDs {', '.join(crd_names)}")
+        deleted = kube.delete_crds(client, crd_names, timeout=min(120.0, timeout))
     ns_deleted = kube.delete_namespace(client, ns) if delete_namespace else False
-    return UninstallReport(name, ns, removed, secret_removed, ns_deleted)
+    return UninstallReport(name, ns, removed, secret_removed, ns_deleted, deleted)

@@ -42,6 +42,7 @@ class OperatorOptions:
     timeout: float = 300
     wait: bool = True
     delete_namespace: bool = False  # uninstall only
+    purge_crds: bool = False  # uninstall only: delete the chart's CRDs once no custom resource of theirs is left
     with_limit: bool = False  # --include-operator: run the cluster-wide operator stage also with --limit
 
 
@@ -208,6 +209,8 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
             out.append(f"pull Secret {ns}/{site.registry.pullSecret.name} (only if gpu-install made it)")
         if op.delete_namespace:
             out.append(f"namespace {ns}")
+        out.append("the chart's CRDs, if no custom resource of theirs is left (else exit 3, no CRD deleted)"
+                   if op.purge_crds else "not the chart's CRDs: they stay, as helm leaves them (--purge-crds deletes them)")
     on = f"on the gpu_nodes hosts ({', '.join(groups.get('gpu_nodes', ())) or 'none under --limit'}):"
     if ev["docker_runtime_enabled"]:
         out.append(f"{on} /etc/docker/daemon.json back to its content before apply minus our keys "
@@ -272,7 +275,8 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
     if op.enabled:
         try:
             rep = operator.uninstall(plan, kubeconfig, yes=True, delete_namespace=op.delete_namespace,
-                                     timeout=op.timeout, progress=lambda m: say(f"operator: {m}"))
+                                     timeout=op.timeout, progress=lambda m: say(f"operator: {m}"),
+                                     purge_crds=op.purge_crds, chart_ref=op.chart or plan.site.operator.chart)
             summary.add("operator", "removed" if rep.release_removed else "unchanged", "; ".join(rep.lines()))
         except GpuInstallError as exc:
             summary.add("operator", "FAILED", exc.message[:300])

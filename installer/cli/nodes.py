@@ -43,6 +43,7 @@ def _operator_options(args: argparse.Namespace) -> Any:
     return OperatorOptions(enabled=not args.skip_operator, kubeconfig=args.kubeconfig, chart=getattr(args, "chart", None),
                            timeout=args.operator_timeout, wait=not getattr(args, "no_wait", False),
                            delete_namespace=getattr(args, "delete_namespace", False),
+                           purge_crds=getattr(args, "purge_crds", False),
                            with_limit=getattr(args, "include_operator", False))
 
 
@@ -121,8 +122,19 @@ def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
     if install:
         p.add_argument("--chart", default=os.environ.get(ENV_CHART),
                        help=f"GPU Operator chart: directory, .tgz or oci://…; env {ENV_CHART}; else the site's "
-                            "operator.chart")
+                            "operator.chart; its CRDs are applied server-side before helm upgrade --install")
         p.add_argument("--no-wait", action="store_true", help="do not wait for the operator's workloads")
+    else:
+        purge_args(p)
+
+
+def purge_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--purge-crds", action="store_true",
+                   help="after the release is gone, delete the CRDs the chart carries -- only when no custom resource "
+                        "of theirs is left (else exit 3 naming them, no CRD deleted); without it the CRDs stay")
+    p.add_argument("--chart", default=os.environ.get(ENV_CHART),
+                   help=f"with --purge-crds: the chart whose CRDs are deleted (directory, .tgz or oci://…); env "
+                        f"{ENV_CHART}; else the site's operator.chart")
 
 
 def register(sub: Any) -> None:

@@ -18,6 +18,7 @@ from installer.cli.common import (
     seconds,
     site_args,
 )
+from installer.cli.nodes import purge_args
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -51,8 +52,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_uninstall(args: argparse.Namespace) -> int:
     from installer import operator
 
-    report = operator.uninstall(resolve_plan(args), args.kubeconfig, yes=args.yes,
-                                delete_namespace=args.delete_namespace, timeout=args.timeout, progress=say(args))
+    plan = resolve_plan(args)
+    report = operator.uninstall(plan, args.kubeconfig, yes=args.yes,
+                                delete_namespace=args.delete_namespace, timeout=args.timeout, progress=say(args),
+                                purge_crds=args.purge_crds, chart_ref=args.chart or plan.site.operator.chart)
     print("\n".join(report.lines()))
     return 0
 
@@ -60,7 +63,8 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     osub = group(sub, "operator", "GPU Operator Helm release: install, status, uninstall", "operator_command")
 
-    q = command(osub, "install", "namespace + pull Secret + helm upgrade --install with the rendered values")
+    q = command(osub, "install", "namespace + pull Secret + the chart's CRDs (server-side apply) + helm upgrade "
+                                 "--install --skip-crds with the rendered values")
     _common(q)
     q.add_argument("--chart", default=os.environ.get(ENV_CHART),
                    help=f"GPU Operator chart: directory, .tgz or oci://REGISTRY/PATH/gpu-operator; env {ENV_CHART}")
@@ -73,9 +77,11 @@ def register(sub: Any) -> None:
     _common(q)
     q.set_defaults(func=cmd_status)
 
-    q = command(osub, "uninstall", "helm uninstall the release and delete gpu-install's pull Secret")
+    q = command(osub, "uninstall", "helm uninstall the release and delete gpu-install's pull Secret (CRDs stay "
+                                   "unless --purge-crds)")
     _common(q)
     q.add_argument("--yes", action="store_true", help="confirm; without it nothing is removed (exit 2)")
     q.add_argument("--delete-namespace", action="store_true", help="also delete the namespace")
     q.add_argument("--timeout", type=seconds, default=300, metavar="SECONDS", help="helm uninstall --wait timeout")
+    purge_args(q)
     q.set_defaults(func=cmd_uninstall)
