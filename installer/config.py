@@ -327,7 +327,7 @@ class Driver(_Model):
 
 def runfile_version(runfile: str) -> str | None:
     """The driver version in an NVIDIA runfile name (NVIDIA-Linux-x86_64-535.216.03.run and -STANDIN/-grid variants)."""
-    m = re.match(r"NVIDIA-Linux-[A-Za-z0-9_]+-([0-9]+\.[0-9]+(?:\.[0-9]+)?)(?:[-.][^/]*)?\.run$", runfile.rsplit("/", 1)[-1])
+    m = re.match(r"NVIDIA-Linux-[A-Za-z0-9_]+-([0-9]+\.[0-9]+(?:\.[0-9]+)?)(?:[-.][^/]*)?\.run\Z", runfile.rsplit("/", 1)[-1])
     return m.group(1) if m else None
 
 

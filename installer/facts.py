@@ -22,8 +22,8 @@ from installer.errors import ConfigError
 GPU_GROUP = "gpu_nodes"
 CONTROL_PLANE_GROUP = "kube_control_plane"
 NODE_NAME_VAR = "gpu_install_node_name"
-_OSTAG = re.compile(r"^([a-z][a-z-]*?)-?(\d[\w.\-]*)$")
-_KERNEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$")  # `uname -r`: it becomes part of an image tag
+_OSTAG = re.compile(r"^([a-z][a-z-]*?)-?(\d[\w.\-]*)\Z")
+_KERNEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}\Z")  # `uname -r`: it becomes part of an image tag
 
 
 def kernel_release(value: object, where: str) -> str:

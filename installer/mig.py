@@ -36,7 +36,7 @@ HOST_VAR = "gpu_install_mig_config"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 CAPABLE_LABEL = "nvidia.com/mig.capable"
 DISABLED = "all-disabled"
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
 _PRODUCT_SUFFIX = re.compile(r"-(MIG-.*|SHARED)$")  # GFD: MIG single strategy / shared (time-slicing) suffixes
 
 

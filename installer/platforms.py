@@ -35,7 +35,7 @@ ROLE_OS: Mapping[str, tuple[str, ...]] = {
     "debian": ("12",),
 }
 _BY_MAJOR = {"centos", "rhel", "rocky", "debian"}
-_MINOR = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+].*)?$")
+_MINOR = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+].*)?\Z")
 
 Minor = tuple[int, int]
 

@@ -24,9 +24,9 @@ KUBELET_PORT_BASE = 10250  # inside the nodes' namespace (ours alone), one port 
 DEFAULT_GPU_PRODUCT = "NVIDIA-A100-SXM4-40GB"
 
 
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
-_DNS_SUB = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_MIG_COUNT = re.compile(r"^nvidia\.com/(mig-[0-9a-z.+-]+)\.count$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)\Z")
+_DNS_SUB = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_MIG_COUNT = re.compile(r"^nvidia\.com/(mig-[0-9a-z.+-]+)\.count\Z")
 
 
 def _check_label(key: str, value: str, where: str) -> None:

@@ -16,7 +16,7 @@ CERTS_D = "/etc/containerd/certs.d"
 DOCKER_CERTS_D = "/etc/docker/certs.d"
 
 
-_PKG_VERSION = re.compile(r"^v?(\d+(?:\.\d+)+(?:-\d[0-9A-Za-z.+~]*)?)(?:-[A-Za-z][0-9A-Za-z.+~-]*)?$")
+_PKG_VERSION = re.compile(r"^v?(\d+(?:\.\d+)+(?:-\d[0-9A-Za-z.+~]*)?)(?:-[A-Za-z][0-9A-Za-z.+~-]*)?\Z")
 
 
 def toolkit_package_version(tag: str) -> str:

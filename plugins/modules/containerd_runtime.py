@@ -79,7 +79,7 @@ def toml_loads(text, path):
 
 # ---------------------------------------------------------------- TOML writing (the subset configs use)
 
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE = re.compile(r"^[A-Za-z0-9_-]+\Z")
 
 
 def _str(s):

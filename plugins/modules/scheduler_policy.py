@@ -62,7 +62,7 @@ OUR_FLAGS_ANNOTATION = "gpu-install.io/scheduler-flags"  # written by gpu_instal
 FOREIGN_FLAGS = ("--config", "--policy-config-file", "--policy-configmap", "--use-legacy-policy-config")
 LEGACY_POLICY_REMOVED = (1, 23)  # --policy-config-file and the Policy API are gone from 1.23
 CONFIG_EXTENDERS_FROM = (1, 19)  # first KubeSchedulerConfiguration (v1beta1) with extenders:
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h))+$")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h))+\Z")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_NS = {"ns": 1, "us": 1000, "µs": 1000, "ms": 10 ** 6, "s": 10 ** 9, "m": 60 * 10 ** 9, "h": 3600 * 10 ** 9}
 

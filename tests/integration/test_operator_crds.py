@@ -125,6 +125,25 @@ def cluster_policy(env, name):
     return client.CustomObjectsApi(api(env)).get_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", name)
 
 
+def drop_crds(k, names):
+    """Delete these CRDs if present and wait until the API server no longer serves them."""
+    import time
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    ext = client.ApiextensionsV1Api(k)
+    for name in names:
+        try:
+            ext.delete_custom_resource_definition(name)
+        except ApiException as exc:
+            assert exc.status == 404, exc
+    deadline = time.monotonic() + 120
+    while {c.metadata.name for c in ext.list_custom_resource_definition().items} & set(names):
+        assert time.monotonic() < deadline, f"CRDs {sorted(names)} still there after 120s"
+        time.sleep(0.5)
+
+
 def test_crds_upgrade_and_purge(env):
     """v22.9.2's CRDs, then v23.9.2's over them (a CR's spec.cdi pruned by the old schema, kept by the new one);
     --purge-crds refuses while a CR is left (exit 3 naming it, no CRD deleted), deletes them once it is gone."""
@@ -139,6 +158,8 @@ def test_crds_upgrade_and_purge(env):
     assert [c["metadata"]["name"] for c in old] == [CP]
     assert {c["metadata"]["name"] for c in new} >= {CP, DRIVERS, "nodefeaturerules.nfd.k8s-sigs.io"}
 
+    # the module's lab may hold CRDs of the same names from an earlier test module (helm leaves them): start clean
+    drop_crds(k, {c["metadata"]["name"] for c in new})
     assert kube.apply_crds(k, old) == [(CP, "created")]
     assert kube.apply_crds(k, old) == [(CP, "unchanged")]
     assert appliers(env, CP) == {"gpu-install"}

@@ -223,3 +223,15 @@ def test_booleans_and_integers_are_not_guessed(cli, tmp_path, line, field):
     path.write_text(base + line + "\n")
     rc, _, err = cli("config", "check", "-s", path)
     assert rc == 2 and field in err, err
+
+
+def test_a_trailing_newline_is_not_part_of_a_valid_value(cli, tmp_path):
+    """`$` in a Python regex also matches before a final newline: every anchored check ends at the text's end
+    (values that are trimmed first, --os and --kube-version, come out clean)."""
+    path = tmp_path / "site.yaml"
+    path.write_text(BASE)
+    rc, out, err = cli("images", "-s", path, "--os", "ubuntu22.04", "--kernel", "5.15.0-105-generic\n",
+                       "--set", "driver.mode=precompiled")
+    assert rc == 2 and "--kernel" in err and not out, err
+    rc, out, err = cli("images", "-s", path, "--os", "ubuntu22.04\n")
+    assert rc == 0 and "-ubuntu22.04 " in out and "\n " not in out, err

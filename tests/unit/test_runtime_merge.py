@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import requires
@@ -108,6 +108,7 @@ toml_doc = st.recursive(st.dictionaries(toml_key, toml_scalar | st.lists(toml_sc
 
 @settings(max_examples=200, deadline=None)
 @given(toml_doc)
+@example({"0\n": False})  # a key ending in a newline is not a bare key (a `$` anchor once let it through)
 def test_toml_emitter_round_trips(doc):
     assert tomllib.loads(ct.toml_dumps(doc)) == doc
 
