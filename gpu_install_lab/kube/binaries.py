@@ -16,7 +16,7 @@ from installer.errors import EnvironmentProblem
 from installer.util import cache_dir
 
 KUBE_VERSION = "1.20.2"
-BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubemark", "kubectl")
+BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet", "kubemark", "kubectl")
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-kubernetes"
 
 Progress = Callable[[str], Any]
@@ -62,8 +62,7 @@ def ensure_binaries(progress: Progress = print) -> Path:
         )
     if not found:
         progress(
-            f"kubernetes {KUBE_VERSION}: building kube-apiserver, kube-scheduler, "
-            f"kube-controller-manager, kubemark, kubectl from Debian's source package "
+            f"kubernetes {KUBE_VERSION}: building {', '.join(BINARIES)} from Debian's source package "
             f"(once; ~7 min on 2 cores; cached in {bin_dir()})"
         )
     env = dict(os.environ, GPU_INSTALL_CACHE=str(cache_dir()))

@@ -39,8 +39,9 @@ def env(lab_kubernetes, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("operator")
     kubeconfig = lab_kubernetes.status["kubernetes"]["kubeconfig"]
-    # scripts/build-kubernetes (recipe 3) vendors reflect2 1.0.2, so the lab apiserver stores custom
-    # resources (with 1.0.1 under Go >= 1.18 it died on the first one): the whole chart is installed.
+    # scripts/build-kubernetes vendors reflect2 1.0.2 (recipe 3), so the lab apiserver stores custom
+    # resources (with 1.0.1 under Go >= 1.18 it died on the first one), and patches the validator that
+    # read "" as null (recipe 4): the whole chart is installed.
     subprocess.run([str(ensure_helm()), "package", str(CHART), "-d", str(tmp)], capture_output=True, check=True)
     tgz = next(tmp.glob("gpu-operator-fixture-*.tgz"))
     site = tmp / "site.yaml"
