@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 
+from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
+
 STATE_SUFFIX = ".gpu-install-state"
 STATE_FORMAT = 1
 
@@ -40,10 +42,4 @@ def load_state(state_path, what="gpu-install's record of its first change", fall
 
 def write_state(state_path, st):
     """Write the record atomically (temp file in the same directory, fsync, rename), mode 0600."""
-    tmp = os.path.join(os.path.dirname(state_path), ".%s.%d.gpu-install.tmp" % (os.path.basename(state_path), os.getpid()))
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(st, indent=2, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o600)
-    os.rename(tmp, state_path)
+    atomic_write(state_path, json.dumps(st, indent=2, sort_keys=True) + "\n", mode=0o600)

@@ -43,6 +43,7 @@ import json
 import os
 import re
 
+from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     STATE_FORMAT, load_state as _load_state, state_file, write_state)
 
@@ -455,14 +456,7 @@ def main():
         backup = module.backup_local(path) if existed and p["backup"] else None
         if backup:
             result["backups"].append(backup)
-        tmp = os.path.join(directory, ".%s.%d.gpu-install.tmp" % (os.path.basename(path), os.getpid()))
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if not existed:
-            os.chmod(tmp, 0o644)
-        module.atomic_move(tmp, path)
+        atomic_write(path, text, new_mode=0o644, module=module)
         undo.append((path, backup, existed))
 
     if changed_dropin:
@@ -532,12 +526,7 @@ def absent(module, read, state, state_path):
         if new_main is False:
             os.unlink(config)  # it did not exist before our first change
         else:
-            tmp = os.path.join(os.path.dirname(config), ".%s.%d.gpu-install.tmp" % (os.path.basename(config), os.getpid()))
-            with open(tmp, "w") as fh:
-                fh.write(new_main)
-                fh.flush()
-                os.fsync(fh.fileno())
-            module.atomic_move(tmp, config)
+            atomic_write(config, new_main, new_mode=0o644, module=module)
         undo.append((config, backup))
     if p["validate"] and os.path.exists(config):
         rc, out, err = module.run_command(p["validate"].replace("%s", config))

@@ -48,6 +48,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.files import write_temp
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     STATE_FORMAT, load_state as _load_state, state_file, write_state)
 
@@ -221,7 +222,7 @@ def main():
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             os.makedirs(directory, 0o755)
-        tmp = write_tmp(path, after_text, exists)
+        tmp = write_temp(path, after_text, new_mode=0o644)
         if p["validate"]:
             rc, out, err = module.run_command(p["validate"].replace("%s", tmp))
             if rc != 0:
@@ -250,17 +251,6 @@ def _sha256(text):
 
 def load_state(state_path):
     return _load_state(state_path, what="gpu-install's record of the keys it set", error=MergeError)
-
-
-def write_tmp(path, text, exists, mode=0o644):
-    tmp = os.path.join(os.path.dirname(path), ".%s.%d.gpu-install.tmp" % (os.path.basename(path), os.getpid()))
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if not exists:
-        os.chmod(tmp, mode)
-    return tmp
 
 
 def original_text(state, doc):
@@ -298,7 +288,7 @@ def absent(module, path, exists, before_text, before, state, state_path):
         module.exit_json(**result)
     tmp = None
     if changed_file and not remove_file:
-        tmp = write_tmp(path, after_text, True)
+        tmp = write_temp(path, after_text, new_mode=0o644)
         if p["validate"]:
             rc, out, err = module.run_command(p["validate"].replace("%s", tmp))
             if rc != 0:

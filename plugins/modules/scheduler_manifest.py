@@ -49,6 +49,7 @@ import shutil
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
 from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
 PREFIX = "gpu-install.io/"
@@ -180,19 +181,6 @@ def _stamp():
     return datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
 
 
-def _atomic_write(path, data):
-    directory = os.path.dirname(path)
-    # the temp file must not end in .yaml: a kubelet would pick it up as a second manifest
-    tmp = os.path.join(directory, ".%s.%d.gpu-install-tmp" % (os.path.basename(path), os.getpid()))
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    st = os.stat(path) if os.path.exists(path) else None
-    os.chmod(tmp, (st.st_mode & 0o7777) if st else 0o600)
-    os.replace(tmp, path)
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -240,7 +228,7 @@ def main():
         result = dict(changed=changed, backup_file="", path=path)
         if changed and not module.check_mode:
             result["changed_at"] = time.time()
-            _atomic_write(path, data)
+            atomic_write(path, data)
         result["command"] = command_of(load(data.decode("utf-8", "replace")))
         result["bind_address"], result["secure_port"] = serving(result["command"])
         module.exit_json(**result)
@@ -285,7 +273,7 @@ def main():
         if p["state"] == "present" and not is_patched(doc):
             shutil.copy2(path, pristine)  # the manifest as it was before gpu-install touched it
         result["changed_at"] = time.time()
-        _atomic_write(path, after_bytes)
+        atomic_write(path, after_bytes)
         if p["state"] == "absent" and os.path.exists(pristine):
             os.unlink(pristine)
     module.exit_json(**result)

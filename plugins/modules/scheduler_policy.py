@@ -53,6 +53,7 @@ import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
 from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
 POLICY_FILE = "gpu-install-scheduler-policy.json"
@@ -227,17 +228,6 @@ def _stamp():
     return datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
 
 
-def _atomic_write(path, text, mode=0o600):
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, ".%s.%d.gpu-install.tmp" % (os.path.basename(path), os.getpid()))
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 def _read_manifest(module, path):
     try:
         import yaml
@@ -336,7 +326,7 @@ def main():
                 os.makedirs(p["backup_dir"], 0o700)
             result["backup_file"] = os.path.join(p["backup_dir"], "%s.%s" % (os.path.basename(path), _stamp()))
             shutil.copy2(path, result["backup_file"])
-        _atomic_write(path, result["content"])
+        atomic_write(path, result["content"], mode=0o600)
     module.exit_json(**result)
 
 
