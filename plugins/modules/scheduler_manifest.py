@@ -203,15 +203,16 @@ def main():
             os.path.abspath(backup_dir).startswith(manifests_dir + "/"):
         module.fail_json(msg="backup_dir %s is inside the manifests directory %s: the kubelet would run the "
                              "backup as a second kube-scheduler; choose a directory elsewhere" % (backup_dir, manifests_dir))
+    if p["state"] == "absent" and not os.path.exists(path):
+        # uninstall on a host without this static pod (or run twice after it went): nothing of ours is there, and
+        # nothing to parse (a host without PyYAML is fine here)
+        bind_address, secure_port = serving([])
+        module.exit_json(changed=False, path=path, backup_file="", command=[], bind_address=bind_address,
+                         secure_port=secure_port, msg="no manifest at %s: nothing to remove" % path)
     try:
         import yaml  # noqa: F401
     except ImportError:
         module.fail_json(msg="PyYAML is needed to edit %s (install python3-yaml)" % path)
-    if p["state"] == "absent" and not os.path.exists(path):
-        # uninstall on a host without this static pod (or run twice after it went): nothing of ours is there
-        bind_address, secure_port = serving([])
-        module.exit_json(changed=False, path=path, backup_file="", command=[], bind_address=bind_address,
-                         secure_port=secure_port, msg="no manifest at %s: nothing to remove" % path)
     try:
         with open(path, "rb") as fh:
             before_bytes = fh.read()
