@@ -107,10 +107,57 @@ class Prepared:
     kubeconfig: Path
 
 
+def chart_metadata(ref: str) -> dict[str, Any] | None:
+    """Chart.yaml of a local chart (directory or .tgz); None for an oci:// reference (read only by helm, from the
+    registry) or a chart without one."""
+    import tarfile
+
+    import yaml
+
+    if ref.startswith("oci://"):
+        return None
+    path = Path(ref)
+    text: str | None = None
+    try:
+        if path.is_dir():
+            text = (path / "Chart.yaml").read_text(encoding="utf-8")
+        else:
+            with tarfile.open(path, "r:*") as tar:
+                member = next((m for m in tar.getmembers()
+                               if m.isfile() and m.name.count("/") == 1 and m.name.endswith("/Chart.yaml")), None)
+                raw = tar.extractfile(member) if member else None
+                text = raw.read(1 << 20).decode("utf-8") if raw else None
+    except (OSError, tarfile.TarError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"chart {ref}: cannot read its Chart.yaml ({exc})",
+                          hint="give a chart directory or a .tgz made by `helm package`") from None
+    try:
+        meta = yaml.safe_load(text) if text else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"chart {ref}: Chart.yaml is not YAML ({exc})") from None
+    return meta if isinstance(meta, dict) else None
+
+
+def check_chart_version(plan: Plan, ref: str) -> None:
+    """A GPU Operator chart must be the release the values were rendered for (its keys differ between releases)."""
+    from installer.catalog import parse_release
+
+    meta = chart_metadata(ref)
+    if not meta or meta.get("name") != "gpu-operator":
+        return  # an oci:// reference, or another chart (a site's own packaging): nothing to hold it against
+    version = parse_release(str(meta.get("version", "")))
+    want = parse_release(plan.release.version)
+    if version is not None and version != want:
+        raise ConfigError(
+            f"chart {ref} is GPU Operator v{version} but operator.version is {plan.release.version}: the values are "
+            f"rendered for {plan.release.version}'s keys",
+            hint=f"give the v{version} chart's release in operator.version, or the {plan.release.version} chart")
+
+
 def prepare(plan: Plan, kubeconfig: str | os.PathLike[str] | None,
             chart_ref: str | os.PathLike[str] | None) -> Prepared:
     site = plan.site
     ref = check_chart_ref(chart_ref)
+    check_chart_version(plan, ref)
     # credentials resolved before anything is touched: a missing env var changes nothing
     secret_body = kube.pull_secret_body(site.registry, site.operator.namespace) if site.registry.pullSecret else None
     kc = kube.resolve_kubeconfig(kubeconfig)
