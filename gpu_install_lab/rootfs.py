@@ -155,6 +155,19 @@ def ensure_rootfs(flavour: str, progress=print) -> Path:
     path = rootfs_path(flavour)
     if (path / "etc" / "os-release").exists():
         return path
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # one build per flavour at a time: a second lab starting meanwhile waits, then finds the rootfs (two builds
+    # racing to rename into the same directory would fail with ENOTEMPTY)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / "etc" / "os-release").exists():
+            return path
+        return _build(flavour, path, progress)
+
+
+def _build(flavour: str, path: Path, progress) -> Path:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
