@@ -135,9 +135,12 @@ def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, 
     if driver_mode in ("host", "runfile", "operator") and f["secure_boot"] and not allow_secure_boot:
         out.append("Secure Boot is on: a driver built on the node will not load unsigned; use driver.mode precompiled "
                    "with signed modules, disable Secure Boot, or set preflight_allow_secure_boot after enrolling a key")
-    if driver_mode != "preinstalled" and f["nouveau_loaded"]:
-        out.append("the nouveau driver is loaded: blacklist it (modprobe.d 'blacklist nouveau', rebuild the initramfs) "
-                   "and reboot")
+    # host/runfile: the driver role blacklists nouveau, rebuilds the initramfs and reports (or, by rebootPolicy,
+    # does) the reboot -- refusing here would block the very run that fixes it
+    if driver_mode in ("operator", "precompiled") and f["nouveau_loaded"]:
+        out.append("the nouveau driver is loaded and the driver container cannot load the NVIDIA driver beside it: "
+                   "blacklist it (modprobe.d 'blacklist nouveau', rebuild the initramfs) and reboot, or use "
+                   "driver.mode host/runfile (gpu-install then does the blacklisting)")
     if driver_mode in ("operator", "precompiled") and f["nvidia_loaded"]:
         out.append("an NVIDIA driver is already loaded on the host (%s) but driver.mode is %s: the driver container "
                    "would fight it; uninstall the host driver or set driver.mode: preinstalled"

@@ -231,6 +231,14 @@ def test_probe_problems_name_the_fix(tmp_path, node, kw, expect):
     assert len(problems) == 1 and expect in problems[0], problems
 
 
+@pytest.mark.parametrize("mode,refused", [("operator", True), ("precompiled", True), ("host", False),
+                                           ("runfile", False), ("preinstalled", False)])
+def test_nouveau_is_refused_only_where_gpu_install_does_not_blacklist_it(tmp_path, mode, refused):
+    """host/runfile: the driver role blacklists nouveau and handles the reboot, so preflight lets the run go on."""
+    _, problems = check(fake_node(tmp_path, modules=["nouveau"]), mode=mode)
+    assert any("nouveau" in p for p in problems) == refused, problems
+
+
 def test_probe_kernel_headers_requirement_can_be_lifted(tmp_path):
     f, problems = check(fake_node(tmp_path), mode="host")
     assert f["kernel_headers"] == "missing" and len(problems) == 1
@@ -339,7 +347,7 @@ def test_preflight_problem_exit_3_nothing_changed(tmp_path, capsys):
     node = fake_node(tmp_path / "node", modules=["nouveau"])
     opts, daemon = options(tmp_path, inventory(tmp_path, {"gpu1": LOCAL}), node)
     with pytest.raises(PreflightError, match="gpu1: the nouveau driver is loaded") as exc:
-        apply_nodes(site(), opts)
+        apply_nodes(site(driver={"mode": "operator"}), opts)
     assert exc.value.exit_code == 3 and not daemon.exists()
 
 
