@@ -218,6 +218,25 @@ def test_unhealthy_in_config_goes_unhealthy_through_list_and_watch(node: Node) -
     assert node.plugin.poll() is None
 
 
+def test_new_and_removed_resources_follow_the_config(node: Node) -> None:
+    node.devices("nvidia.com/gpu")
+    node.devices("nvidia.com/mig-1g.20gb")
+    mig3 = "MIG-f00d722c-f4e1-52c9-aa31-750441ae1bfe"
+    node.config.write_text(CONFIG + f"""\
+- uuid: GPU-69ec2344-ebac-b028-f88f-452abb3d7f11
+  model: NVIDIA A100-SXM4-80GB
+  memoryMiB: 81920
+  migCapable: true
+  mig: [{{uuid: {mig3}, profile: 3g.40gb}}]
+""")
+    reg = node.harness.wait(lambda e: e["event"] == "register" and e["resource"] == "nvidia.com/mig-3g.40gb")
+    assert reg["endpoint"] == "nvidia-mig-3g.40gb.sock"
+    assert node.devices("nvidia.com/mig-3g.40gb") == {mig3: "Healthy"}
+    mark = len(node.harness.events)
+    node.config.write_text(CONFIG)  # the profile is gone: its resource drops to no devices
+    assert node.devices("nvidia.com/mig-3g.40gb", start=mark) == {}
+
+
 def test_allocate_env_mounts_and_the_stand_in_nvidia_smi(node: Node) -> None:
     node.devices("nvidia.com/gpu")
     ev = node.harness.command(f"allocate nvidia.com/gpu {T4},{A100}", "allocate")
