@@ -396,3 +396,57 @@ def test_fixture_provenance_is_recorded() -> None:
     for f in FIXTURES.iterdir():
         if f.name != "README.md":
             assert f"`{f.name}`" in readme, f"{f.name} has no provenance entry in {FIXTURES}/README.md"
+
+
+def test_smoke_image_ref_is_the_release_cuda_path() -> None:
+    from gpu_install_lab.smoke_image import smoke_image_ref
+    from installer.config import Registry
+
+    assert smoke_image_ref("v23.9.2", Registry(host="registry.lab:5000")) == \
+        "registry.lab:5000/nvidia/cuda:12.3.2-base-ubi8"
+    keep = Registry(host="registry.lab:5000", prefix="mirror", layout="keep-host")
+    assert smoke_image_ref("v23.9.2", keep) == "registry.lab:5000/mirror/nvcr.io/nvidia/cuda:12.3.2-base-ubi8"
+
+
+def test_smoke_image_runs_the_allocated_stand_in_nvidia_smi(node: Node, tmp_path: Path) -> None:
+    """Allocate through the plugin, then run the smoke image's entrypoint in its own rootfs (chroot)
+    with the env and the mounts Allocate returned: it lists exactly the one allocated GPU and passes."""
+    from gpu_install_lab.smoke_image import RESULT_PREFIX, build_smoke_image
+
+    if shutil.which("umoci") is None or not Path("/bin/busybox").is_file():
+        if _required():
+            pytest.fail("umoci / busybox-static missing (scripts/apt-packages.txt)")
+        pytest.skip("umoci / busybox-static missing (apt-get install umoci busybox-static)")
+    if os.geteuid() != 0:
+        pytest.skip("running the image's rootfs needs chroot (root)")
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    tag = "12.3.2-base-ubi8"
+    layout = build_smoke_image(tag, tmp_path / "images")
+    size = sum(f.stat().st_size for f in layout.rglob("*") if f.is_file())
+    assert size < 2 * 1024 * 1024, f"smoke image layout is {size} bytes"
+    bundle = tmp_path / "bundle"
+    subprocess.run(["umoci", "unpack", "--rootless", "--image", f"{layout}:{tag}", str(bundle)], check=True,
+                   capture_output=True)
+    rootfs = bundle / "rootfs"
+    config = json.loads((bundle / "config.json").read_text())
+    entrypoint = config["process"]["args"]
+    assert entrypoint == ["/usr/local/bin/gpu-install-smoke"]
+
+    node.devices("nvidia.com/gpu")
+    ev = node.harness.command(f"allocate nvidia.com/gpu {T4}", "allocate")
+    (c,) = ev["containers"]
+    for m in c["mounts"]:  # what the runtime's bind mounts would show the container
+        dest = rootfs / m["containerPath"].lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(m["hostPath"], dest)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", **c["envs"]}
+    out = subprocess.run([chroot, str(rootfs), *entrypoint], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"GPU 0: Tesla T4 (UUID: {T4})"
+    assert lines[-1] == f"{RESULT_PREFIX} PASSED: 1 GPU(s) visible (NVIDIA_VISIBLE_DEVICES={T4})"
+    # without a GPU allocation (no nvidia-smi mounted) the smoke test fails, saying so
+    (rootfs / "usr/bin/nvidia-smi").unlink()
+    out = subprocess.run([chroot, str(rootfs), *entrypoint], env={"PATH": env["PATH"]}, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 1 and out.stdout.splitlines()[-1].startswith(f"{RESULT_PREFIX} FAILED")
