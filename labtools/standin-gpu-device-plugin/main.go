@@ -37,6 +37,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -475,10 +476,23 @@ func main() {
 		log.Fatalf("STAND-IN: %v", err)
 	}
 	d.cfg, d.raw = cfg, raw
+	// SIGTERM/SIGINT: stop serving and remove our sockets, so the kubelet sees the endpoints go.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	var mainMu sync.Mutex // held while the loop below changes the endpoints
+	go func() {
+		sig := <-stop
+		mainMu.Lock()
+		d.stopAll()
+		log.Printf("STAND-IN: %v: endpoints removed, exiting", sig)
+		os.Exit(0)
+	}()
 	kubeletSock := filepath.Join(*dir, "kubelet.sock")
 	var kubeletID string
 	registered := false
-	for ; ; time.Sleep(*poll) {
+	for ; ; mainMu.Unlock() {
+		time.Sleep(*poll)
+		mainMu.Lock()
 		id := identity(kubeletSock)
 		if id == "" {
 			continue // no kubelet (yet): wait for its socket

@@ -159,8 +159,9 @@ class Node:
         return {d["id"]: d["health"] for d in ev["devices"]}
 
     def stop(self) -> None:
-        self.plugin.terminate()
-        self.plugin.wait(timeout=10)
+        if self.plugin.poll() is None:
+            self.plugin.terminate()
+            self.plugin.wait(timeout=10)
         self.harness.stop()
         self.log.close()
 
@@ -320,6 +321,16 @@ def test_registers_again_when_the_kubelet_restarts(node: Node, tools: Path) -> N
     assert regs == {"nvidia.com/gpu", "nvidia.com/mig-1g.20gb"}
     assert node.devices("nvidia.com/gpu") == {A100: "Healthy", T4: "Healthy"}
     assert "registering again" in node.log_path.read_text()
+
+
+def test_sigterm_removes_the_endpoints(node: Node) -> None:
+    node.devices("nvidia.com/gpu")
+    node.devices("nvidia.com/mig-1g.20gb")
+    node.plugin.terminate()
+    assert node.plugin.wait(timeout=10) == 0
+    assert sorted(p.name for p in node.dir.iterdir()) == ["kubelet.sock"]
+    assert node.harness.wait(lambda e: e["event"] == "watch-end")["resource"] in ("nvidia.com/gpu", "nvidia.com/mig-1g.20gb")
+    assert "endpoints removed, exiting" in node.log_path.read_text()
 
 
 def test_registration_is_retried_until_a_kubelet_answers(tools: Path, tmp_path: Path) -> None:
