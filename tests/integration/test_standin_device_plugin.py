@@ -461,3 +461,47 @@ def test_smoke_image_runs_the_allocated_stand_in_nvidia_smi(node: Node, tmp_path
     out = subprocess.run([chroot, str(rootfs), *entrypoint], env={"PATH": env["PATH"]}, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 1 and out.stdout.splitlines()[-1].startswith(f"{RESULT_PREFIX} FAILED")
+
+
+def test_smoke_image_push_to_a_registry_at_the_release_path(tmp_path: Path) -> None:
+    """push_smoke_image copies it to smoke_image_ref(release, registry) (a throwaway registry on loopback)."""
+    import socket
+
+    from gpu_install_lab.smoke_image import build_smoke_image, push_smoke_image, smoke_image_ref, smoke_image_source
+    from installer.config import Registry
+
+    for tool in ("umoci", "skopeo", "docker-registry"):
+        if shutil.which(tool) is None:
+            if _required():
+                pytest.fail(f"{tool} missing (scripts/apt-packages.txt)")
+            pytest.skip(f"{tool} missing (scripts/apt-packages.txt)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "registry.yml").write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n")
+    reg = subprocess.Popen(["docker-registry", "serve", str(tmp_path / "registry.yml")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "registry did not start"
+                time.sleep(0.1)
+        _, tag = smoke_image_source("v23.9.2")
+        ref = smoke_image_ref("v23.9.2", Registry(host=f"127.0.0.1:{port}", prefix="mirror"))
+        assert ref == f"127.0.0.1:{port}/mirror/nvidia/cuda:12.3.2-base-ubi8"
+        push_smoke_image(build_smoke_image(tag, tmp_path / "images"), tag, ref, tls_verify=False)
+        out = subprocess.run(["skopeo", "inspect", "--tls-verify=false", f"docker://{ref}"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        info = json.loads(out.stdout)
+        assert info["Labels"]["org.opencontainers.image.title"] == "gpu-install lab STAND-IN CUDA smoke image"
+        assert len(info["Layers"]) == 1
+    finally:
+        reg.terminate()
+        reg.wait(timeout=10)
