@@ -37,7 +37,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     flavours = [f.strip() for f in args.os.split(",") if f.strip()]
     lab = _lab(args)
     status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
-                    subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus)
+                    subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus,
+                    kubelet=args.kubelet)
     if args.runtime:
         from gpu_install_lab import runtime
 
@@ -147,6 +148,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated flavours assigned round-robin: debian12 (Ubuntu stand-in), "
                         "rhel9 (Rocky 9 stand-in); default debian12")
     q.add_argument("--kubernetes", action="store_true", help="also start the lab control plane and register the nodes")
+    q.add_argument("--kubelet", choices=["hollow", "real"], default="hollow",
+                   help="with --kubernetes: hollow (default) = kubemark hollow kubelets, fast, run no containers, scale "
+                        "to 100s of nodes; real = the real kubelet 1.20.2 + the node's containerd + CNI bridge in each "
+                        "(debian12) node: pods really pull and run (see docs/lab-kubernetes.md)")
     q.add_argument("--gpus", type=int, default=1, help="fake nvidia.com/gpu per node with --kubernetes (default 1)")
     q.add_argument("--subnet", help="lab /24 (default: first free 10.250.X.0/24)")
     q.add_argument("--registry-auth", action="store_true",
