@@ -8,6 +8,10 @@ What a kubelet needs inside a systemd-nspawn node, and how the lab gives it (mea
   * its own cgroups: the node's nspawn joins a cgroup of its own in EVERY v1 controller (nodes.cgroup_create with
     all controllers), so the node's cgroup namespace root is that cgroup and kubepods/ of two nodes never meet;
     nspawn mounts the controllers read-only: the node-prep unit remounts them rw inside the node;
+  * oom_score_adj: the kubelet gives every pod sandbox -998, which runc's nsexec may only set with
+    CAP_SYS_RESOURCE (`failed to update /proc/self/oom_score_adj: Permission denied` -> `can't get final child's
+    PID from pipe: EOF`); this machine's root lacks it in its bounding set, so no node can have it: the node's
+    containerd config sets CRI's `restrict_oom_score_adj = true` (containerd's own option for this case);
   * the session keyring: `--system-call-filter=@keyring` on the node (runc joins a new session keyring);
   * CNI: `--capability=CAP_NET_ADMIN` (veth, bridge). Egress denial stays OUTSIDE the node: the node's only link
     is its veth to the bastion bridge, whose host side forwards nothing (net.py); nothing the node does inside its
@@ -18,6 +22,8 @@ What a kubelet needs inside a systemd-nspawn node, and how the lab gives it (mea
     /proc/sys entries inside the node (a lab shim, only what the kubelet reads);
   * the apiserver: a forwarder of ours listens on 127.0.0.1:6443 inside each node's namespace and connects to the
     apiserver on the host's loopback (as for the hollow nodes);
+  * containerd's overlayfs snapshots: /var/lib/containerd is bound from a host directory (an overlay's upper dir
+    cannot live on the node's overlay root: `failed to mount rootfs component ... invalid argument`);
   * runc's stdin: containerd runs as a systemd service (stdin /dev/null), never from the node's console.
 The node does NOT trust the lab CA (no system trust store entry, no certs.d): its containerd can pull from the lab
 registry only after gpu-install's registry_trust role installed the CA (`gpu-install apply`).
@@ -33,7 +39,13 @@ from typing import Any
 from installer.errors import EnvironmentProblem
 from installer.util import atomic_write
 
-NSPAWN_ARGS = ["--capability=CAP_NET_ADMIN", "--system-call-filter=@keyring"]
+
+def nspawn_args(node_dir: Path) -> list[str]:
+    """The node's extra systemd-nspawn options. /var/lib/containerd is a host directory (node_dir/containerd):
+    containerd's overlayfs snapshotter cannot put an overlay's upper dir on the node's own overlay root."""
+    (node_dir / "containerd").mkdir(mode=0o700, exist_ok=True)
+    return ["--capability=CAP_NET_ADMIN", "--system-call-filter=@keyring",
+            f"--bind={node_dir / 'containerd'}:/var/lib/containerd"]
 
 POD_NET = "10.244.{index}.0/24"  # per node, inside the node's own network namespace only
 PAUSE_REPO = "gpu-install-lab/pause"  # STAND-IN pause image (busybox sleep), pushed by images.py
@@ -107,7 +119,10 @@ def containerd_config(registry: str) -> str:
         "# gpu-install lab: the node's containerd config as a site would have it before gpu-install runs\n"
         "version = 2\n\n"
         '[plugins."io.containerd.grpc.v1.cri"]\n'
-        f'  sandbox_image = "{registry}/{PAUSE_REPO}:{PAUSE_TAG}"\n\n'
+        f'  sandbox_image = "{registry}/{PAUSE_REPO}:{PAUSE_TAG}"\n'
+        "  # this machine has no CAP_SYS_RESOURCE (not even the host root): the kubelet's oom_score_adj -998 for\n"
+        "  # pod sandboxes cannot be set; containerd clamps it to its own value instead\n"
+        "  restrict_oom_score_adj = true\n\n"
         '[plugins."io.containerd.grpc.v1.cri".cni]\n'
         '  bin_dir = "/usr/lib/cni"\n'
         '  conf_dir = "/etc/cni/net.d"\n\n'
@@ -123,9 +138,11 @@ def cni_conflist(index: int) -> str:
         "cniVersion": "0.4.0",
         "name": "gpu-install-lab",
         "plugins": [
-            {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_NET.format(index=index)}]],
-                      "routes": [{"dst": "0.0.0.0/0"}]}},
+            # no gateway: the bridge plugin would turn on IPv4 forwarding in the node's namespace (read-only
+            # /proc/sys there) and pods would send packets with their 10.244/16 source to the bastion, whose replies
+            # follow the host's default route. Pods on one node reach each other on the bridge; nothing else.
+            {"type": "bridge", "bridge": "cni0", "isGateway": False, "ipMasq": False, "hairpinMode": True,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_NET.format(index=index)}]]}},
             {"type": "loopback"},
         ],
     }, indent=2) + "\n"

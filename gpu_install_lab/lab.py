@@ -281,7 +281,7 @@ class Lab:
                 from gpu_install_lab import kubelet
 
                 kubelet.customise(merged, node, cp.dir / "pki", Path(cp.state["bin_dir"]) / "kubelet", s["registry"])
-                extra = kubelet.NSPAWN_ARGS
+                extra = kubelet.nspawn_args(Path(node["dir"]))
                 self._spawn(st, f"apiserver-forwarder:{name}",
                             [sys.executable, "-m", "gpu_install_lab.kube", "_forward", f"/run/netns/{node['netns']}",
                              "6443", str(cp.state["ports"]["kube-apiserver"])],
