@@ -64,9 +64,12 @@ def _print_status(st: dict) -> None:
     print(f"  registry  {st['registry_url']}  running={yes[st['registry_running']]}"
           f"{'  auth=basic' if st.get('registry_auth') else ''}")
     print(f"  repo      {st['repo_url']}/apt  {st['repo_url']}/rpm  running={yes[st['repo_running']]}")
-    print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh")
+    real = st.get("kubelet") == "real"
+    extra = f" {'kubelet':8} {'runtime':26} ready" if real else ""
+    print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh{extra}")
     for n in st["nodes"]:
-        print(f"  {n['name']:8} {n['flavour']:9} {n['ip']:14} {yes[n['running']]:8} {yes[n['ssh']]}")
+        extra = f" {n.get('kubelet', '?'):8} {n.get('runtime', '?'):26} {yes[bool(n.get('ready'))]}" if real else ""
+        print(f"  {n['name']:8} {n['flavour']:9} {n['ip']:14} {yes[n['running']]:8} {yes[n['ssh']]:3}{extra}")
     print(f"  inventory {st['inventory']}")
     if "kubernetes" in st:
         kube = st["kubernetes"]
@@ -91,7 +94,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         _print_status(status)
     healthy = status.get("up") and status.get("registry_running") and status.get("repo_running") and all(
-        n["running"] and n["ssh"] for n in status["nodes"]) and _kube_healthy(status.get("kubernetes", {}))
+        n["running"] and n["ssh"] and n.get("ready", True) and n.get("kubelet", "active") == "active"
+        for n in status["nodes"]) and _kube_healthy(status.get("kubernetes", {}))
     from installer.errors import EXIT_OK, EXIT_VALIDATION
 
     return EXIT_OK if healthy or not status.get("up") else EXIT_VALIDATION  # a part of the lab is down

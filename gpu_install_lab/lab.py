@@ -412,12 +412,43 @@ class Lab:
             for n, d in sorted(st.nodes.items(), key=lambda kv: kv[1]["index"])
         ]
         out["inventory"] = str(self.dir / "inventory" / "hosts.yml")
+        out["kubelet"] = s.get("kubelet", "hollow")
+        if out["kubelet"] == "real":
+            self._real_node_status(out["nodes"])
         if (self.dir / "kube").exists():
             try:
                 out["kubernetes"] = self._control_plane().status()
             except EnvironmentProblem as exc:
                 out["kubernetes"] = {"error": exc.message}
         return out
+
+    def _real_node_status(self, rows: list[dict[str, Any]]) -> None:
+        """Per real node: the kubelet and containerd units (over SSH) and the Node's Ready condition."""
+        import subprocess
+
+        from gpu_install_lab import runtime
+
+        ready: dict[str, bool] = {}
+        try:
+            from kubernetes import client, config
+
+            api = client.CoreV1Api(config.new_client_from_config(str(self.dir / "kube" / "kubeconfig")))
+            for node in api.list_node(_request_timeout=5).items:
+                ready[node.metadata.name] = any(c.type == "Ready" and c.status == "True"
+                                                for c in node.status.conditions or [])
+        except Exception:  # noqa: BLE001 - the control plane is down: every node reads not Ready
+            pass
+        for row in rows:
+            row["ready"] = ready.get(row["name"], False)
+            if not row["ssh"]:
+                row["kubelet"] = row["runtime"] = "unknown"
+                continue
+            proc = subprocess.run([*runtime.ssh_argv(self.dir, row["ip"]), "systemctl is-active kubelet containerd; "
+                                   "containerd --version 2>/dev/null | cut -d' ' -f3"],
+                                  capture_output=True, text=True, timeout=30)
+            states = (proc.stdout.split() + ["unknown"] * 3)[:3]
+            row["kubelet"] = states[0]
+            row["runtime"] = f"containerd {states[2]} {states[1]}" if states[1] == "active" else f"containerd {states[1]}"
 
     def status(self) -> dict[str, Any]:
         if not self.state_path.exists():
