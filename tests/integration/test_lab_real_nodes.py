@@ -158,7 +158,8 @@ def test_pull_fails_with_x509_before_apply(rl):
     reg = h.status["registry"]
     # nothing on the node trusts the lab CA
     assert root(h, "node1", f"curl -sS https://{reg}/v2/", check=False).returncode != 0
-    assert root(h, "node1", "ls /usr/local/share/ca-certificates/ /etc/containerd/certs.d 2>/dev/null").stdout.strip() == ""
+    assert root(h, "node1", "ls -A /usr/local/share/ca-certificates/; ls -A /etc/containerd/certs.d 2>&1", check=False).stdout.strip() \
+        == "ls: cannot access '/etc/containerd/certs.d': No such file or directory"
     kubectl(rl, "apply", "-f", "-", input=_pod_manifest(f"{reg}/{images.HELLO[0]}:{images.HELLO[1]}"))
     deadline = time.monotonic() + 90
     while "x509" not in (ev := _events(rl)):
