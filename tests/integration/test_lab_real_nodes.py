@@ -192,11 +192,23 @@ def test_after_apply_the_pod_runs_and_logs(rl):
     log = root(h, "node1", f"cat /var/log/pods/default_{POD}_{uid}/{POD}/0.log").stdout
     assert f"stdout F {images.HELLO_TEXT}" in log, log
     assert "stdout F hello\n" in log + "\n"  # the container's own hostname: the pod name
+    # and through the apiserver (its egress proxy lets it reach the real kubelets' :10250, nothing else)
+    assert images.HELLO_TEXT in kubectl(rl, "logs", POD).stdout
     pulled = root(h, "node1", "ctr -n k8s.io images ls -q").stdout
     assert f"{reg}/{images.HELLO[0]}:{images.HELLO[1]}" in pulled
 
 
-EGRESS_LISTENER = "192.0.2.2"  # TEST-NET-1 (RFC 5737), only on a veth of this test
+def _free_slash30() -> tuple[str, str]:
+    """(host side, listener) of a /30 in 198.18.0.0/15 (RFC 2544 benchmarking) that nothing here uses."""
+    import ipaddress
+
+    from gpu_install_lab import net
+
+    used = [ipaddress.ip_network(u, strict=False) for u in net.used_networks()]
+    for cand in ipaddress.ip_network("198.18.0.0/15").subnets(new_prefix=30):
+        if not any(cand.overlaps(u) for u in used):
+            return str(cand[1]), str(cand[2])
+    raise AssertionError("no free /30 in 198.18.0.0/15")
 
 
 def test_node_with_net_admin_cannot_lift_egress_denial(rl):
@@ -207,20 +219,21 @@ def test_node_with_net_admin_cannot_lift_egress_denial(rl):
     ns, host_if = f"gi-egress-{rl['lid']}", f"gie{rl['lid']}"
     subnet, bastion = h.status["subnet"], h.status["bastion_ip"]
     sh = lambda *a: subprocess.run(list(a), check=True, capture_output=True, text=True)  # noqa: E731
+    host_ip, listen_ip = _free_slash30()
     sh("ip", "netns", "add", ns)
     listener = None
     try:
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        sh("ip", "addr", "add", "192.0.2.1/30", "dev", host_if)
+        sh("ip", "addr", "add", f"{host_ip}/30", "dev", host_if)
         sh("ip", "link", "set", host_if, "up")
-        sh("ip", "-n", ns, "addr", "add", f"{EGRESS_LISTENER}/30", "dev", "eth0")
+        sh("ip", "-n", ns, "addr", "add", f"{listen_ip}/30", "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
-        sh("ip", "-n", ns, "route", "add", subnet, "via", "192.0.2.1")
+        sh("ip", "-n", ns, "route", "add", subnet, "via", host_ip)
         listener = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-m", "http.server", "8000", "--bind",
-                                     EGRESS_LISTENER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     listen_ip], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:  # the host reaches it: the probe below can fail
-            probe = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-m", "2", f"http://{EGRESS_LISTENER}:8000/"],
+            probe = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-m", "2", f"http://{listen_ip}:8000/"],
                                    capture_output=True, text=True)
             if probe.returncode == 0:
                 break
@@ -228,7 +241,7 @@ def test_node_with_net_admin_cannot_lift_egress_denial(rl):
             time.sleep(0.2)
         out = root(h, "node1", f"iptables -F && iptables -P FORWARD ACCEPT && iptables -P OUTPUT ACCEPT && "
                                f"ip route replace default via {bastion} && ip route show && "
-                               f"curl -sS -m 5 http://{EGRESS_LISTENER}:8000/", check=False)
+                               f"curl -sS -m 5 http://{listen_ip}:8000/", check=False)
         assert "default via" in out.stdout, out  # the node did lift everything it can lift
         assert out.returncode != 0, out
         for ifname in (h.lab.state().settings["bridge"], h.lab.state().nodes["node1"]["veth"]):
