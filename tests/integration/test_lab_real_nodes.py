@@ -139,6 +139,28 @@ def test_status_shows_kubelet_runtime_ready(rl):
     assert "kubelet" in text and "ready" in text
 
 
+def test_second_up_is_a_noop(rl):
+    from installer.errors import ConfigError
+
+    h = rl["h"]
+
+    def pids() -> dict[str, int]:
+        return {r["key"]: r["pid"] for r in h.lab.state().resources if r["kind"] == "process"}
+
+    before = pids()
+    t0 = time.monotonic()
+    status = h.lab.up(count=2, flavours=["debian12"], kubernetes=True, kubelet="real")
+    print(f"BENCHMARK second lab up --kubelet real: {time.monotonic() - t0:.1f}s", flush=True)
+    assert pids() == before  # nothing restarted
+    assert all(n["ready"] and n["kubelet"] == "active" for n in status["nodes"]), status["nodes"]
+    try:
+        h.lab.up(count=2, flavours=["debian12"], kubernetes=True, kubelet="hollow")
+    except ConfigError as exc:
+        assert "real kubelet" in exc.message
+    else:
+        raise AssertionError("a real-node lab accepted --kubelet hollow")
+
+
 def _pod_manifest(image: str) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD, "namespace": "default"},
                        "spec": {"restartPolicy": "Never", "dnsPolicy": "Default",
