@@ -37,7 +37,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     flavours = [f.strip() for f in args.os.split(",") if f.strip()]
     lab = _lab(args)
     status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
-                    subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus)
+                    subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus,
+                    kubelet=args.kubelet)
     if args.runtime:
         from gpu_install_lab import runtime
 
@@ -63,9 +64,12 @@ def _print_status(st: dict) -> None:
     print(f"  registry  {st['registry_url']}  running={yes[st['registry_running']]}"
           f"{'  auth=basic' if st.get('registry_auth') else ''}")
     print(f"  repo      {st['repo_url']}/apt  {st['repo_url']}/rpm  running={yes[st['repo_running']]}")
-    print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh")
+    real = st.get("kubelet") == "real"
+    extra = f" {'kubelet':8} {'runtime':26} ready" if real else ""
+    print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh{extra}")
     for n in st["nodes"]:
-        print(f"  {n['name']:8} {n['flavour']:9} {n['ip']:14} {yes[n['running']]:8} {yes[n['ssh']]}")
+        extra = f" {n.get('kubelet', '?'):8} {n.get('runtime', '?'):26} {yes[bool(n.get('ready'))]}" if real else ""
+        print(f"  {n['name']:8} {n['flavour']:9} {n['ip']:14} {yes[n['running']]:8} {yes[n['ssh']]:3}{extra}")
     print(f"  inventory {st['inventory']}")
     if "kubernetes" in st:
         kube = st["kubernetes"]
@@ -90,7 +94,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         _print_status(status)
     healthy = status.get("up") and status.get("registry_running") and status.get("repo_running") and all(
-        n["running"] and n["ssh"] for n in status["nodes"]) and _kube_healthy(status.get("kubernetes", {}))
+        n["running"] and n["ssh"] and n.get("ready", True) and n.get("kubelet", "active") == "active"
+        for n in status["nodes"]) and _kube_healthy(status.get("kubernetes", {}))
     from installer.errors import EXIT_OK, EXIT_VALIDATION
 
     return EXIT_OK if healthy or not status.get("up") else EXIT_VALIDATION  # a part of the lab is down
@@ -147,6 +152,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated flavours assigned round-robin: debian12 (Ubuntu stand-in), "
                         "rhel9 (Rocky 9 stand-in); default debian12")
     q.add_argument("--kubernetes", action="store_true", help="also start the lab control plane and register the nodes")
+    q.add_argument("--kubelet", choices=["hollow", "real"], default="hollow",
+                   help="with --kubernetes: hollow (default) = kubemark hollow kubelets, fast, run no containers, scale "
+                        "to 100s of nodes; real = the real kubelet 1.20.2 + the node's containerd + CNI bridge in each "
+                        "(debian12) node: pods really pull and run (see docs/lab-kubernetes.md)")
     q.add_argument("--gpus", type=int, default=1, help="fake nvidia.com/gpu per node with --kubernetes (default 1)")
     q.add_argument("--subnet", help="lab /24 (default: first free 10.250.X.0/24)")
     q.add_argument("--registry-auth", action="store_true",

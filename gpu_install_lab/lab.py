@@ -20,6 +20,7 @@ from gpu_install_lab.state import State, locked, teardown_order
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.util import atomic_write
 
+KUBELETS = ("hollow", "real")
 TOP_DIRS = ("pki", "ssh", "registry", "repo", "nodes", "tools", "inventory")
 
 
@@ -69,14 +70,14 @@ class Lab:
         return ControlPlane(self.dir, progress=self.say)
 
     def _spawn(self, st: State, role: str, argv: list[str], log: Path, cgroup: str | None = None,
-               **extra: Any) -> bool:
+               controllers: bool = False, **extra: Any) -> bool:
         """Start a long-running process unless the recorded one still runs. True if started."""
         if alive(st.find("process", role)):
             return False
         preexec = None
         if cgroup:
             st.record("cgroup", cgroup)
-            paths = nodes.cgroup_create(cgroup)
+            paths = nodes.cgroup_create(cgroup, controllers)
             preexec = lambda: nodes.cgroup_enter(paths)  # noqa: E731
         st.record("process", role, argv=argv, pid=None, start=None, boot=None, **extra)
         st.record("process", role, **proc.spawn(argv, log, preexec_fn=preexec))
@@ -90,8 +91,17 @@ class Lab:
 
     # ------------------------------------------------------------ up
     def up(self, count: int = 3, flavours: list[str] | None = None, kubernetes: bool = False,
-           subnet: str | None = None, registry_auth: bool = False, gpus: int = 1) -> dict[str, Any]:
+           subnet: str | None = None, registry_auth: bool = False, gpus: int = 1,
+           kubelet: str = "hollow") -> dict[str, Any]:
         plan = plan_nodes(count, flavours or ["debian12"])
+        if kubelet not in KUBELETS:
+            raise ConfigError(f"--kubelet {kubelet}: unknown", hint=f"use one of {', '.join(KUBELETS)}")
+        real = kubelet == "real"
+        if real and not kubernetes:
+            raise ConfigError("--kubelet real needs --kubernetes")
+        if real and any(p["flavour"] != "debian12" for p in plan):
+            raise ConfigError("--kubelet real: only debian12 nodes",
+                              hint="containerd comes from Debian's packages in the lab repo (no RPMs for rhel9)")
         require_root_and_tools()
         with locked(self.dir):
             st = self.state()
@@ -113,6 +123,9 @@ class Lab:
                 s.update(lab_id=lid, subnet=sub, bastion_ip=b, bridge=net.bridge_name(lid),
                          registry=f"{b}:{registry.PORT}", registry_url=f"https://{b}:{registry.PORT}",
                          repo_url=f"http://{b}:{repo.PORT}")
+            if st.nodes and s.get("kubelet", "hollow") != kubelet:
+                raise ConfigError(f"the lab's nodes run the {s.get('kubelet', 'hollow')} kubelet, not {kubelet}",
+                                  hint="run `gpu-install lab down` first")
             restart_registry = s.get("registry_auth") is not None and s.get("registry_auth") != registry_auth
             s["registry_auth"] = registry_auth
             st.save()
@@ -150,11 +163,24 @@ class Lab:
             from installer.tools import install_helm_to
             install_helm_to(self.dir / "tools")
 
-            self._nodes_up(st, plan, lowers, pubkey, ca.read_text())
+            cp = None
+            if real:
+                self.say("kubernetes: control plane (gpu_install_lab.kube) for real kubelets")
+                cp = self._control_plane()
+                cp.up()
+                s["kubelet"] = "real"
+                st.save()
+            self._nodes_up(st, plan, lowers, pubkey, ca.read_text(), cp)
             text = inventory.render(self.dir, s, st.nodes)
             atomic_write(self.dir / "inventory" / "hosts.yml", text)
 
-            if kubernetes:
+            if cp is not None:
+                self._real_nodes_ready(st, cp, ca)
+                s["kubernetes"] = True
+                st.save()
+                atomic_write(self.dir / "inventory" / "hosts.yml",
+                             inventory.render(self.dir, s, st.nodes, cp.kubeconfig))
+            elif kubernetes:
                 self.say("kubernetes: control plane (gpu_install_lab.kube)")
                 cp = self._control_plane()
                 cp.up()
@@ -167,6 +193,52 @@ class Lab:
                              inventory.render(self.dir, s, st.nodes, cp.kubeconfig))
             self.say(f"lab up: {len(st.nodes)} node(s); inventory {self.dir / 'inventory' / 'hosts.yml'}")
             return self._status(st)
+
+    def _real_nodes_ready(self, st: State, cp: Any, ca: Path, timeout: float = 180) -> None:
+        """Real kubelets: the STAND-IN pause image into the registry, containerd from the lab repo on every node
+        (in parallel), then wait until every node is Ready."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from gpu_install_lab import images, packages, runtime
+
+        s = st.settings
+        t0 = time.monotonic()
+        refs = images.ensure_lab_images(s["registry"], ca, self.dir / "registry" / "build")
+        self.say(f"registry: {', '.join(refs.values())} (busybox STAND-IN pause image, test image)")
+        debs = packages.runtime_debs(progress=self.say)
+        repo.add_packages(self.dir / "repo", debs)
+        repo.refresh(self.dir / "repo")
+
+        def install(node: dict[str, Any]) -> None:
+            runtime.node_run(self.dir, node["ip"], "command -v containerd >/dev/null || { apt-get update -q >/dev/null && "
+                             "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+                             "-o Dpkg::Options::=--force-confold containerd >/dev/null; }; "
+                             "systemctl is-active -q containerd || systemctl restart containerd")
+            self.say(f"{node['name']}: containerd from the lab repo, active (+{time.monotonic() - t0:.1f}s)")
+
+        with ThreadPoolExecutor(max_workers=len(st.nodes)) as pool:
+            list(pool.map(install, st.nodes.values()))
+        # kubectl logs/exec: the apiserver's egress proxy socket, allowing the real nodes' kubelets only
+        self._spawn(st, "apiserver-egress",
+                    [sys.executable, "-m", "gpu_install_lab.kube", "_egress", str(cp.dir / "no-egress.sock"),
+                     *(f"{n['ip']}:10250" for n in st.nodes.values())],
+                    self.dir / "nodes" / "apiserver-egress.log")
+        api = cp._api()
+        deadline = time.monotonic() + timeout
+        waiting = set(st.nodes)
+        while waiting:
+            for name in sorted(waiting):
+                try:
+                    node = api.read_node(name)
+                except Exception:  # noqa: BLE001 - not registered yet
+                    continue
+                if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+                    waiting.discard(name)
+                    self.say(f"{name}: real kubelet Ready (+{time.monotonic() - t0:.1f}s)")
+            if waiting and time.monotonic() > deadline:
+                raise EnvironmentProblem(f"real kubelet node(s) not Ready after {timeout:.0f}s: {', '.join(sorted(waiting))}",
+                                         hint="`journalctl -u kubelet -u containerd` on the node (ssh root@<ip>)")
+            time.sleep(0.5)
 
     def _wait_http(self, url: str, timeout: float = 10) -> None:
         import urllib.request
@@ -183,7 +255,8 @@ class Lab:
                 time.sleep(0.1)
 
     def _nodes_up(self, st: State, plan: list[dict[str, Any]], lowers: dict[str, Path], pubkey: str,
-                  ca_pem: str) -> None:
+                  ca_pem: str, cp: Any = None) -> None:
+        """cp: the control plane when the nodes run the real kubelet (gpu_install_lab/kubelet.py)."""
         s = st.settings
         prefix = s["subnet"].split("/")[1]
         for p in plan:
@@ -196,7 +269,8 @@ class Lab:
                 }
         st.save()
         lab = {"bastion_ip": s["bastion_ip"], "hosts": {n: d["ip"] for n, d in st.nodes.items()},
-               "ssh_pubkey": pubkey, "ca_pem": ca_pem, "registry": s["registry"], "repo_url": s["repo_url"]}
+               "ssh_pubkey": pubkey, "ca_pem": ca_pem, "registry": s["registry"], "repo_url": s["repo_url"],
+               "trust_ca": cp is None}
         booting = []
         for name, node in st.nodes.items():
             st.record("netns", node["netns"])
@@ -207,10 +281,20 @@ class Lab:
             node["rootfs"] = str(lowers[node["flavour"]])
             nodes.mount_overlay(lowers[node["flavour"]], Path(node["dir"]))
             node["host_key"] = nodes.customise(merged, node, lab)
+            extra: list[str] = []
+            if cp is not None:
+                from gpu_install_lab import kubelet
+
+                kubelet.customise(merged, node, cp.dir / "pki", Path(cp.state["bin_dir"]) / "kubelet", s["registry"])
+                extra = kubelet.nspawn_args(Path(node["dir"]))
+                self._spawn(st, f"apiserver-forwarder:{name}",
+                            [sys.executable, "-m", "gpu_install_lab.kube", "_forward", f"/run/netns/{node['netns']}",
+                             "6443", str(cp.state["ports"]["kube-apiserver"])],
+                            Path(node["dir"]) / "forwarder.log")
             st.save()
-            if self._spawn(st, f"node:{name}", nodes.nspawn_argv(merged, name, node["netns"]),
+            if self._spawn(st, f"node:{name}", nodes.nspawn_argv(merged, name, node["netns"], extra),
                            Path(node["dir"]) / "console.log", netns=node["netns"],
-                           cgroup=f"{nodes.CGROUP_PARENT}/{s['lab_id']}-{name}"):
+                           cgroup=f"{nodes.CGROUP_PARENT}/{s['lab_id']}-{name}", controllers=cp is not None):
                 self.say(f"{name} ({node['flavour']}, {node['ip']}): booting systemd")
                 booting.append(node)
         atomic_write(self.dir / "ssh" / "known_hosts",
@@ -271,7 +355,7 @@ class Lab:
                     errors.append(f"{res['kind']} {res['key']}: {getattr(exc, 'message', exc)}")
             # Belt and braces: this lab's cgroups are ours by name even if the state missed one.
             lid = st.settings.get("lab_id") or net.lab_id(self.dir)
-            for root in nodes.cgroup_roots():
+            for root in nodes.cgroup_roots(controllers=True):
                 for cg in (root / nodes.CGROUP_PARENT).glob(f"{lid}-*"):
                     try:
                         nodes.cgroup_remove(f"{nodes.CGROUP_PARENT}/{cg.name}")
@@ -333,12 +417,43 @@ class Lab:
             for n, d in sorted(st.nodes.items(), key=lambda kv: kv[1]["index"])
         ]
         out["inventory"] = str(self.dir / "inventory" / "hosts.yml")
+        out["kubelet"] = s.get("kubelet", "hollow")
+        if out["kubelet"] == "real":
+            self._real_node_status(out["nodes"])
         if (self.dir / "kube").exists():
             try:
                 out["kubernetes"] = self._control_plane().status()
             except EnvironmentProblem as exc:
                 out["kubernetes"] = {"error": exc.message}
         return out
+
+    def _real_node_status(self, rows: list[dict[str, Any]]) -> None:
+        """Per real node: the kubelet and containerd units (over SSH) and the Node's Ready condition."""
+        import subprocess
+
+        from gpu_install_lab import runtime
+
+        ready: dict[str, bool] = {}
+        try:
+            from kubernetes import client, config
+
+            api = client.CoreV1Api(config.new_client_from_config(str(self.dir / "kube" / "kubeconfig")))
+            for node in api.list_node(_request_timeout=5).items:
+                ready[node.metadata.name] = any(c.type == "Ready" and c.status == "True"
+                                                for c in node.status.conditions or [])
+        except Exception:  # noqa: BLE001 - the control plane is down: every node reads not Ready
+            pass
+        for row in rows:
+            row["ready"] = ready.get(row["name"], False)
+            if not row["ssh"]:
+                row["kubelet"] = row["runtime"] = "unknown"
+                continue
+            proc = subprocess.run([*runtime.ssh_argv(self.dir, row["ip"]), "systemctl is-active kubelet containerd; "
+                                   "containerd --version 2>/dev/null | cut -d' ' -f3"],
+                                  capture_output=True, text=True, timeout=30)
+            states = (proc.stdout.split() + ["unknown"] * 3)[:3]
+            row["kubelet"] = states[0]
+            row["runtime"] = f"containerd {states[2]} {states[1]}" if states[1] == "active" else f"containerd {states[1]}"
 
     def status(self) -> dict[str, Any]:
         if not self.state_path.exists():

@@ -61,7 +61,9 @@ def _authorize(root: Path, user: str, home: str, pubkey: str) -> None:
 
 def customise(merged: Path, node: dict[str, Any], lab: dict[str, Any]) -> str:
     """Write the node's own files into its overlay; returns its SSH host public key line.
-    lab: {"bastion_ip", "hosts" (name -> ip), "ssh_pubkey", "ca_pem", "registry", "repo_url"}."""
+    lab: {"bastion_ip", "hosts" (name -> ip), "ssh_pubkey", "ca_pem", "registry", "repo_url", "trust_ca"
+    (default true: the lab CA goes into the node's trust store; real Kubernetes nodes get it only from
+    gpu-install's registry_trust role)}."""
     name = node["name"]
     etc = merged / "etc"
     atomic_write(etc / "hostname", name + "\n")
@@ -88,10 +90,13 @@ def customise(merged: Path, node: dict[str, Any], lab: dict[str, Any]) -> str:
     else:
         ca_file = merged / "usr" / "local" / "share" / "ca-certificates" / CA_NAME
         refresh = ["update-ca-certificates", "--fresh"]
-    if not ca_file.exists() or ca_file.read_text() != lab["ca_pem"]:
+    if not lab.get("trust_ca", True):
+        pass
+    elif not ca_file.exists() or ca_file.read_text() != lab["ca_pem"]:
         atomic_write(ca_file, lab["ca_pem"])
         run(["chroot", merged, *refresh])
-    atomic_write(etc / "containers" / "certs.d" / lab["registry"] / "ca.crt", lab["ca_pem"])
+    if lab.get("trust_ca", True):
+        atomic_write(etc / "containers" / "certs.d" / lab["registry"] / "ca.crt", lab["ca_pem"])
     if node["flavour"] == "rhel9":
         atomic_write(etc / "yum.repos.d" / "gpu-install-lab.repo", repo.yum_repo(lab["repo_url"]))
     else:
@@ -102,21 +107,36 @@ def customise(merged: Path, node: dict[str, Any], lab: dict[str, Any]) -> str:
 CGROUP_PARENT = "gpu-install-lab"
 
 
-def cgroup_roots() -> list[Path]:
+V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids")
+
+
+def cgroup_roots(controllers: bool = False) -> list[Path]:
     """Hierarchies where systemd tracks processes: cgroup v2, or the hybrid layout's unified +
-    name=systemd hierarchies."""
+    name=systemd hierarchies; with controllers, also the v1 controller hierarchies (a real kubelet in the
+    node makes its kubepods/ there, under the node's own cgroup)."""
     base = Path("/sys/fs/cgroup")
     if (base / "cgroup.controllers").exists():
         return [base]
-    return [p for p in (base / "unified", base / "systemd") if (p / "cgroup.procs").exists()]
+    names = ("unified", "systemd") + (V1_CONTROLLERS if controllers else ())
+    return [p for p in (base / n for n in names) if (p / "cgroup.procs").exists() and not p.is_symlink()]
 
 
-def cgroup_create(rel: str) -> list[Path]:
+def cgroup_create(rel: str, controllers: bool = False) -> list[Path]:
     """Each node's nspawn gets its own cgroup: two containers' systemd must never share one."""
-    paths = [root / rel for root in cgroup_roots()]
-    for p in paths:
-        p.mkdir(parents=True, exist_ok=True)
-    return paths
+    roots = cgroup_roots(controllers)
+    for root in roots:
+        if root.name == "cpuset":
+            # a new cpuset cgroup starts with no CPUs and no memory nodes: inherit them level by level
+            cur = root
+            for part in Path(rel).parts:
+                nxt = cur / part
+                nxt.mkdir(exist_ok=True)
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (nxt / f).read_text().strip():
+                        (nxt / f).write_text((cur / f).read_text().strip())
+                cur = nxt
+        (root / rel).mkdir(parents=True, exist_ok=True)
+    return [root / rel for root in roots]
 
 
 def cgroup_enter(paths: list[Path]) -> None:
@@ -126,9 +146,9 @@ def cgroup_enter(paths: list[Path]) -> None:
 
 def cgroup_remove(rel: str, timeout: float = 10) -> None:
     """Kill what is left in the node's cgroup tree (only the node's processes can be there), then
-    rmdir it bottom-up."""
+    rmdir it bottom-up (in every hierarchy: a real node's kubelet makes cgroups in the controllers)."""
     deadline = time.monotonic() + timeout
-    for root in cgroup_roots():
+    for root in cgroup_roots(controllers=True):
         top = root / rel
         while top.exists():
             walk = sorted(os.walk(top), key=lambda w: -w[0].count("/"))
@@ -151,12 +171,12 @@ def cgroup_remove(rel: str, timeout: float = 10) -> None:
             pass
 
 
-def nspawn_argv(merged: Path, name: str, netns: str) -> list[str]:
+def nspawn_argv(merged: Path, name: str, netns: str, extra: list[str] | None = None) -> list[str]:
     return [
         "systemd-nspawn", "--quiet", "--boot", "--directory", str(merged),
         f"--machine={name}", f"--hostname={name}", "--register=no", "--keep-unit",
         f"--network-namespace-path=/run/netns/{netns}", "--console=read-only",
-        "--resolv-conf=off", "--timezone=off", "--link-journal=no",
+        "--resolv-conf=off", "--timezone=off", "--link-journal=no", *(extra or []),
     ]
 
 

@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "_forward":
         forward(argv[1], int(argv[2]), int(argv[3]))
         return 0
+    if argv and argv[0] == "_egress":
+        from gpu_install_lab.kube.egress import serve
+
+        serve(argv[1], argv[2:])
+        return 0
     parser = argparse.ArgumentParser(prog="python -m gpu_install_lab.kube", description="lab Kubernetes control plane")
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--lab-dir", type=Path,

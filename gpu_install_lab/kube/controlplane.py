@@ -102,6 +102,12 @@ class ControlPlane(HollowNodes):
         pki.ensure_ca(d, CA_NAME)
         pki.issue_server_cert(d, "apiserver", list(APISERVER_IPS), list(APISERVER_NAMES), cn="kube-apiserver")
         pki.ensure_keypair(d, "sa")
+        # the apiserver's client certificate towards kubelets (logs/exec on real kubelet nodes; kubeadm's name)
+        crt, key = d / "apiserver-kubelet-client.crt", d / "apiserver-kubelet-client.key"
+        if not (crt.exists() and key.exists()):
+            cert_pem, key_pem = pki.client_cert(d, "kube-apiserver-kubelet-client", "system:masters")
+            atomic_write(key, key_pem, mode=0o600)
+            atomic_write(crt, cert_pem, mode=0o644)
         return d
 
     # ---------------------------------------------------------------- up
@@ -186,6 +192,8 @@ class ControlPlane(HollowNodes):
                     f"--service-cluster-ip-range={SERVICE_CIDR}",
                     "--allow-privileged=true",
                     "--kubelet-preferred-address-types=InternalIP",
+                    f"--kubelet-client-certificate={certs / 'apiserver-kubelet-client.crt'}",
+                    f"--kubelet-client-key={certs / 'apiserver-kubelet-client.key'}",
                     f"--egress-selector-config-file={egress}",
                     "--profiling=false",
                 ],

@@ -1,0 +1,105 @@
+"""Tiny images for the lab registry, built without Docker: one layer with Debian's busybox-static (from the lab
+package cache, gpu_install_lab/packages.py) written as an OCI image layout here, pushed with skopeo over TLS with
+the lab CA.
+
+  STAND-IN pause image  <registry>/gpu-install-lab/pause:3.6   the real nodes' containerd sandbox image
+                        (busybox `sleep`; the real one is a 700-byte C program we cannot fetch here)
+  test image            <registry>/gpu-install-lab/hello:v1    prints a line and exits (real-node tests)
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from gpu_install_lab.sh import run
+
+PAUSE = ("gpu-install-lab/pause", "3.6")
+HELLO = ("gpu-install-lab/hello", "v1")
+HELLO_TEXT = "hello from a real lab node"
+
+
+def busybox_binary() -> bytes:
+    from gpu_install_lab import packages
+
+    deb = next(d for d in packages.closure("debian12", ("busybox-static",), progress=lambda _m: None)
+               if d.name.startswith("busybox-static_"))
+    tar_bytes = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as t:
+        member = t.extractfile("./bin/busybox")
+        assert member is not None
+        return member.read()
+
+
+def write_layout(out: Path, tag: str, entrypoint: list[str], cmd: list[str] | None = None,
+                 busybox: bytes | None = None) -> None:
+    """An OCI image layout at out with one image (tag): busybox at /bin/busybox, /bin/sh and /bin/sleep links."""
+    busybox = busybox if busybox is not None else busybox_binary()
+    blobs = out / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+
+    def put(data: bytes) -> str:
+        d = hashlib.sha256(data).hexdigest()
+        (blobs / d).write_bytes(data)
+        return d
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for d in ("bin", "tmp", "etc", "proc", "sys", "dev"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
+            t.addfile(info)
+        info = tarfile.TarInfo("bin/busybox")
+        info.size, info.mode = len(busybox), 0o755
+        t.addfile(info, io.BytesIO(busybox))
+        for applet in ("sh", "sleep", "echo", "cat", "ls"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            t.addfile(link)
+    diff_id = hashlib.sha256(raw.getvalue()).hexdigest()
+    layer = gzip.compress(raw.getvalue(), mtime=0)
+    ld = put(layer)
+    config = {"architecture": "amd64", "os": "linux",
+              "config": {"Entrypoint": entrypoint, "Cmd": cmd or [], "Env": ["PATH=/bin"]},
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + diff_id]}}
+    cfg = json.dumps(config).encode()
+    cd = put(cfg)
+    man = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                      "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": "sha256:" + cd,
+                                 "size": len(cfg)},
+                      "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                  "digest": "sha256:" + ld, "size": len(layer)}]}).encode()
+    md = put(man)
+    (out / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:" + md, "size": len(man),
+         "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
+    (out / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+
+
+def push(layout: Path, tag: str, dest: str, ca: Path) -> None:
+    with tempfile.TemporaryDirectory() as certs:
+        (Path(certs) / "ca.crt").write_text(ca.read_text())
+        run(["skopeo", "copy", "--quiet", "--dest-cert-dir", certs, f"oci:{layout}:{tag}", f"docker://{dest}"],
+            timeout=120)
+
+
+def ensure_lab_images(registry: str, ca: Path, work: Path) -> dict[str, str]:
+    """The STAND-IN pause image and the hello test image in the lab registry; returns {name: reference}."""
+    busybox = busybox_binary()
+    refs = {}
+    for name, (repo, tag), entrypoint, cmd in (
+        ("pause", PAUSE, ["/bin/sleep", "2147483647"], None),
+        ("hello", HELLO, ["/bin/sh", "-c"], [f"echo '{HELLO_TEXT}'; cat /etc/hostname"]),
+    ):
+        layout = work / name
+        write_layout(layout, tag, entrypoint, cmd, busybox=busybox)
+        ref = f"{registry}/{repo}:{tag}"
+        push(layout, tag, ref, ca)
+        refs[name] = ref
+    return refs

@@ -1,0 +1,293 @@
+"""Real Kubernetes nodes: `lab up --kubernetes --kubelet real` (gpu_install_lab/kubelet.py).
+
+A lab of its own: 2 debian12 nodes, each running the real kubelet 1.20.2 with the node's own containerd
+(Debian's, from the lab repo) and CNI bridge + host-local, joined to the lab control plane with its own client
+certificate. The nodes do NOT trust the lab CA: a pod's image pull fails with an x509 error until
+`gpu-install apply --skip-operator` (containerd_runtime + registry_trust roles) installed the CA and the
+containerd registry config; then the pod runs to completion and its log holds its output. Tests run in file
+order; the last one takes the lab down and compares what is left with a snapshot taken before `up`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import VENV_BIN, LabHandle, _skip_or_fail, lab_prerequisites
+from tests.integration.test_runtime_roles import Applier, _ok, apply_inventory, root, write_site
+
+pytestmark = pytest.mark.lab
+NODES = ("node1", "node2")
+POD = "hello"
+
+
+def _snapshot(lab_dir: Path) -> dict[str, set[str]]:
+    """What a lab can leave behind on this machine. Other labs may run beside this one: tests compare
+    the entries that are new and name this lab (its id, its directory)."""
+    with open("/proc/self/mountinfo") as fh:
+        mounts = {line.split()[4] for line in fh}
+    procs = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            procs.add(f"{pid} {cmd}")
+    return {
+        "mounts": mounts,
+        "netns": set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set(),
+        "links": set(os.listdir("/sys/class/net")),
+        "cgroups": set(glob.glob("/sys/fs/cgroup/*/gpu-install-lab/*")) | set(glob.glob("/sys/fs/cgroup/*/kubepods*")),
+        "processes": procs,
+    }
+
+
+def _ours(lab_dir: Path, lid: str, kube_netns: str, entry: str) -> bool:
+    return str(lab_dir) in entry or lid in entry or kube_netns in entry or "kubepods" in entry
+
+
+@pytest.fixture(scope="module")
+def rl(tmp_path_factory):
+    lab_prerequisites()
+    from gpu_install_lab import kube, net
+    from gpu_install_lab.lab import Lab
+    from installer.errors import GpuInstallError
+
+    try:
+        kube.ensure_binaries(progress=lambda m: print(m, flush=True))
+    except GpuInstallError as exc:
+        _skip_or_fail(f"kubernetes binaries (with the kubelet) cannot be built: {exc}")
+    lab_dir = tmp_path_factory.mktemp("reallab") / "lab"
+    before = _snapshot(lab_dir)
+    the_lab = Lab(lab_dir, progress=lambda m: print(m, flush=True))
+    try:
+        t0 = time.monotonic()
+        status = the_lab.up(count=2, flavours=["debian12"], kubernetes=True, kubelet="real")
+        took = time.monotonic() - t0
+        print(f"BENCHMARK lab up --kubernetes --kubelet real, 2 nodes: {took:.1f}s (target 90s after the first build)",
+              flush=True)
+        handle = LabHandle(the_lab, lab_dir, status)
+        work = tmp_path_factory.mktemp("realwork")
+        from gpu_install_lab.kube.controlplane import ControlPlane
+
+        yield {"h": handle, "work": work, "before": before, "lid": net.lab_id(lab_dir),
+               "kube_netns": ControlPlane(lab_dir).netns, "up_seconds": took}
+    finally:
+        the_lab.down()
+
+
+def kubectl(rl, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    from gpu_install_lab.kube import bin_dir
+
+    h = rl["h"]
+    proc = subprocess.run([str(bin_dir() / "kubectl"), "--kubeconfig", str(h.dir / "kube" / "kubeconfig"), *args],
+                          capture_output=True, text=True, input=input, timeout=60)
+    if check:
+        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+    return proc
+
+
+def test_two_real_nodes_ready_with_own_identity(rl):
+    nodes = json.loads(kubectl(rl, "get", "nodes", "-o", "json").stdout)["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == list(NODES)
+    for n in nodes:
+        ready = {c["type"]: c["status"] for c in n["status"]["conditions"]}["Ready"]
+        assert ready == "True", n["status"]["conditions"]
+        info = n["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == "v1.20.2" and info["containerRuntimeVersion"].startswith("containerd://1.6")
+        assert n["metadata"]["labels"]["gpu-install.lab/kubelet"] == "real"
+        assert "gpu-install.lab/hollow-node" not in n["metadata"]["labels"]
+        ips = {a["type"]: a["address"] for a in n["status"]["addresses"]}
+        assert ips["InternalIP"] == rl["h"].nodes[n["metadata"]["name"]]["ip"]
+    # each kubelet is system:node:<name> (Node authorizer + NodeRestriction): node1's credentials may label
+    # node1 but not node2
+    conf = json.loads(root(rl["h"], "node1", "cat /etc/kubernetes/kubelet.conf").stdout)
+    assert conf["users"][0]["name"] == "system:node:node1"
+    admin = json.loads((rl["h"].dir / "kube" / "kubeconfig").read_text())
+    conf["clusters"][0]["cluster"]["server"] = admin["clusters"][0]["cluster"]["server"]  # the host's side
+    node_kc = rl["work"] / "node1.kubeconfig"
+    node_kc.write_text(json.dumps(conf))
+    from gpu_install_lab.kube import bin_dir
+
+    def as_node1(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(bin_dir() / "kubectl"), "--kubeconfig", str(node_kc), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    assert as_node1("label", "node", "node1", "gpu-install.lab/probe=1", "--overwrite").returncode == 0
+    other = as_node1("label", "node", "node2", "gpu-install.lab/probe=1", "--overwrite")
+    assert other.returncode != 0 and "Forbidden" in other.stderr, other
+
+
+def test_status_shows_kubelet_runtime_ready(rl):
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "lab", "--lab-dir", str(rl["h"].dir), "status", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads(proc.stdout)
+    assert st["kubelet"] == "real"
+    for n in st["nodes"]:
+        assert n["kubelet"] == "active" and n["ready"] is True, n
+        assert n["runtime"].startswith("containerd 1.6") and n["runtime"].endswith("active"), n
+    text = subprocess.run([str(VENV_BIN / "gpu-install"), "lab", "--lab-dir", str(rl["h"].dir), "status"],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "kubelet" in text and "ready" in text
+
+
+def test_second_up_is_a_noop(rl):
+    from installer.errors import ConfigError
+
+    h = rl["h"]
+
+    def pids() -> dict[str, int]:
+        return {r["key"]: r["pid"] for r in h.lab.state().resources if r["kind"] == "process"}
+
+    before = pids()
+    t0 = time.monotonic()
+    status = h.lab.up(count=2, flavours=["debian12"], kubernetes=True, kubelet="real")
+    print(f"BENCHMARK second lab up --kubelet real: {time.monotonic() - t0:.1f}s", flush=True)
+    assert pids() == before  # nothing restarted
+    assert all(n["ready"] and n["kubelet"] == "active" for n in status["nodes"]), status["nodes"]
+    try:
+        h.lab.up(count=2, flavours=["debian12"], kubernetes=True, kubelet="hollow")
+    except ConfigError as exc:
+        assert "real kubelet" in exc.message
+    else:
+        raise AssertionError("a real-node lab accepted --kubelet hollow")
+
+
+def _pod_manifest(image: str) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD, "namespace": "default"},
+                       "spec": {"restartPolicy": "Never", "dnsPolicy": "Default",
+                                "nodeSelector": {"kubernetes.io/hostname": "node1"},
+                                "containers": [{"name": POD, "image": image}]}})
+
+
+def _events(rl) -> str:
+    return kubectl(rl, "get", "events", "-n", "default", "--field-selector", f"involvedObject.name={POD}",
+                   "-o", "jsonpath={range .items[*]}{.reason}: {.message}{'\\n'}{end}").stdout
+
+
+def test_pull_fails_with_x509_before_apply(rl):
+    from gpu_install_lab import images
+
+    h = rl["h"]
+    reg = h.status["registry"]
+    # nothing on the node trusts the lab CA
+    assert root(h, "node1", f"curl -sS https://{reg}/v2/", check=False).returncode != 0
+    assert root(h, "node1", "ls -A /usr/local/share/ca-certificates/; ls -A /etc/containerd/certs.d 2>&1", check=False).stdout.strip() \
+        == "ls: cannot access '/etc/containerd/certs.d': No such file or directory"
+    kubectl(rl, "apply", "-f", "-", input=_pod_manifest(f"{reg}/{images.HELLO[0]}:{images.HELLO[1]}"))
+    deadline = time.monotonic() + 90
+    while "x509" not in (ev := _events(rl)):
+        assert time.monotonic() < deadline, ev
+        time.sleep(2)
+    assert "certificate signed by unknown authority" in ev, ev
+    assert kubectl(rl, "get", "pod", POD, "-o", "jsonpath={.status.phase}").stdout == "Pending"
+
+
+def test_after_apply_the_pod_runs_and_logs(rl):
+    from gpu_install_lab import images
+
+    h, work = rl["h"], rl["work"]
+    reg = h.status["registry"]
+    site = write_site(work, "containerd", host=reg, ca=str(h.ca))
+    apply = Applier(apply_inventory(h, work), work / "state")
+    _ok(apply(site))
+    hosts = root(h, "node1", f"cat /etc/containerd/certs.d/{reg}/hosts.toml").stdout
+    assert f'ca = "/etc/containerd/certs.d/{reg}/ca.crt"' in hosts
+    deadline = time.monotonic() + 150
+    while (phase := kubectl(rl, "get", "pod", POD, "-o", "jsonpath={.status.phase}").stdout) != "Succeeded":
+        assert phase in ("Pending", "Running") and time.monotonic() < deadline, (phase, _events(rl))
+        time.sleep(2)
+    pod = json.loads(kubectl(rl, "get", "pod", POD, "-o", "json").stdout)
+    assert pod["status"]["podIP"].startswith("10.244."), pod["status"]
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 0, term
+    # the container's log as the kubelet wrote it (CRI log format) on the node
+    uid = pod["metadata"]["uid"]
+    log = root(h, "node1", f"cat /var/log/pods/default_{POD}_{uid}/{POD}/0.log").stdout
+    assert f"stdout F {images.HELLO_TEXT}" in log, log
+    assert "stdout F hello\n" in log + "\n"  # the container's own hostname: the pod name
+    # and through the apiserver (its egress proxy lets it reach the real kubelets' :10250, nothing else)
+    assert images.HELLO_TEXT in kubectl(rl, "logs", POD).stdout
+    pulled = root(h, "node1", "ctr -n k8s.io images ls -q").stdout
+    assert f"{reg}/{images.HELLO[0]}:{images.HELLO[1]}" in pulled
+
+
+def _free_slash30() -> tuple[str, str]:
+    """(host side, listener) of a /30 in 198.18.0.0/15 (RFC 2544 benchmarking) that nothing here uses."""
+    import ipaddress
+
+    from gpu_install_lab import net
+
+    used = [ipaddress.ip_network(u, strict=False) for u in net.used_networks()]
+    for cand in ipaddress.ip_network("198.18.0.0/15").subnets(new_prefix=30):
+        if not any(cand.overlaps(u) for u in used):
+            return str(cand[1]), str(cand[2])
+    raise AssertionError("no free /30 in 198.18.0.0/15")
+
+
+def test_node_with_net_admin_cannot_lift_egress_denial(rl):
+    """A node holds CAP_NET_ADMIN (CNI needs it): inside it, flush iptables and add a default route via the
+    bastion. A listener the host reaches (a test namespace behind a host veth, with a route back to the lab)
+    stays unreachable from the node: the denial is the host's (no forwarding from the lab bridge)."""
+    h = rl["h"]
+    ns, host_if = f"gi-egress-{rl['lid']}", f"gie{rl['lid']}"
+    subnet, bastion = h.status["subnet"], h.status["bastion_ip"]
+    sh = lambda *a: subprocess.run(list(a), check=True, capture_output=True, text=True)  # noqa: E731
+    host_ip, listen_ip = _free_slash30()
+    sh("ip", "netns", "add", ns)
+    listener = None
+    try:
+        sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "addr", "add", f"{host_ip}/30", "dev", host_if)
+        sh("ip", "link", "set", host_if, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{listen_ip}/30", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "route", "add", subnet, "via", host_ip)
+        listener = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-m", "http.server", "8000", "--bind",
+                                     listen_ip], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:  # the host reaches it: the probe below can fail
+            probe = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-m", "2", f"http://{listen_ip}:8000/"],
+                                   capture_output=True, text=True)
+            if probe.returncode == 0:
+                break
+            assert time.monotonic() < deadline, probe.stderr
+            time.sleep(0.2)
+        out = root(h, "node1", f"iptables -F && iptables -P FORWARD ACCEPT && iptables -P OUTPUT ACCEPT && "
+                               f"ip route replace default via {bastion} && ip route show && "
+                               f"curl -sS -m 5 http://{listen_ip}:8000/", check=False)
+        assert "default via" in out.stdout, out  # the node did lift everything it can lift
+        assert out.returncode != 0, out
+        for ifname in (h.lab.state().settings["bridge"], h.lab.state().nodes["node1"]["veth"]):
+            assert Path(f"/proc/sys/net/ipv4/conf/{ifname}/forwarding").read_text().strip() == "0"
+    finally:
+        root(h, "node1", f"ip route del default via {bastion}", check=False)
+        if listener:
+            listener.kill()
+            listener.wait()
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_zz_down_leaves_nothing(rl):
+    h = rl["h"]
+    h.lab.down()
+    time.sleep(1)
+    after = _snapshot(h.dir)
+    left = {}
+    for kind, entries in after.items():
+        new = {e for e in entries - rl["before"][kind] if _ours(h.dir, rl["lid"], rl["kube_netns"], e)}
+        if kind == "processes":
+            new = {e for e in new if "pytest" not in e and str(h.dir) in e}
+        if new:
+            left[kind] = sorted(new)
+    assert left == {}, left
+    assert not h.dir.exists() or not any(h.dir.iterdir())
