@@ -61,6 +61,7 @@ def role_vars(site: Site, release: Release) -> dict[str, Any]:
         "registry_trust_insecure": site.registry.insecure,
         "registry_trust_docker_certs_d": DOCKER_CERTS_D if site.runtime == "docker" else "",
         "registry_trust_containerd_config_path": CERTS_D if site.runtime == "containerd" else "",
+        "registry_trust_restart_containerd": site.runtime == "containerd",
         # every mode: host installs; operator/precompiled refuse host driver packages; preinstalled checks nvidia-smi
         "nvidia_driver_mode": site.driver.mode,
         "nvidia_driver_reboot": site.driver.rebootPolicy,

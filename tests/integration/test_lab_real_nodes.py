@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.conftest import VENV_BIN, LabHandle, _skip_or_fail, lab_prerequisites
 from tests.integration.test_runtime_roles import Applier, _ok, apply_inventory, root, write_site
@@ -197,6 +198,12 @@ def test_after_apply_the_pod_runs_and_logs(rl):
     h, work = rl["h"], rl["work"]
     reg = h.status["registry"]
     site = write_site(work, "containerd", host=reg, ca=str(h.ca))
+    # toolkit.mode operator, the default (the GPU Operator's toolkit container configures the runtime): no
+    # containerd_runtime role runs, so only registry_trust can make containerd trust the CA -- it restarts containerd,
+    # which reads the OS trust store when it starts
+    doc = yaml.safe_load(site.read_text())
+    doc["toolkit"] = {"mode": "operator"}
+    site.write_text(yaml.safe_dump(doc))
     apply = Applier(apply_inventory(h, work), work / "state")
     _ok(apply(site))
     hosts = root(h, "node1", f"cat /etc/containerd/certs.d/{reg}/hosts.toml").stdout
