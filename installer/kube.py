@@ -83,7 +83,10 @@ def docker_config_json(registry: Registry, environ: Mapping[str, str] | None = N
     if ps.dockerConfigFile:
         return _from_file(Path(ps.dockerConfigFile), registry.host)
     env = os.environ if environ is None else environ
-    assert ps.usernameEnv and ps.passwordEnv  # the model guarantees one source
+    if not (ps.usernameEnv and ps.passwordEnv):
+        raise ConfigError(f"registry.pullSecret {ps.name}: no credentials to create it from",
+                          hint="add usernameEnv + passwordEnv (names of environment variables) or dockerConfigFile; "
+                               "a name alone is enough for render, not for creating the Secret")
     for field, name in (("usernameEnv", ps.usernameEnv), ("passwordEnv", ps.passwordEnv)):
         if not env.get(name):
             # the variable's name is not shown: when a credential was pasted into the field, it would be the secret

@@ -235,3 +235,18 @@ def test_a_trailing_newline_is_not_part_of_a_valid_value(cli, tmp_path):
     assert rc == 2 and "--kernel" in err and not out, err
     rc, out, err = cli("images", "-s", path, "--os", "ubuntu22.04\n")
     assert rc == 0 and "-ubuntu22.04 " in out and "\n " not in out, err
+
+
+def test_a_pull_secret_without_credentials_is_exit_2_at_install(cli, tmp_path, monkeypatch):
+    """A name alone renders (values reference the Secret) but cannot create it: exit 2 before anything is contacted."""
+    site = tmp_path / "site.yaml"
+    site.write_text("operator: {version: v24.9.2}\nregistry: {host: registry.lab:5000, pullSecret: {name: pull}}\n")
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: standin\nversion: 0.1.0\n")
+    rc, out, _ = cli("render", "-s", site)
+    assert rc == 0 and "pull" in out
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    rc, _, err = cli("operator", "install", "-s", site, "--chart", chart)
+    assert rc == 2 and "registry.pullSecret pull: no credentials to create it from" in err, err
+    assert "internal error" not in err

@@ -159,7 +159,7 @@ class Run:
         self.root = root
         for sub in ("home", "cache", "state", "config", "chart", "out"):
             (root / sub).mkdir()
-        (root / "chart" / "Chart.yaml").write_text("apiVersion: v2\nname: gpu-operator\nversion: 0.1.0\n")
+        (root / "chart" / "Chart.yaml").write_text("apiVersion: v2\nname: gpu-operator-standin\nversion: 0.1.0\n")
         self.kubeconfig = root / "kubeconfig"
         self.kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
