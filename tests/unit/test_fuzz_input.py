@@ -366,7 +366,14 @@ def mutated_sites(draw: st.DrawFn) -> tuple[str, tuple[str, ...]]:
         elif kind == "delete":
             data = _delete(data, path)
         elif kind == "nest":
-            data = _set(data, path, _nest(draw(st.sampled_from([5, 50, 400]))))
+            # built fresh (no deepcopy) and the last mutation: walking or copying it again would recurse as deep in
+            # this generator; far deeper nesting comes as text below
+            nested = _nest(draw(st.sampled_from([5, 50, 150])))
+            if not path:
+                data = nested
+            else:
+                _get(data, path[:-1])[path[-1]] = nested
+            break
         elif kind == "credential":
             ps = {"name": "gpu-registry"}
             field = draw(st.sampled_from(sorted(CREDENTIAL_FIELDS)))
@@ -394,6 +401,7 @@ def mutated_sites(draw: st.DrawFn) -> tuple[str, tuple[str, ...]]:
         lambda t: "!!python/object/apply:os.system ['id']\n" + t,
         lambda t: t.replace("operator:", "operator: !!python/object:builtins.dict", 1),
         lambda t: t + "anchors: &a [*a]\n",
+        lambda t: t + "deep: " + "[" * 5000 + "]" * 5000 + "\n",  # nesting far past Python's recursion limit
         lambda t: t[: len(t) // 2],  # truncated mid-way
         lambda t: t + "\t tab: 1\n",
         lambda t: "%YAML 9.9\n---\n" + t,
