@@ -14,19 +14,7 @@ import signal
 import socket
 import threading
 
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                s.shutdown(how)
-            except OSError:
-                pass
+from gpu_install_lab.kube.forward import pump
 
 
 def _handle(conn: socket.socket, allowed: set[str]) -> None:
@@ -52,9 +40,9 @@ def _handle(conn: socket.socket, allowed: set[str]) -> None:
         rest = head.split(b"\r\n\r\n", 1)[1]
         if rest:
             up.sendall(rest)
-        t = threading.Thread(target=_pump, args=(up, conn), daemon=True)
+        t = threading.Thread(target=pump, args=(up, conn), daemon=True)
         t.start()
-        _pump(conn, up)
+        pump(conn, up)
         t.join()
         up.close()
     finally:

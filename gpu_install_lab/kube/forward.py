@@ -9,6 +9,21 @@ import signal
 import socket
 
 
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy src to dst until src ends, then half-close both ways (one direction of a proxied connection)."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                s.shutdown(how)
+            except OSError:
+                pass
+
+
 def forward(netns_path: str, listen_port: int, target_port: int) -> None:
     """Accept on 127.0.0.1:listen_port inside netns_path; connect to 127.0.0.1:target_port on the
     host's loopback. Network namespaces are per thread: the listening socket is created after
@@ -30,22 +45,6 @@ def forward(netns_path: str, listen_port: int, target_port: int) -> None:
         raise OSError(ctypes.get_errno(), "setns(host)")
     os.close(target)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-                try:
-                    s.shutdown(how)
-                except OSError:
-                    pass
 
     def handle(conn: socket.socket) -> None:
         try:
