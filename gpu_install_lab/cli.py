@@ -38,7 +38,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     lab = _lab(args)
     status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
                     subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus,
-                    kubelet=args.kubelet)
+                    kubelet=args.kubelet, gpu_model=args.gpu_model)
     if args.runtime:
         from gpu_install_lab import runtime
 
@@ -65,10 +65,11 @@ def _print_status(st: dict) -> None:
           f"{'  auth=basic' if st.get('registry_auth') else ''}")
     print(f"  repo      {st['repo_url']}/apt  {st['repo_url']}/rpm  running={yes[st['repo_running']]}")
     real = st.get("kubelet") == "real"
-    extra = f" {'kubelet':8} {'runtime':26} ready" if real else ""
+    extra = f" {'kubelet':8} {'runtime':26} {'plugin':8} {'gpus':4} ready" if real else ""
     print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh{extra}")
     for n in st["nodes"]:
-        extra = f" {n.get('kubelet', '?'):8} {n.get('runtime', '?'):26} {yes[bool(n.get('ready'))]}" if real else ""
+        extra = (f" {n.get('kubelet', '?'):8} {n.get('runtime', '?'):26} {n.get('device_plugin', '?'):8} "
+                 f"{n.get('gpus', '?'):4} {yes[bool(n.get('ready'))]}") if real else ""
         print(f"  {n['name']:8} {n['flavour']:9} {n['ip']:14} {yes[n['running']]:8} {yes[n['ssh']]:3}{extra}")
     print(f"  inventory {st['inventory']}")
     if "kubernetes" in st:
@@ -95,6 +96,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_status(status)
     healthy = status.get("up") and status.get("registry_running") and status.get("repo_running") and all(
         n["running"] and n["ssh"] and n.get("ready", True) and n.get("kubelet", "active") == "active"
+        and n.get("device_plugin", "active") == "active"
         for n in status["nodes"]) and _kube_healthy(status.get("kubernetes", {}))
     from installer.errors import EXIT_OK, EXIT_VALIDATION
 
@@ -156,7 +158,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --kubernetes: hollow (default) = kubemark hollow kubelets, fast, run no containers, scale "
                         "to 100s of nodes; real = the real kubelet 1.20.2 + the node's containerd + CNI bridge in each "
                         "(debian12) node: pods really pull and run (see docs/lab-kubernetes.md)")
-    q.add_argument("--gpus", type=int, default=1, help="fake nvidia.com/gpu per node with --kubernetes (default 1)")
+    q.add_argument("--gpus", type=int, default=1,
+                   help="STAND-IN nvidia.com/gpu per node with --kubernetes (default 1): hollow nodes report them; real "
+                        "nodes run the STAND-IN device plugin advertising them (gpu_install_lab/gpus.py)")
+    from gpu_install_lab.gpus import MODELS
+
+    q.add_argument("--gpu-model", choices=sorted(MODELS), default=None,
+                   help="with --kubelet real: the STAND-IN GPUs' model (default NVIDIA A100-SXM4-80GB; the models "
+                        "with recorded nvidia-smi documents)")
     q.add_argument("--subnet", help="lab /24 (default: first free 10.250.X.0/24)")
     q.add_argument("--registry-auth", action="store_true",
                    help="require basic auth on the registry (user lab, password in <lab-dir>/registry/password)")

@@ -92,8 +92,16 @@ class Lab:
     # ------------------------------------------------------------ up
     def up(self, count: int = 3, flavours: list[str] | None = None, kubernetes: bool = False,
            subnet: str | None = None, registry_auth: bool = False, gpus: int = 1,
-           kubelet: str = "hollow") -> dict[str, Any]:
+           kubelet: str = "hollow", gpu_model: str | None = None) -> dict[str, Any]:
+        from gpu_install_lab import gpus as lab_gpus
+
         plan = plan_nodes(count, flavours or ["debian12"])
+        gpu_model = gpu_model or lab_gpus.DEFAULT_MODEL
+        if gpu_model not in lab_gpus.MODELS:
+            raise ConfigError(f"--gpu-model {gpu_model!r}: no recorded nvidia-smi document for it",
+                              hint=f"use one of: {', '.join(lab_gpus.MODELS)}")
+        if not 0 <= gpus <= 16:
+            raise ConfigError(f"--gpus {gpus}: out of range", hint="give 0 to 16 GPUs per node")
         if kubelet not in KUBELETS:
             raise ConfigError(f"--kubelet {kubelet}: unknown", hint=f"use one of {', '.join(KUBELETS)}")
         real = kubelet == "real"
@@ -164,13 +172,16 @@ class Lab:
             install_helm_to(self.dir / "tools")
 
             cp = None
+            tools = None
             if real:
+                tools = lab_gpus.tools_dir(self.say)
                 self.say("kubernetes: control plane (gpu_install_lab.kube) for real kubelets")
                 cp = self._control_plane()
                 cp.up()
                 s["kubelet"] = "real"
                 st.save()
-            self._nodes_up(st, plan, lowers, pubkey, ca.read_text(), cp)
+            self._nodes_up(st, plan, lowers, pubkey, ca.read_text(), cp,
+                           gpu={"count": gpus, "model": gpu_model, "tools": tools})
             text = inventory.render(self.dir, s, st.nodes)
             atomic_write(self.dir / "inventory" / "hosts.yml", text)
 
@@ -199,12 +210,13 @@ class Lab:
         (in parallel), then wait until every node is Ready."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from gpu_install_lab import images, packages, runtime
+        from gpu_install_lab import images, packages, runtime, smoke_image
 
         s = st.settings
         t0 = time.monotonic()
         refs = images.ensure_lab_images(s["registry"], ca, self.dir / "registry" / "build")
         self.say(f"registry: {', '.join(refs.values())} (busybox STAND-IN pause image, test image)")
+        smoke_image.push_lab_smoke_images(s["registry"], ca, progress=self.say)
         debs = packages.runtime_debs(progress=self.say)
         repo.add_packages(self.dir / "repo", debs)
         repo.refresh(self.dir / "repo")
@@ -232,12 +244,18 @@ class Lab:
                     node = api.read_node(name)
                 except Exception:  # noqa: BLE001 - not registered yet
                     continue
-                if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+                want = st.nodes[name].get("gpus", 0)
+                have = int((node.status.allocatable or {}).get("nvidia.com/gpu", "0"))
+                if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) \
+                        and have == want:
                     waiting.discard(name)
-                    self.say(f"{name}: real kubelet Ready (+{time.monotonic() - t0:.1f}s)")
+                    self.say(f"{name}: real kubelet Ready, {have} STAND-IN nvidia.com/gpu allocatable "
+                             f"(+{time.monotonic() - t0:.1f}s)")
             if waiting and time.monotonic() > deadline:
-                raise EnvironmentProblem(f"real kubelet node(s) not Ready after {timeout:.0f}s: {', '.join(sorted(waiting))}",
-                                         hint="`journalctl -u kubelet -u containerd` on the node (ssh root@<ip>)")
+                raise EnvironmentProblem(f"real kubelet node(s) not Ready (or without their STAND-IN GPUs) after "
+                                         f"{timeout:.0f}s: {', '.join(sorted(waiting))}",
+                                         hint="`journalctl -u kubelet -u containerd -u gpu-install-lab-device-plugin` "
+                                              "on the node (ssh root@<ip>)")
             time.sleep(0.5)
 
     def _wait_http(self, url: str, timeout: float = 10) -> None:
@@ -255,8 +273,9 @@ class Lab:
                 time.sleep(0.1)
 
     def _nodes_up(self, st: State, plan: list[dict[str, Any]], lowers: dict[str, Path], pubkey: str,
-                  ca_pem: str, cp: Any = None) -> None:
-        """cp: the control plane when the nodes run the real kubelet (gpu_install_lab/kubelet.py)."""
+                  ca_pem: str, cp: Any = None, gpu: dict[str, Any] | None = None) -> None:
+        """cp: the control plane when the nodes run the real kubelet (gpu_install_lab/kubelet.py); gpu: count,
+        model and the lab tools' dir for the real nodes' STAND-IN device plugin (gpu_install_lab/gpus.py)."""
         s = st.settings
         prefix = s["subnet"].split("/")[1]
         for p in plan:
@@ -267,6 +286,8 @@ class Lab:
                     "veth": net.veth_name(s["lab_id"], p["index"]),
                     "dir": str(self.dir / "nodes" / p["name"]),
                 }
+                if cp is not None and gpu:
+                    st.nodes[p["name"]].update(gpus=gpu["count"], gpu_model=gpu["model"])
         st.save()
         lab = {"bastion_ip": s["bastion_ip"], "hosts": {n: d["ip"] for n, d in st.nodes.items()},
                "ssh_pubkey": pubkey, "ca_pem": ca_pem, "registry": s["registry"], "repo_url": s["repo_url"],
@@ -286,6 +307,10 @@ class Lab:
                 from gpu_install_lab import kubelet
 
                 kubelet.customise(merged, node, cp.dir / "pki", Path(cp.state["bin_dir"]) / "kubelet", s["registry"])
+                if gpu and gpu.get("tools"):
+                    from gpu_install_lab import gpus as lab_gpus
+
+                    lab_gpus.customise(merged, s["lab_id"], node, gpu["tools"])
                 extra = kubelet.nspawn_args(Path(node["dir"]))
                 self._spawn(st, f"apiserver-forwarder:{name}",
                             [sys.executable, "-m", "gpu_install_lab.kube", "_forward", f"/run/netns/{node['netns']}",
@@ -434,6 +459,7 @@ class Lab:
         from gpu_install_lab import runtime
 
         ready: dict[str, bool] = {}
+        gpus: dict[str, str] = {}
         try:
             from kubernetes import client, config
 
@@ -441,19 +467,22 @@ class Lab:
             for node in api.list_node(_request_timeout=5).items:
                 ready[node.metadata.name] = any(c.type == "Ready" and c.status == "True"
                                                 for c in node.status.conditions or [])
+                gpus[node.metadata.name] = (node.status.allocatable or {}).get("nvidia.com/gpu", "0")
         except Exception:  # noqa: BLE001 - the control plane is down: every node reads not Ready
             pass
         for row in rows:
             row["ready"] = ready.get(row["name"], False)
+            row["gpus"] = gpus.get(row["name"], "?")  # allocatable nvidia.com/gpu (STAND-IN device plugin)
             if not row["ssh"]:
-                row["kubelet"] = row["runtime"] = "unknown"
+                row["kubelet"] = row["runtime"] = row["device_plugin"] = "unknown"
                 continue
-            proc = subprocess.run([*runtime.ssh_argv(self.dir, row["ip"]), "systemctl is-active kubelet containerd; "
+            proc = subprocess.run([*runtime.ssh_argv(self.dir, row["ip"]),
+                                   "systemctl is-active kubelet containerd gpu-install-lab-device-plugin; "
                                    "containerd --version 2>/dev/null | cut -d' ' -f3"],
                                   capture_output=True, text=True, timeout=30)
-            states = (proc.stdout.split() + ["unknown"] * 3)[:3]
-            row["kubelet"] = states[0]
-            row["runtime"] = f"containerd {states[2]} {states[1]}" if states[1] == "active" else f"containerd {states[1]}"
+            states = (proc.stdout.split() + ["unknown"] * 4)[:4]
+            row["kubelet"], row["device_plugin"] = states[0], states[2]
+            row["runtime"] = f"containerd {states[3]} {states[1]}" if states[1] == "active" else f"containerd {states[1]}"
 
     def status(self) -> dict[str, Any]:
         if not self.state_path.exists():

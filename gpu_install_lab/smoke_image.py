@@ -114,3 +114,34 @@ def push_smoke_image(layout: Path, tag: str, dest_ref: str, ca_dir: Path | None 
     if ca_dir is not None:
         cmd += ["--dest-cert-dir", str(ca_dir)]
     _run(*cmd, f"oci:{layout}:{tag}", f"docker://{dest_ref}")
+
+
+def lab_smoke_refs(registry_host: str) -> dict[str, list[str]]:
+    """{reference in the lab registry: [catalog releases]}: the smoke image at the CUDA image path of every catalog
+    release that pins one, as a site with the default registry layout (strip-host, no prefix) renders it."""
+    reg = Registry(host=registry_host)
+    refs: dict[str, list[str]] = {}
+    for release in Catalog.default().releases():
+        try:
+            refs.setdefault(smoke_image_ref(release, reg), []).append(release)
+        except (KeyError, ValueError):
+            continue  # a release without a CUDA image pin (v26.x): nothing to stand in for
+    return refs
+
+
+def push_lab_smoke_images(registry_host: str, ca: Path, progress=print) -> dict[str, list[str]]:
+    """Build the smoke image once and push it to every lab_smoke_refs() reference (same blobs: after the first
+    push each tag costs one manifest). Returns lab_smoke_refs()."""
+    import time
+
+    from gpu_install_lab import images
+
+    t0 = time.monotonic()
+    layout = build_smoke_image("smoke")
+    refs = lab_smoke_refs(registry_host)
+    for ref in refs:
+        images.push(layout, "smoke", ref, ca)
+    progress(f"registry: STAND-IN CUDA smoke image at {len(refs)} catalog CUDA paths "
+             f"({registry_host}/nvidia/cuda:<tag>, {time.monotonic() - t0:.1f}s)")
+    return refs
+

@@ -47,11 +47,25 @@ def _snapshot(lab_dir: Path) -> dict[str, set[str]]:
         "links": set(os.listdir("/sys/class/net")),
         "cgroups": set(glob.glob("/sys/fs/cgroup/*/gpu-install-lab/*")) | set(glob.glob("/sys/fs/cgroup/*/kubepods*")),
         "processes": procs,
+        "iptables": _iptables(),
     }
 
 
+def _iptables() -> set[str]:
+    """The host's iptables rules and chains (filter, nat, mangle), counters stripped."""
+    import re
+    import shutil
+
+    if shutil.which("iptables-save") is None:
+        return set()
+    out = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    return {re.sub(r" \[\d+:\d+\]$", "", line) for line in out.splitlines() if line[:1] in (":", "-")}
+
+
 def _ours(lab_dir: Path, lid: str, kube_netns: str, entry: str) -> bool:
-    return str(lab_dir) in entry or lid in entry or kube_netns in entry or "kubepods" in entry
+    return (str(lab_dir) in entry or lid in entry or kube_netns in entry or "kubepods" in entry
+            # rules a kubelet, CNI or the pods' network would add if they reached the host's tables
+            or any(k in entry for k in ("KUBE-", "CNI-", "10.244.", "cni0")))
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +149,10 @@ def test_status_shows_kubelet_runtime_ready(rl):
     for n in st["nodes"]:
         assert n["kubelet"] == "active" and n["ready"] is True, n
         assert n["runtime"].startswith("containerd 1.6") and n["runtime"].endswith("active"), n
+        assert n["device_plugin"] == "active" and n["gpus"] == "1", n
     text = subprocess.run([str(VENV_BIN / "gpu-install"), "lab", "--lab-dir", str(rl["h"].dir), "status"],
                           capture_output=True, text=True, timeout=120).stdout
-    assert "kubelet" in text and "ready" in text
+    assert "kubelet" in text and "ready" in text and "plugin" in text and "gpus" in text
 
 
 def test_second_up_is_a_noop(rl):
@@ -225,6 +240,103 @@ def test_after_apply_the_pod_runs_and_logs(rl):
     assert images.HELLO_TEXT in kubectl(rl, "logs", POD).stdout
     pulled = root(h, "node1", "ctr -n k8s.io images ls -q").stdout
     assert f"{reg}/{images.HELLO[0]}:{images.HELLO[1]}" in pulled
+
+
+def _gpu_pod(name: str, image: str, gpus: int, node: str | None = None) -> str:
+    spec: dict = {"restartPolicy": "Never", "dnsPolicy": "Default",
+                  "containers": [{"name": name, "image": image, "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                       "spec": spec})
+
+
+def _wait_phase(rl, pod: str, want: str, timeout: float = 150) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = json.loads(kubectl(rl, "get", "pod", pod, "-o", "json").stdout)
+        phase = doc["status"].get("phase")
+        if phase == want:
+            return doc
+        assert phase in ("Pending", "Running") and time.monotonic() < deadline, (phase, doc["status"])
+        time.sleep(1)
+
+
+def test_gpu_pod_runs_the_smoke_image_and_sees_one_gpu(rl):
+    """After apply (the CA trusted): a pod asking nvidia.com/gpu: 1 gets it from the node's STAND-IN device plugin
+    and runs the STAND-IN CUDA smoke image, pulled from the site registry at the release's CUDA image path; its
+    log lists exactly the one GPU allocated to it (the stand-in nvidia-smi Allocate mounted)."""
+    import re
+
+    from gpu_install_lab import gpus
+    from gpu_install_lab.smoke_image import RESULT_PREFIX, smoke_image_ref
+    from installer.config import Registry
+
+    h = rl["h"]
+    reg = h.status["registry"]
+    for n in json.loads(kubectl(rl, "get", "nodes", "-o", "json").stdout)["items"]:
+        assert n["status"]["allocatable"].get("nvidia.com/gpu") == "1", n["status"]["allocatable"]
+    image = smoke_image_ref("v23.9.2", Registry(host=reg))
+    assert image == f"{reg}/nvidia/cuda:12.3.2-base-ubi8"
+    kubectl(rl, "apply", "-f", "-", input=_gpu_pod("smoke", image, 1, "node1"))
+    pod = _wait_phase(rl, "smoke", "Succeeded")
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    log = kubectl(rl, "logs", "smoke").stdout
+    listed = re.findall(r"^GPU \d+: (.+) \(UUID: (GPU-[0-9a-f-]+)\)$", log, re.M)
+    want = gpus.node_config(rl["lid"], "node1", 1)["gpus"][0]
+    assert listed == [(want["model"], want["uuid"])], log
+    assert f"{RESULT_PREFIX} PASSED: 1 GPU(s) visible (NVIDIA_VISIBLE_DEVICES={want['uuid']})" in log, log
+    kubectl(rl, "delete", "pod", "smoke", "--wait=false")
+
+
+def test_two_gpus_on_one_gpu_nodes_stay_pending(rl):
+    from gpu_install_lab.smoke_image import smoke_image_ref
+    from installer.config import Registry
+
+    image = smoke_image_ref("v23.9.2", Registry(host=rl["h"].status["registry"]))
+    kubectl(rl, "apply", "-f", "-", input=_gpu_pod("two-gpus", image, 2))
+    deadline = time.monotonic() + 60
+    while True:
+        doc = json.loads(kubectl(rl, "get", "pod", "two-gpus", "-o", "json").stdout)
+        cond = {c["type"]: c for c in doc["status"].get("conditions", [])}.get("PodScheduled")
+        if cond and cond["status"] == "False" and "Insufficient nvidia.com/gpu" in cond.get("message", ""):
+            break
+        assert time.monotonic() < deadline, doc["status"]
+        time.sleep(1)
+    assert doc["status"]["phase"] == "Pending" and not doc["spec"].get("nodeName"), doc
+    assert cond["reason"] == "Unschedulable" and "2 Insufficient nvidia.com/gpu" in cond["message"], cond
+    kubectl(rl, "delete", "pod", "two-gpus", "--wait=false")
+
+
+def test_unhealthy_gpu_leaves_allocatable(rl):
+    """A GPU marked unhealthy in the node's lab config goes Unhealthy through ListAndWatch: the kubelet drops it from
+    allocatable (capacity keeps it); healthy again, it comes back."""
+    import yaml as _yaml
+
+    from gpu_install_lab import gpus
+
+    h = rl["h"]
+    path = gpus.CONFIG_PATH
+    doc = _yaml.safe_load(root(h, "node2", f"cat {path}").stdout)
+
+    def write(healthy: bool) -> None:
+        doc["gpus"][0]["healthy"] = healthy
+        root(h, "node2", f"cat > {path}.tmp && mv {path}.tmp {path}", input=_yaml.safe_dump(doc))
+
+    def wait_alloc(want: str) -> dict:
+        deadline = time.monotonic() + 60
+        while True:
+            st = json.loads(kubectl(rl, "get", "node", "node2", "-o", "json").stdout)["status"]
+            if st["allocatable"].get("nvidia.com/gpu") == want:
+                return st
+            assert time.monotonic() < deadline, st["allocatable"]
+            time.sleep(0.5)
+
+    write(False)
+    st = wait_alloc("0")
+    assert st["capacity"]["nvidia.com/gpu"] == "1", st["capacity"]
+    write(True)
+    wait_alloc("1")
 
 
 def _free_slash30() -> tuple[str, str]:

@@ -1,0 +1,111 @@
+"""GPUs on the lab's real nodes: the STAND-IN device plugin and STAND-IN nvidia-smi (labtools/, built by
+scripts/build-lab-tools) installed into each real node, with the node's lab GPU config.
+
+There is no GPU here. Each real node runs `standin-gpu-device-plugin` as a systemd unit: it speaks the kubelet
+device-plugin API v1beta1 to the node's real kubelet and advertises `nvidia.com/gpu` devices (or mixed-strategy
+`nvidia.com/mig-<profile>` ones) described in /etc/gpu-install-lab/gpus.yaml; Allocate gives a container
+NVIDIA_VISIBLE_DEVICES and mounts the STAND-IN nvidia-smi, which answers for the allocated devices only, from
+recorded real nvidia-smi documents (tests/fixtures/nvidia-smi/README.md). Editing gpus.yaml on a node (for instance
+`healthy: false`) reaches the kubelet through ListAndWatch within a second.
+
+Node config: `gpu-install lab up --kubelet real --gpus N [--gpu-model MODEL]` gives every node N GPUs of that model
+with UUIDs derived from the lab id and the node name (stable across `lab up`, distinct between nodes and labs).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+from installer.errors import EnvironmentProblem
+from installer.util import atomic_write
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build-lab-tools"
+PLUGIN = "standin-gpu-device-plugin"
+SMI = "standin-nvidia-smi"
+NODE_LIB = "/usr/local/lib/gpu-install-lab"  # where the binaries go inside a node
+CONFIG_PATH = "/etc/gpu-install-lab/gpus.yaml"
+UNIT = "gpu-install-lab-device-plugin.service"
+DRIVER_VERSION = "535.54.03"  # what the stand-in nvidia-smi reports (the recorded A100 document's driver)
+CUDA_VERSION = "12.2"
+
+# model -> (memory MiB, MIG-capable): the models the recorded nvidia-smi documents cover
+MODELS: dict[str, tuple[int, bool]] = {
+    "NVIDIA A100-SXM4-80GB": (81920, True),
+    "Tesla T4": (15360, False),
+}
+DEFAULT_MODEL = "NVIDIA A100-SXM4-80GB"
+
+UNIT_TEXT = f"""[Unit]
+Description=gpu-install lab STAND-IN GPU device plugin (no GPU: advertises the devices of {CONFIG_PATH})
+After=kubelet.service
+Wants=kubelet.service
+
+[Service]
+ExecStart={NODE_LIB}/{PLUGIN} --config={CONFIG_PATH} --nvidia-smi={NODE_LIB}/{SMI}
+Restart=always
+RestartSec=1
+StandardInput=null
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def tools_dir(progress: Any = print) -> Path:
+    """The built lab tools (scripts/build-lab-tools: builds them when missing or stale, else instant)."""
+    if not BUILD_SCRIPT.is_file():
+        raise EnvironmentProblem("the lab's STAND-IN GPU tools need scripts/build-lab-tools",
+                                 hint="run the lab from a gpu-install checkout")
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "--bin-dir"], capture_output=True, text=True)
+    bin_dir = Path(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else None
+    if bin_dir is None or not all((bin_dir / t).is_file() for t in (PLUGIN, SMI)):
+        progress("lab tools: building the STAND-IN device plugin and nvidia-smi (scripts/build-lab-tools, ~2 min)")
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"scripts/build-lab-tools failed (exit {proc.returncode}):\n  "
+                                 + "\n  ".join(proc.stderr.strip().splitlines()[-10:]),
+                                 hint="it needs golang-go and deb-src (scripts/bootstrap installs them)")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def node_config(lab_id: str, node: str, count: int, model: str = DEFAULT_MODEL) -> dict[str, Any]:
+    """The node's lab GPU config: count GPUs of model, UUIDs stable per (lab, node, index)."""
+    if model not in MODELS:
+        raise ValueError(f"GPU model {model!r}: the stand-in has recorded documents for {', '.join(MODELS)} only")
+    mem, mig = MODELS[model]
+    gpus = []
+    for i in range(count):
+        u = uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-install-lab:{lab_id}:{node}:{i}")
+        gpus.append({"uuid": f"GPU-{u}", "model": model, "memoryMiB": mem, "migCapable": mig,
+                     "pciBusId": f"00000000:{0x10 + i:02X}:00.0"})
+    return {"driverVersion": DRIVER_VERSION, "cudaVersion": CUDA_VERSION, "gpus": gpus}
+
+
+def customise(merged: Path, lab_id: str, node: dict[str, Any], tools: Path) -> None:
+    """Install the STAND-IN device plugin and nvidia-smi into a real node's overlay (before it boots)."""
+    import yaml
+
+    lib = merged / NODE_LIB.lstrip("/")
+    lib.mkdir(parents=True, exist_ok=True)
+    for name in (PLUGIN, SMI):
+        src, dest = tools / name, lib / name
+        if not dest.exists() or dest.read_bytes() != src.read_bytes():
+            tmp = dest.with_name(f".{name}.tmp")
+            shutil.copyfile(src, tmp)
+            tmp.chmod(0o755)
+            tmp.replace(dest)
+    cfg = merged / CONFIG_PATH.lstrip("/")
+    if not cfg.exists():  # a second `lab up` keeps what a test (or the user) changed on the node
+        doc = node_config(lab_id, node["name"], node.get("gpus", 1), node.get("gpu_model", DEFAULT_MODEL))
+        atomic_write(cfg, "# gpu-install lab: this node's STAND-IN GPUs (gpu_install_lab/gpus.py); edits reach the "
+                          "kubelet within a second\n" + yaml.safe_dump(doc, sort_keys=False))
+    units = merged / "etc/systemd/system"
+    atomic_write(units / UNIT, UNIT_TEXT)
+    link = units / "multi-user.target.wants" / UNIT
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(f"/etc/systemd/system/{UNIT}")
