@@ -1,0 +1,45 @@
+"""The real lab nodes' STAND-IN GPU config (gpu_install_lab/gpus.py): what the device plugin is given."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gpu_install_lab import gpus
+
+
+def test_uuids_stable_per_node_and_distinct_between_nodes_and_labs():
+    a = gpus.node_config("lab1", "node1", 2)
+    assert a == gpus.node_config("lab1", "node1", 2)
+    uuids = [g["uuid"] for g in a["gpus"]]
+    assert len(set(uuids)) == 2 and all(u.startswith("GPU-") for u in uuids)
+    assert not set(uuids) & {g["uuid"] for g in gpus.node_config("lab1", "node2", 2)["gpus"]}
+    assert not set(uuids) & {g["uuid"] for g in gpus.node_config("lab2", "node1", 2)["gpus"]}
+
+
+def test_models_are_the_recorded_ones():
+    t4 = gpus.node_config("lab", "node1", 1, "Tesla T4")["gpus"][0]
+    assert (t4["model"], t4["memoryMiB"], t4["migCapable"]) == ("Tesla T4", 15360, False)
+    with pytest.raises(ValueError, match="recorded"):
+        gpus.node_config("lab", "node1", 1, "NVIDIA H100 80GB HBM3")
+    assert gpus.node_config("lab", "node1", 0)["gpus"] == []
+
+
+def test_customise_writes_binaries_config_and_unit(tmp_path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in (gpus.PLUGIN, gpus.SMI):
+        (tools / name).write_bytes(b"#!/bin/sh\n")
+    merged = tmp_path / "merged"
+    node = {"name": "node1", "gpus": 2, "gpu_model": "Tesla T4"}
+    gpus.customise(merged, "lab", node, tools)
+    cfg = yaml.safe_load((merged / gpus.CONFIG_PATH.lstrip("/")).read_text())
+    assert [g["model"] for g in cfg["gpus"]] == ["Tesla T4", "Tesla T4"]
+    assert (merged / gpus.NODE_LIB.lstrip("/") / gpus.PLUGIN).stat().st_mode & 0o111
+    unit = (merged / "etc/systemd/system" / gpus.UNIT).read_text()
+    assert f"--config={gpus.CONFIG_PATH}" in unit and "After=kubelet.service" in unit
+    assert (merged / "etc/systemd/system/multi-user.target.wants" / gpus.UNIT).is_symlink()
+    # a second `lab up` keeps an edited config
+    (merged / gpus.CONFIG_PATH.lstrip("/")).write_text("edited\n")
+    gpus.customise(merged, "lab", node, tools)
+    assert (merged / gpus.CONFIG_PATH.lstrip("/")).read_text() == "edited\n"
