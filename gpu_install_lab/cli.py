@@ -38,7 +38,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     lab = _lab(args)
     status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
                     subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus,
-                    kubelet=args.kubelet, gpu_model=args.gpu_model)
+                    kubelet=args.kubelet, gpu_model=args.gpu_model,
+                    mig=args.mig)
     if args.runtime:
         from gpu_install_lab import runtime
 
@@ -166,6 +167,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--gpu-model", choices=sorted(MODELS), default=None,
                    help="with --kubelet real: the STAND-IN GPUs' model (default NVIDIA A100-SXM4-80GB; the models "
                         "with recorded nvidia-smi documents)")
+    q.add_argument("--mig", metavar="PROFILE=N[,...]",
+                   help="with --kubelet real: MIG devices on every GPU of each node, e.g. 1g.10gb=2,2g.20gb=1; the "
+                        "STAND-IN device plugin advertises them as nvidia.com/mig-<profile> (mixed strategy)")
     q.add_argument("--subnet", help="lab /24 (default: first free 10.250.X.0/24)")
     q.add_argument("--registry-auth", action="store_true",
                    help="require basic auth on the registry (user lab, password in <lab-dir>/registry/password)")

@@ -72,17 +72,87 @@ def tools_dir(progress: Any = print) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def node_config(lab_id: str, node: str, count: int, model: str = DEFAULT_MODEL) -> dict[str, Any]:
-    """The node's lab GPU config: count GPUs of model, UUIDs stable per (lab, node, index)."""
+def parse_mig(spec: str | None) -> dict[str, int]:
+    """`--mig 1g.10gb=2,2g.20gb=1` -> {"1g.10gb": 2, "2g.20gb": 1} (empty: no MIG devices)."""
+    out: dict[str, int] = {}
+    for part in (spec or "").split(","):
+        if not part.strip():
+            continue
+        profile, sep, count = part.strip().partition("=")
+        if not sep or not count.isascii() or not count.isdigit() or int(count) < 1 or not profile:
+            raise ValueError(f"--mig {spec!r}: {part.strip()!r} is not PROFILE=COUNT (e.g. 1g.10gb=2)")
+        if profile in out:
+            raise ValueError(f"--mig {spec!r}: {profile} given twice")
+        out[profile] = int(count)
+    return out
+
+
+def check_mig(model: str, mig: dict[str, int]) -> None:
+    """Refuse a MIG layout the model cannot hold: a profile it has not (mig-parted's profile list,
+    values/mig/models.yaml), more instances of one than it allows, or more than 7 compute slices in all."""
+    if not mig:
+        return
+    import re
+
+    import yaml
+
+    from installer import content
+
+    if not MODELS[model][1]:
+        raise ValueError(f"--mig: {model} is not MIG-capable")
+    doc = yaml.safe_load(content.mig_models_file().read_text())
+    entry = next((m for m in doc["models"] if any(re.search(p, model, re.I) for p in m["products"])), None)
+    if entry is None:
+        raise ValueError(f"--mig: no MIG profile list for {model}")
+    profiles: dict[str, int] = entry["profiles"]
+    for profile, count in mig.items():
+        if profile not in profiles:
+            raise ValueError(f"--mig: {model} has no MIG profile {profile} (it has {', '.join(profiles)})")
+        if count > profiles[profile]:
+            raise ValueError(f"--mig: {model} holds at most {profiles[profile]} x {profile}, not {count}")
+    slices = sum(int(p.split("g.", 1)[0]) * n for p, n in mig.items())
+    if slices > 7:
+        raise ValueError(f"--mig: {', '.join(f'{n} x {p}' for p, n in mig.items())} needs {slices} compute slices; "
+                         f"a {model} has 7")
+
+
+def node_config(lab_id: str, node: str, count: int, model: str = DEFAULT_MODEL,
+                mig: dict[str, int] | None = None) -> dict[str, Any]:
+    """The node's lab GPU config: count GPUs of model, UUIDs stable per (lab, node, index); with mig, every GPU
+    has those MIG devices (the device plugin then advertises them the mixed-strategy way, not the GPUs)."""
     if model not in MODELS:
         raise ValueError(f"GPU model {model!r}: the stand-in has recorded documents for {', '.join(MODELS)} only")
-    mem, mig = MODELS[model]
+    check_mig(model, mig or {})
+    mem, mig_capable = MODELS[model]
     gpus = []
     for i in range(count):
         u = uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-install-lab:{lab_id}:{node}:{i}")
-        gpus.append({"uuid": f"GPU-{u}", "model": model, "memoryMiB": mem, "migCapable": mig,
-                     "pciBusId": f"00000000:{0x10 + i:02X}:00.0"})
+        gpu: dict[str, Any] = {"uuid": f"GPU-{u}", "model": model, "memoryMiB": mem, "migCapable": mig_capable,
+                               "pciBusId": f"00000000:{0x10 + i:02X}:00.0"}
+        devices = []
+        for profile, n in sorted((mig or {}).items()):
+            for j in range(n):
+                m = uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-install-lab:{lab_id}:{node}:{i}:{profile}:{j}")
+                devices.append({"uuid": f"MIG-{m}", "profile": profile})
+        if devices:
+            gpu["mig"] = devices
+        gpus.append(gpu)
     return {"driverVersion": DRIVER_VERSION, "cudaVersion": CUDA_VERSION, "gpus": gpus}
+
+
+def expected_resources(config: dict[str, Any]) -> dict[str, int]:
+    """What the device plugin advertises for a config (healthy devices): {resource: count}."""
+    out: dict[str, int] = {}
+    for g in config.get("gpus", []):
+        if g.get("healthy") is False:
+            continue
+        if not g.get("mig"):
+            out["nvidia.com/gpu"] = out.get("nvidia.com/gpu", 0) + 1
+        for m in g.get("mig", []):
+            if m.get("healthy") is not False:
+                name = "nvidia.com/mig-" + m["profile"].replace("+", ".")
+                out[name] = out.get(name, 0) + 1
+    return out
 
 
 def customise(merged: Path, lab_id: str, node: dict[str, Any], tools: Path) -> None:
@@ -100,7 +170,8 @@ def customise(merged: Path, lab_id: str, node: dict[str, Any], tools: Path) -> N
             tmp.replace(dest)
     cfg = merged / CONFIG_PATH.lstrip("/")
     if not cfg.exists():  # a second `lab up` keeps what a test (or the user) changed on the node
-        doc = node_config(lab_id, node["name"], node.get("gpus", 1), node.get("gpu_model", DEFAULT_MODEL))
+        doc = node_config(lab_id, node["name"], node.get("gpus", 1), node.get("gpu_model", DEFAULT_MODEL),
+                          node.get("mig"))
         atomic_write(cfg, "# gpu-install lab: this node's STAND-IN GPUs (gpu_install_lab/gpus.py); edits reach the "
                           "kubelet within a second\n" + yaml.safe_dump(doc, sort_keys=False))
     units = merged / "etc/systemd/system"

@@ -92,7 +92,7 @@ class Lab:
     # ------------------------------------------------------------ up
     def up(self, count: int = 3, flavours: list[str] | None = None, kubernetes: bool = False,
            subnet: str | None = None, registry_auth: bool = False, gpus: int = 1,
-           kubelet: str = "hollow", gpu_model: str | None = None) -> dict[str, Any]:
+           kubelet: str = "hollow", gpu_model: str | None = None, mig: str | None = None) -> dict[str, Any]:
         from gpu_install_lab import gpus as lab_gpus
 
         plan = plan_nodes(count, flavours or ["debian12"])
@@ -102,6 +102,14 @@ class Lab:
                               hint=f"use one of: {', '.join(lab_gpus.MODELS)}")
         if not 0 <= gpus <= 16:
             raise ConfigError(f"--gpus {gpus}: out of range", hint="give 0 to 16 GPUs per node")
+        try:
+            mig_layout = lab_gpus.parse_mig(mig)
+            lab_gpus.check_mig(gpu_model, mig_layout)
+        except ValueError as exc:
+            raise ConfigError(str(exc), hint="e.g. --mig 1g.10gb=2,2g.20gb=1 (mixed strategy, on every GPU of "
+                                             "each node; A100 80GB profiles)") from exc
+        if mig_layout and kubelet != "real":
+            raise ConfigError("--mig needs --kubelet real (the STAND-IN device plugin advertises MIG devices)")
         if kubelet not in KUBELETS:
             raise ConfigError(f"--kubelet {kubelet}: unknown", hint=f"use one of {', '.join(KUBELETS)}")
         real = kubelet == "real"
@@ -181,7 +189,7 @@ class Lab:
                 s["kubelet"] = "real"
                 st.save()
             self._nodes_up(st, plan, lowers, pubkey, ca.read_text(), cp,
-                           gpu={"count": gpus, "model": gpu_model, "tools": tools})
+                           gpu={"count": gpus, "model": gpu_model, "mig": mig_layout, "tools": tools})
             text = inventory.render(self.dir, s, st.nodes)
             atomic_write(self.dir / "inventory" / "hosts.yml", text)
 
@@ -210,6 +218,7 @@ class Lab:
         (in parallel), then wait until every node is Ready."""
         from concurrent.futures import ThreadPoolExecutor
 
+        from gpu_install_lab import gpus as lab_gpus
         from gpu_install_lab import images, packages, runtime, smoke_image
 
         s = st.settings
@@ -244,13 +253,16 @@ class Lab:
                     node = api.read_node(name)
                 except Exception:  # noqa: BLE001 - not registered yet
                     continue
-                want = st.nodes[name].get("gpus", 0)
-                have = int((node.status.allocatable or {}).get("nvidia.com/gpu", "0"))
+                n = st.nodes[name]
+                want = lab_gpus.expected_resources(lab_gpus.node_config(
+                    s["lab_id"], name, n.get("gpus", 0), n.get("gpu_model", lab_gpus.DEFAULT_MODEL), n.get("mig")))
+                alloc = node.status.allocatable or {}
+                have = {r: int(alloc.get(r, "0")) for r in want}
                 if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []) \
                         and have == want:
                     waiting.discard(name)
-                    self.say(f"{name}: real kubelet Ready, {have} STAND-IN nvidia.com/gpu allocatable "
-                             f"(+{time.monotonic() - t0:.1f}s)")
+                    gpus = ", ".join(f"{c} {r}" for r, c in sorted(have.items())) or "no GPUs"
+                    self.say(f"{name}: real kubelet Ready, STAND-IN {gpus} allocatable (+{time.monotonic() - t0:.1f}s)")
             if waiting and time.monotonic() > deadline:
                 raise EnvironmentProblem(f"real kubelet node(s) not Ready (or without their STAND-IN GPUs) after "
                                          f"{timeout:.0f}s: {', '.join(sorted(waiting))}",
@@ -287,7 +299,7 @@ class Lab:
                     "dir": str(self.dir / "nodes" / p["name"]),
                 }
                 if cp is not None and gpu:
-                    st.nodes[p["name"]].update(gpus=gpu["count"], gpu_model=gpu["model"])
+                    st.nodes[p["name"]].update(gpus=gpu["count"], gpu_model=gpu["model"], mig=gpu["mig"])
         st.save()
         lab = {"bastion_ip": s["bastion_ip"], "hosts": {n: d["ip"] for n, d in st.nodes.items()},
                "ssh_pubkey": pubkey, "ca_pem": ca_pem, "registry": s["registry"], "repo_url": s["repo_url"],
@@ -467,12 +479,16 @@ class Lab:
             for node in api.list_node(_request_timeout=5).items:
                 ready[node.metadata.name] = any(c.type == "Ready" and c.status == "True"
                                                 for c in node.status.conditions or [])
-                gpus[node.metadata.name] = (node.status.allocatable or {}).get("nvidia.com/gpu", "0")
+                alloc = node.status.allocatable or {}
+                gpus[node.metadata.name] = ",".join(
+                    [alloc.get("nvidia.com/gpu", "0")] + [f"{r.split('/', 1)[1]}:{c}" for r, c in sorted(alloc.items())
+                                                          if r.startswith("nvidia.com/mig-") and c != "0"])
         except Exception:  # noqa: BLE001 - the control plane is down: every node reads not Ready
             pass
         for row in rows:
             row["ready"] = ready.get(row["name"], False)
-            row["gpus"] = gpus.get(row["name"], "?")  # allocatable nvidia.com/gpu (STAND-IN device plugin)
+            # allocatable nvidia.com/gpu[,mig-<profile>:N...] (STAND-IN device plugin)
+            row["gpus"] = gpus.get(row["name"], "?")
             if not row["ssh"]:
                 row["kubelet"] = row["runtime"] = row["device_plugin"] = "unknown"
                 continue

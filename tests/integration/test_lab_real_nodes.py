@@ -339,6 +339,48 @@ def test_unhealthy_gpu_leaves_allocatable(rl):
     wait_alloc("1")
 
 
+def test_mig_devices_advertised_and_allocated_mixed_strategy(rl):
+    """node2 given MIG devices (its lab config, as `lab up --mig 1g.10gb=2` writes it): the kubelet advertises
+    nvidia.com/mig-1g.10gb (and the GPU no longer as nvidia.com/gpu); a pod asking one runs the smoke image and its
+    nvidia-smi -L lists the parent GPU and exactly the MIG device it was given."""
+    import re
+
+    import yaml as _yaml
+
+    from gpu_install_lab import gpus
+    from gpu_install_lab.smoke_image import RESULT_PREFIX, smoke_image_ref
+    from installer.config import Registry
+
+    h = rl["h"]
+    old = root(h, "node2", f"cat {gpus.CONFIG_PATH}").stdout
+    cfg = gpus.node_config(rl["lid"], "node2", 1, mig={"1g.10gb": 2})
+    assert gpus.expected_resources(cfg) == {"nvidia.com/mig-1g.10gb": 2}
+    root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}",
+         input=_yaml.safe_dump(cfg))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            alloc = json.loads(kubectl(rl, "get", "node", "node2", "-o", "json").stdout)["status"]["allocatable"]
+            if alloc.get("nvidia.com/mig-1g.10gb") == "2" and alloc.get("nvidia.com/gpu", "0") == "0":
+                break
+            assert time.monotonic() < deadline, alloc
+            time.sleep(0.5)
+        image = smoke_image_ref("v23.9.2", Registry(host=h.status["registry"]))
+        pod = json.loads(_gpu_pod("mig", image, 1, "node2"))
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.10gb": 1}}
+        kubectl(rl, "apply", "-f", "-", input=json.dumps(pod))
+        _wait_phase(rl, "mig", "Succeeded")
+        log = kubectl(rl, "logs", "mig").stdout
+        gpu = cfg["gpus"][0]
+        assert re.findall(r"^GPU \d+: .* \(UUID: (\S+)\)$", log, re.M) == [gpu["uuid"]], log
+        migs = re.findall(r"^  MIG 1g\.10gb +Device +\d+: \(UUID: (MIG-[0-9a-f-]+)\)$", log, re.M)
+        assert len(migs) == 1 and migs[0] in {m["uuid"] for m in gpu["mig"]}, log
+        assert f"{RESULT_PREFIX} PASSED: 1 GPU(s) visible (NVIDIA_VISIBLE_DEVICES={migs[0]})" in log, log
+        kubectl(rl, "delete", "pod", "mig", "--wait=false")
+    finally:
+        root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}", input=old)
+
+
 def _free_slash30() -> tuple[str, str]:
     """(host side, listener) of a /30 in 198.18.0.0/15 (RFC 2544 benchmarking) that nothing here uses."""
     import ipaddress

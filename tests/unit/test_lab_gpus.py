@@ -43,3 +43,30 @@ def test_customise_writes_binaries_config_and_unit(tmp_path):
     (merged / gpus.CONFIG_PATH.lstrip("/")).write_text("edited\n")
     gpus.customise(merged, "lab", node, tools)
     assert (merged / gpus.CONFIG_PATH.lstrip("/")).read_text() == "edited\n"
+
+
+def test_mig_layout_parsed_checked_and_advertised():
+    assert gpus.parse_mig("1g.10gb=2, 2g.20gb=1") == {"1g.10gb": 2, "2g.20gb": 1}
+    assert gpus.parse_mig(None) == {} == gpus.parse_mig("")
+    for bad in ("1g.10gb", "1g.10gb=0", "1g.10gb=x", "=2", "1g.10gb=1,1g.10gb=2", "1g.10gb=٣"):
+        with pytest.raises(ValueError, match="--mig"):
+            gpus.parse_mig(bad)
+    cfg = gpus.node_config("lab", "node1", 2, mig={"1g.10gb": 2, "2g.20gb": 1})
+    assert gpus.expected_resources(cfg) == {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/mig-2g.20gb": 2}
+    uuids = [m["uuid"] for g in cfg["gpus"] for m in g["mig"]]
+    assert len(set(uuids)) == 6 and all(u.startswith("MIG-") for u in uuids)
+    cfg["gpus"][0]["mig"][0]["healthy"] = False
+    cfg["gpus"][1]["healthy"] = False
+    assert gpus.expected_resources(cfg) == {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}
+    assert gpus.expected_resources(gpus.node_config("lab", "n", 3)) == {"nvidia.com/gpu": 3}
+
+
+@pytest.mark.parametrize(("model", "mig", "why"), [
+    ("Tesla T4", {"1g.10gb": 1}, "not MIG-capable"),
+    ("NVIDIA A100-SXM4-80GB", {"1g.5gb": 1}, "no MIG profile 1g.5gb"),
+    ("NVIDIA A100-SXM4-80GB", {"3g.40gb": 3}, "at most 2"),
+    ("NVIDIA A100-SXM4-80GB", {"3g.40gb": 2, "2g.20gb": 1}, "8 compute slices"),
+])
+def test_impossible_mig_layouts_refused(model, mig, why):
+    with pytest.raises(ValueError, match=why):
+        gpus.node_config("lab", "node1", 1, model, mig)
