@@ -43,6 +43,22 @@ echo "{RESULT_PREFIX} FAILED: nvidia-smi exit $rc, $n GPU(s) visible"
 exit 1
 """
 
+# the same image at the release's validator path: `vectorAdd` is the command the GPU Operator's validator image runs
+# for its CUDA workload check (and `gpu-install validate`'s smoke pod)
+VECTOR_ADD = """#!/bin/sh
+# gpu-install lab STAND-IN for the CUDA sample vectorAdd: no CUDA code runs, there is no GPU. Says PASSED when the
+# stand-in nvidia-smi (mounted by the STAND-IN device plugin) lists at least one GPU given to this container.
+echo "[Vector addition of 50000 elements] (gpu-install lab STAND-IN: no CUDA code runs)"
+n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "$n" -ge 1 ]; then
+  echo "Test PASSED"
+  echo "Done"
+  exit 0
+fi
+echo "Failed to allocate device vector A (error code no CUDA-capable device is detected)!"
+exit 1
+"""
+
 
 def smoke_image_source(release: str) -> tuple[str, str]:
     """(repository, tag) of the release's CUDA image upstream, e.g. ('nvcr.io/nvidia/cuda', '12.3.2-base-ubi8')."""
@@ -74,7 +90,8 @@ def build_smoke_image(tag: str, root: Path | None = None) -> Path:
             raise RuntimeError(f"{tool} is missing (apt-get install umoci busybox-static)")
     if not BUSYBOX.is_file():
         raise RuntimeError(f"{BUSYBOX} is missing (apt-get install busybox-static)")
-    digest = hashlib.sha256(ENTRYPOINT.encode() + BUSYBOX.read_bytes() + tag.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(ENTRYPOINT.encode() + VECTOR_ADD.encode() + BUSYBOX.read_bytes()
+                            + tag.encode()).hexdigest()[:16]
     base = (root or cache_dir() / "lab-files" / "smoke-image") / digest
     layout = base / "layout"
     if (base / "complete").is_file():
@@ -96,6 +113,9 @@ def build_smoke_image(tag: str, root: Path | None = None) -> Path:
     entry = rootfs / "usr" / "local" / "bin" / "gpu-install-smoke"
     entry.write_text(ENTRYPOINT)
     entry.chmod(0o755)
+    vector = rootfs / "usr" / "bin" / "vectorAdd"
+    vector.write_text(VECTOR_ADD)
+    vector.chmod(0o755)
     _run("umoci", "repack", "--image", ref, str(bundle))
     _run("umoci", "config", "--image", ref,
          "--config.entrypoint", "/usr/local/bin/gpu-install-smoke",
@@ -116,16 +136,30 @@ def push_smoke_image(layout: Path, tag: str, dest_ref: str, ca_dir: Path | None 
     _run(*cmd, f"oci:{layout}:{tag}", f"docker://{dest_ref}")
 
 
+def validator_image_ref(release: str, registry: Registry) -> str | None:
+    """The release's validator image in the site registry, when it is an image of its own (up to v25.3; from v25.10
+    the validator is inside the operator image, which the lab does not stand in for)."""
+    comp = Catalog.default().get(release).components.get("validator")
+    if comp is None or not comp.repository or not comp.version or comp.image == "gpu-operator":
+        return None
+    repo = f"{comp.repository}/{comp.image}" if comp.image else comp.repository
+    return f"{destination_repository(repo, registry)}:{comp.version}"
+
+
 def lab_smoke_refs(registry_host: str) -> dict[str, list[str]]:
-    """{reference in the lab registry: [catalog releases]}: the smoke image at the CUDA image path of every catalog
-    release that pins one, as a site with the default registry layout (strip-host, no prefix) renders it."""
+    """{reference in the lab registry: [catalog releases]}: the smoke image at the CUDA image path and the validator
+    image path of every catalog release that pins them, as a site with the default registry layout (strip-host, no
+    prefix) renders them."""
     reg = Registry(host=registry_host)
     refs: dict[str, list[str]] = {}
     for release in Catalog.default().releases():
         try:
             refs.setdefault(smoke_image_ref(release, reg), []).append(release)
         except (KeyError, ValueError):
-            continue  # a release without a CUDA image pin (v26.x): nothing to stand in for
+            pass  # a release without a CUDA image pin (v26.x): nothing to stand in for
+        validator = validator_image_ref(release, reg)
+        if validator:
+            refs.setdefault(validator, []).append(release)
     return refs
 
 
@@ -141,7 +175,7 @@ def push_lab_smoke_images(registry_host: str, ca: Path, progress=print) -> dict[
     refs = lab_smoke_refs(registry_host)
     for ref in refs:
         images.push(layout, "smoke", ref, ca)
-    progress(f"registry: STAND-IN CUDA smoke image at {len(refs)} catalog CUDA paths "
-             f"({registry_host}/nvidia/cuda:<tag>, {time.monotonic() - t0:.1f}s)")
+    progress(f"registry: STAND-IN CUDA smoke image at {len(refs)} catalog CUDA and validator image paths "
+             f"({registry_host}/nvidia/cuda:<tag>, .../gpu-operator-validator:<release>; {time.monotonic() - t0:.1f}s)")
     return refs
 

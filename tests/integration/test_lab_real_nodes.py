@@ -381,6 +381,93 @@ def test_mig_devices_advertised_and_allocated_mixed_strategy(rl):
         root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}", input=old)
 
 
+def _validate(rl, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`gpu-install validate` (cluster + smoke layers) against the real nodes, with the apply test's site file."""
+    h, work = rl["h"], rl["work"]
+    out = work / "validate.json"
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "validate", "-s", str(work / "site-containerd.yaml"),
+                           "-i", str(work / "inventory"), "--kubeconfig", str(h.dir / "kube" / "kubeconfig"),
+                           "--json", str(out), "--junit", str(work / "validate.xml"), "--timeout", "120", *extra],
+                          capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc, json.loads(out.read_text()) if out.exists() else {}
+
+
+def _by(report: dict, check: str) -> dict[str, dict]:
+    return {c["node"]: c for c in report["checks"] if c["check"] == check}
+
+
+def test_validate_passes_on_the_real_nodes(rl):
+    """`gpu-install validate` after apply: both nodes Ready with a GPU allocatable, and the smoke pod on each (CUDA
+    image: nvidia-smi -L, validator image: vectorAdd -- the STAND-IN images at the release's paths) passes. The
+    operator is not installed on the lab (its 1.20 API server; apply --skip-operator): the smoke pods run in the
+    operator's namespace, created here as `operator install` would."""
+    import xml.etree.ElementTree as ET
+
+    kubectl(rl, "create", "namespace", "gpu-operator")
+    proc, report = _validate(rl)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["schema"] == "gpu-install.validate/v1" and report["exitCode"] == 0
+    assert report["layers"] == ["cluster", "smoke"]
+    for check in ("cluster.node-ready", "cluster.gpu-allocatable", "smoke.gpu-pod"):
+        by = _by(report, check)
+        assert sorted(by) == list(NODES) and all(c["status"] == "pass" for c in by.values()), by
+    assert "vectorAdd: Test PASSED" in _by(report, "smoke.gpu-pod")["node1"]["message"]
+    assert _by(report, "cluster.operator")["(cluster)"]["status"] == "skip"
+    junit = ET.parse(rl["work"] / "validate.xml").getroot()
+    cases = junit.findall(".//testcase")
+    assert len(cases) == len(report["checks"]) and not junit.findall(".//failure")
+    assert "node1" in proc.stdout and "passed" in proc.stdout
+    # the smoke pods are gone
+    left = kubectl(rl, "get", "pods", "-n", "gpu-operator", "-o", "name").stdout.strip()
+    deadline = time.monotonic() + 30
+    while left:
+        assert time.monotonic() < deadline, left
+        time.sleep(1)
+        left = kubectl(rl, "get", "pods", "-n", "gpu-operator", "-o", "name").stdout.strip()
+
+
+def test_validate_image_missing_from_the_registry_is_exit_6_with_the_registry_message(rl):
+    proc, report = _validate(rl, "--set", "registry.prefix=not-mirrored", "--only", "smoke")
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    for node, c in _by(report, "smoke.gpu-pod").items():
+        assert c["status"] == "fail", c
+        assert "nvidia-smi: ErrImagePull" in c["message"] or "ImagePullBackOff" in c["message"], c
+        assert "not-mirrored/nvidia/cuda" in c["message"] and "not found" in c["message"], c
+        assert "gpu-install mirror push" in c["fix"], c
+    assert "FAIL" in proc.stdout and "fix:" in proc.stdout
+
+
+def test_validate_unhealthy_gpu_is_exit_6_on_that_node_only(rl):
+    import yaml as _yaml
+
+    from gpu_install_lab import gpus
+
+    h = rl["h"]
+    old = root(h, "node2", f"cat {gpus.CONFIG_PATH}").stdout
+    doc = _yaml.safe_load(old)
+    doc["gpus"][0]["healthy"] = False
+    root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}",
+         input=_yaml.safe_dump(doc))
+    try:
+        deadline = time.monotonic() + 60
+        while json.loads(kubectl(rl, "get", "node", "node2", "-o", "json").stdout)["status"]["allocatable"].get(
+                "nvidia.com/gpu") != "0":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        proc, report = _validate(rl)
+        assert proc.returncode == 6, proc.stdout + proc.stderr
+        alloc = _by(report, "cluster.gpu-allocatable")
+        assert alloc["node1"]["status"] == "pass" and alloc["node2"]["status"] == "fail", alloc
+        assert "unhealthy" in alloc["node2"]["message"], alloc
+        smoke = _by(report, "smoke.gpu-pod")
+        assert smoke["node1"]["status"] == "pass", smoke
+        assert smoke["node2"]["status"] == "fail" and "Insufficient nvidia.com/gpu" in smoke["node2"]["message"], smoke
+    finally:
+        root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}", input=old)
+
+
 def _free_slash30() -> tuple[str, str]:
     """(host side, listener) of a /30 in 198.18.0.0/15 (RFC 2544 benchmarking) that nothing here uses."""
     import ipaddress

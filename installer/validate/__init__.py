@@ -1,0 +1,120 @@
+"""`gpu-install validate`: the post-install verdict, layer by layer, as a report (installer/validate/report.py).
+
+Layers in this version: cluster (installer/validate/cluster.py) and smoke (installer/validate/smoke.py). Each GPU
+node of the plan (inventory group gpu_nodes, Kubernetes name gpu_install_node_name or the host name) gets its
+checks; checks about the cluster as a whole have the node '(cluster)'. See docs/validate.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from installer.errors import ConfigError
+from installer.validate.report import LAYERS, Check, Report
+
+if TYPE_CHECKING:
+    from installer.plan import Plan
+
+AVAILABLE = ("cluster", "smoke")  # the layers this version runs (node, runtime and mig: see docs/validate.md)
+
+
+def parse_only(text: str | None) -> tuple[str, ...]:
+    """--only node,cluster -> the layers in report order; None/empty: every available layer."""
+    if not text:
+        return AVAILABLE
+    asked = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in asked if p not in LAYERS]
+    if unknown:
+        raise ConfigError(f"--only {text}: unknown layer(s) {', '.join(unknown)}", hint=f"layers: {', '.join(LAYERS)}")
+    missing = [p for p in asked if p not in AVAILABLE]
+    if missing:
+        raise ConfigError(f"--only {text}: the {', '.join(missing)} layer(s) are not in this version",
+                          hint=f"available: {', '.join(AVAILABLE)}")
+    return tuple(layer for layer in LAYERS if layer in asked)
+
+
+def image_for(plan: Plan, *components: str) -> str | None:
+    """The site-registry reference of the first of components that the plan deploys an image for."""
+    by = {i.component: i.destination for i in plan.images}
+    return next((by[c] for c in components if c in by), None)
+
+
+def runtime_class(client: Any, name: str | None) -> str | None:
+    """name when that RuntimeClass exists in the cluster (the operator creates it), else None."""
+    if not name:
+        return None
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        k.NodeV1Api(client).read_runtime_class(name)
+        return name
+    except ApiException:
+        return None
+
+
+def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *, keep_failed: bool = False,
+        timeout: float = 300.0, progress: Callable[[str], None] | None = None, client: Any = None) -> Report:
+    from kubernetes import client as k
+
+    from installer import kube
+    from installer.validate import cluster
+
+    report = Report(plan.release.version, tuple(layers))
+    t0 = time.monotonic()
+    nodes = [n.node_name for n in plan.nodes]
+    if not nodes:
+        raise ConfigError("no GPU nodes to validate", hint="pass -i with an inventory whose group gpu_nodes has hosts")
+    if client is None:
+        client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
+    core = k.CoreV1Api(client)
+    objs = {n.metadata.name: n for n in kube._call("list the nodes", lambda: core.list_node().items)}
+    node_checks = cluster.node_checks(objs, nodes)
+    ns = plan.site.operator.namespace
+    secret = plan.pull_secret.name if plan.pull_secret else None
+    if "cluster" in layers:
+        if progress:
+            progress(f"cluster: {len(nodes)} GPU node(s)")
+        report.add(*node_checks)
+        report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
+    if "smoke" in layers:
+        report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list[str], ns: str, secret: str | None,
+           keep_failed: bool, timeout: float, progress: Callable[[str], None] | None) -> list[Check]:
+    from kubernetes.client.exceptions import ApiException
+
+    from installer.validate import cluster, smoke
+
+    smi = image_for(plan, "operator.initContainer", "validator", "operator")
+    vector = image_for(plan, "validator", "operator")
+    if smi is None or vector is None:
+        return [Check("smoke", "smoke.gpu-pod", n, "skip", "the release pins no CUDA/validator image") for n in nodes]
+    try:
+        core.read_namespace(ns)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return [Check("smoke", "smoke.gpu-pod", n, "fail", f"namespace {ns} does not exist",
+                      "install the operator first (gpu-install apply / operator install): the smoke pods run in its "
+                      "namespace, with its pull Secret") for n in nodes]
+    targets, out = [], []
+    for n in nodes:
+        if n not in objs:
+            out.append(Check("smoke", "smoke.gpu-pod", n, "skip", f"no Node {n} (cluster layer: node-present)"))
+            continue
+        res = cluster.gpu_resources(objs[n].status.allocatable) or cluster.gpu_resources(objs[n].status.capacity)
+        resource = cluster.GPU if cluster.GPU in res or not res else sorted(res)[0]
+        targets.append(smoke.Target(n, resource))
+    rc = runtime_class(client, plan.effective("operator.runtimeClass") or "nvidia")
+    out += smoke.run(core, ns, targets, smi, vector, secret, rc, timeout=timeout, keep_failed=keep_failed,
+                     progress=progress)
+    return out
+
+
+__all__ = ["AVAILABLE", "Check", "Report", "parse_only", "run"]
