@@ -36,10 +36,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     flavours = [f.strip() for f in args.os.split(",") if f.strip()]
     lab = _lab(args)
+    real = args.kubelet == "real"  # --runtime is then the kubelet's runtime, installed by `up` itself
     status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
                     subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus,
-                    kubelet=args.kubelet)
-    if args.runtime:
+                    kubelet=args.kubelet, runtime=(args.runtime or "containerd") if real else "containerd")
+    if args.runtime and not real:
         from gpu_install_lab import runtime
 
         runtime.install(lab.dir, status, args.runtime, progress=lab.say)
@@ -66,6 +67,8 @@ def _print_status(st: dict) -> None:
     print(f"  repo      {st['repo_url']}/apt  {st['repo_url']}/rpm  running={yes[st['repo_running']]}")
     real = st.get("kubelet") == "real"
     extra = f" {'kubelet':8} {'runtime':26} ready" if real else ""
+    if real:
+        print(f"  real kubelets on {st.get('runtime', 'containerd')}")
     print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh{extra}")
     for n in st["nodes"]:
         extra = f" {n.get('kubelet', '?'):8} {n.get('runtime', '?'):26} {yes[bool(n.get('ready'))]}" if real else ""
@@ -155,14 +158,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--kubelet", choices=["hollow", "real"], default="hollow",
                    help="with --kubernetes: hollow (default) = kubemark hollow kubelets, fast, run no containers, scale "
                         "to 100s of nodes; real = the real kubelet 1.20.2 + the node's containerd + CNI bridge in each "
-                        "(debian12) node: pods really pull and run (see docs/lab-kubernetes.md)")
+                        "(debian12) node: pods really pull and run (see docs/lab-kubernetes.md); --runtime docker for "
+                        "dockerd and the kubelet's dockershim instead")
     q.add_argument("--gpus", type=int, default=1, help="fake nvidia.com/gpu per node with --kubernetes (default 1)")
     q.add_argument("--subnet", help="lab /24 (default: first free 10.250.X.0/24)")
     q.add_argument("--registry-auth", action="store_true",
                    help="require basic auth on the registry (user lab, password in <lab-dir>/registry/password)")
     q.add_argument("--runtime", choices=["containerd", "docker"],
                    help="install this container runtime on the debian12 nodes from the lab repo (Debian's "
-                        "containerd 1.6 / docker.io 20.10, plus the nvidia runtime/toolkit stand-ins)")
+                        "containerd 1.6 / docker.io 20.10, plus the nvidia runtime/toolkit stand-ins); with "
+                        "--kubelet real: the kubelet's runtime, containerd (default, CRI) or docker (dockerd + the "
+                        "kubelet's dockershim), one per lab")
     q.add_argument("--json", action="store_true", help="print the status as JSON")
     q.set_defaults(func=cmd_up)
 
