@@ -285,6 +285,11 @@ def test_node_with_net_admin_cannot_lift_egress_denial(rl):
 
 
 def test_zz_down_leaves_nothing(rl):
+    down_leaves_nothing(rl)
+
+
+def down_leaves_nothing(rl) -> None:
+    """`lab down`, then nothing of this lab is left (compared with the snapshot taken before `up`)."""
     h = rl["h"]
     h.lab.down()
     time.sleep(1)
