@@ -27,6 +27,22 @@ What a kubelet needs inside a systemd-nspawn node, and how the lab gives it (mea
   * runc's stdin: containerd runs as a systemd service (stdin /dev/null), never from the node's console.
 The node does NOT trust the lab CA (no system trust store entry, no certs.d): its containerd can pull from the lab
 registry only after gpu-install's registry_trust role installed the CA (`gpu-install apply`).
+
+`--runtime docker` (one runtime per lab): the node runs dockerd 20.10 (Debian's docker.io from the lab repo, with the
+system containerd it brings) and the kubelet uses its built-in dockershim (`--container-runtime=docker
+--network-plugin=cni`, the same CNI config and Debian's plugins in /usr/lib/cni, the STAND-IN pause image as
+`--pod-infra-container-image`), as sites on CentOS 7 + docker 20.10 run it. On top of the above:
+  * daemon.json before gpu-install: no iptables/ip-forward/bridge of docker's own (pods get the CNI bridge),
+    `native.cgroupdriver=cgroupfs` as the kubelet's; no certs.d: `apply` (docker_runtime + registry_trust) adds it;
+  * docker's overlay2: /var/lib/docker is bound from a host directory (node_dir/docker), as /var/lib/containerd;
+  * oom_score_adj: docker has no option like restrict_oom_score_adj, the kubelet has none to change -998, so the
+    node gets a LAB SHIM (RUNC_SHIM_SH, /usr/local/sbin/runc, first in the services' PATH, so dockerd's default
+    runtime and the nvidia runtime STAND-IN, which both exec `runc`, reach it): it clamps `process.oomScoreAdj` in
+    the OCI bundle's config.json to its caller's own value (containerd's option does the same), logs that to
+    /run/gpu-install-lab/runc-shim.log, and execs Debian's /usr/sbin/runc with the same arguments. Image pulls,
+    daemon.json, the runtimes and certs.d stay docker's own: only the number runc is asked to write changes;
+  * runc's stdin: dockerd runs as its systemd service (stdin /dev/null); the keyring, cgroups and CAP_NET_ADMIN
+    are the node's as above (tested: pod sandboxes and containers run).
 """
 
 from __future__ import annotations
