@@ -36,11 +36,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     flavours = [f.strip() for f in args.os.split(",") if f.strip()]
     lab = _lab(args)
+    real = args.kubelet == "real"  # --runtime is then the kubelet's runtime, installed by `up` itself
     status = lab.up(count=args.nodes, flavours=flavours, kubernetes=args.kubernetes,
                     subnet=args.subnet, registry_auth=args.registry_auth, gpus=args.gpus,
-                    kubelet=args.kubelet, gpu_model=args.gpu_model,
-                    mig=args.mig)
-    if args.runtime:
+                    kubelet=args.kubelet, runtime=(args.runtime or "containerd") if real else "containerd",
+                    gpu_model=args.gpu_model, mig=args.mig)
+    if args.runtime and not real:
         from gpu_install_lab import runtime
 
         runtime.install(lab.dir, status, args.runtime, progress=lab.say)
@@ -67,6 +68,8 @@ def _print_status(st: dict) -> None:
     print(f"  repo      {st['repo_url']}/apt  {st['repo_url']}/rpm  running={yes[st['repo_running']]}")
     real = st.get("kubelet") == "real"
     extra = f" {'kubelet':8} {'runtime':26} {'plugin':8} {'gpus':4} ready" if real else ""
+    if real:
+        print(f"  real kubelets on {st.get('runtime', 'containerd')}")
     print(f"  {'node':8} {'flavour':9} {'ip':14} {'running':8} ssh{extra}")
     for n in st["nodes"]:
         extra = (f" {n.get('kubelet', '?'):8} {n.get('runtime', '?'):26} {n.get('device_plugin', '?'):8} "
@@ -158,7 +161,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--kubelet", choices=["hollow", "real"], default="hollow",
                    help="with --kubernetes: hollow (default) = kubemark hollow kubelets, fast, run no containers, scale "
                         "to 100s of nodes; real = the real kubelet 1.20.2 + the node's containerd + CNI bridge in each "
-                        "(debian12) node: pods really pull and run (see docs/lab-kubernetes.md)")
+                        "(debian12) node: pods really pull and run (see docs/lab-kubernetes.md); --runtime docker for "
+                        "dockerd and the kubelet's dockershim instead")
     q.add_argument("--gpus", type=int, default=1,
                    help="STAND-IN nvidia.com/gpu per node with --kubernetes (default 1): hollow nodes report them; real "
                         "nodes run the STAND-IN device plugin advertising them (gpu_install_lab/gpus.py)")
@@ -175,7 +179,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="require basic auth on the registry (user lab, password in <lab-dir>/registry/password)")
     q.add_argument("--runtime", choices=["containerd", "docker"],
                    help="install this container runtime on the debian12 nodes from the lab repo (Debian's "
-                        "containerd 1.6 / docker.io 20.10, plus the nvidia runtime/toolkit stand-ins)")
+                        "containerd 1.6 / docker.io 20.10, plus the nvidia runtime/toolkit stand-ins); with "
+                        "--kubelet real: the kubelet's runtime, containerd (default, CRI) or docker (dockerd + the "
+                        "kubelet's dockershim), one per lab")
     q.add_argument("--json", action="store_true", help="print the status as JSON")
     q.set_defaults(func=cmd_up)
 

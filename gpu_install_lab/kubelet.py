@@ -27,6 +27,22 @@ What a kubelet needs inside a systemd-nspawn node, and how the lab gives it (mea
   * runc's stdin: containerd runs as a systemd service (stdin /dev/null), never from the node's console.
 The node does NOT trust the lab CA (no system trust store entry, no certs.d): its containerd can pull from the lab
 registry only after gpu-install's registry_trust role installed the CA (`gpu-install apply`).
+
+`--runtime docker` (one runtime per lab): the node runs dockerd 20.10 (Debian's docker.io from the lab repo, with the
+system containerd it brings) and the kubelet uses its built-in dockershim (`--container-runtime=docker
+--network-plugin=cni`, the same CNI config and Debian's plugins in /usr/lib/cni, the STAND-IN pause image as
+`--pod-infra-container-image`), as sites on CentOS 7 + docker 20.10 run it. On top of the above:
+  * daemon.json before gpu-install: no iptables/ip-forward/bridge of docker's own (pods get the CNI bridge),
+    `native.cgroupdriver=cgroupfs` as the kubelet's; no certs.d: `apply` (docker_runtime + registry_trust) adds it;
+  * docker's overlay2: /var/lib/docker is bound from a host directory (node_dir/docker), as /var/lib/containerd;
+  * oom_score_adj: docker has no option like restrict_oom_score_adj, the kubelet has none to change -998, so the
+    node gets a LAB SHIM (RUNC_SHIM_SH, /usr/local/sbin/runc, first in the services' PATH, so dockerd's default
+    runtime and the nvidia runtime STAND-IN, which both exec `runc`, reach it): it clamps `process.oomScoreAdj` in
+    the OCI bundle's config.json to its caller's own value (containerd's option does the same), logs that to
+    /run/gpu-install-lab/runc-shim.log, and execs Debian's /usr/sbin/runc with the same arguments. Image pulls,
+    daemon.json, the runtimes and certs.d stay docker's own: only the number runc is asked to write changes;
+  * runc's stdin: dockerd runs as its systemd service (stdin /dev/null); the keyring, cgroups and CAP_NET_ADMIN
+    are the node's as above (tested: pod sandboxes and containers run).
 """
 
 from __future__ import annotations
@@ -40,12 +56,15 @@ from installer.errors import EnvironmentProblem
 from installer.util import atomic_write
 
 
-def nspawn_args(node_dir: Path) -> list[str]:
-    """The node's extra systemd-nspawn options. /var/lib/containerd is a host directory (node_dir/containerd):
-    containerd's overlayfs snapshotter cannot put an overlay's upper dir on the node's own overlay root."""
-    (node_dir / "containerd").mkdir(mode=0o700, exist_ok=True)
+def nspawn_args(node_dir: Path, runtime: str = "containerd") -> list[str]:
+    """The node's extra systemd-nspawn options. /var/lib/containerd (and with docker /var/lib/docker) is a host
+    directory (node_dir/containerd, node_dir/docker): the overlayfs snapshotter (docker's overlay2 driver) cannot put
+    an overlay's upper dir on the node's own overlay root."""
+    binds = ["containerd", "docker"] if runtime == "docker" else ["containerd"]
+    for d in binds:
+        (node_dir / d).mkdir(mode=0o700, exist_ok=True)
     return ["--capability=CAP_NET_ADMIN", "--system-call-filter=@keyring",
-            f"--bind={node_dir / 'containerd'}:/var/lib/containerd"]
+            *(f"--bind={node_dir / d}:/var/lib/{d}" for d in binds)]
 
 POD_NET = "10.244.{index}.0/24"  # per node, inside the node's own network namespace only
 PAUSE_REPO = "gpu-install-lab/pause"  # STAND-IN pause image (busybox sleep), pushed by images.py
@@ -81,7 +100,7 @@ NODE_PREP_UNIT = """[Unit]
 Description=gpu-install lab: prepare the node for the kubelet (cgroups rw, /dev/kmsg, CNI path)
 DefaultDependencies=no
 After=local-fs.target
-Before=containerd.service kubelet.service
+Before=containerd.service docker.service kubelet.service
 
 [Service]
 Type=oneshot
@@ -94,12 +113,12 @@ WantedBy=multi-user.target
 
 KUBELET_UNIT = """[Unit]
 Description=kubelet {version} (gpu-install lab real node)
-After=gpu-install-lab-node-prep.service containerd.service
+After=gpu-install-lab-node-prep.service {runtime_unit}.service
 Wants=gpu-install-lab-node-prep.service
 
 [Service]
 ExecStart={kubelet} --config=/var/lib/kubelet/config.yaml --kubeconfig=/etc/kubernetes/kubelet.conf \\
-  --container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock \\
+  {runtime_flags} \\
   --runtime-request-timeout=5m --node-ip={ip} --hostname-override={name} \\
   --node-labels=gpu-install.lab/kubelet=real --v=1
 Restart=always
@@ -131,6 +150,81 @@ def containerd_config(registry: str) -> str:
         '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
         "  SystemdCgroup = false\n"
     )
+
+
+# ------------------------------------------------------------ the node's container runtime (`--runtime`)
+RUNTIMES = ("containerd", "docker")
+# what `lab status` asks each real node over SSH: the runtime's unit, and its version
+RUNTIME_PROBE = {
+    "containerd": ("containerd", "containerd --version 2>/dev/null | cut -d' ' -f3"),
+    "docker": ("docker", "dockerd --version 2>/dev/null | cut -d' ' -f3 | tr -d ,"),
+}
+# the Debian package `lab up` installs from the lab repo (docker.io brings containerd, runc and tini)
+RUNTIME_DEB = {"containerd": "containerd", "docker": "docker.io"}
+# dockerd inside a lab node: no iptables/bridge of its own (the CNI bridge plugin gives pods their network), and
+# cgroupfs as the kubelet's cgroupDriver (the kubelet refuses to start when `docker info` says otherwise)
+DOCKER_DAEMON_JSON = {"iptables": False, "ip-forward": False, "bridge": "none",
+                      "exec-opts": ["native.cgroupdriver=cgroupfs"]}
+REAL_RUNC = "/usr/sbin/runc"  # Debian's runc package
+RUNC_SHIM = "/usr/local/sbin/runc"  # first in PATH of every systemd service: found before the real one
+RUNC_SHIM_LOG = "/run/gpu-install-lab/runc-shim.log"
+RUNC_SHIM_SH = r"""#!/bin/sh
+# gpu-install lab SHIM (gpu_install_lab/kubelet.py): in lab nodes only, never on a site's node.
+# runc may not set a process's oom_score_adj below its own without CAP_SYS_RESOURCE, which no lab node has (the
+# host's root lacks it). The kubelet's dockershim asks -998 for every pod sandbox (and Guaranteed containers), and
+# docker has no option like containerd's restrict_oom_score_adj; so this does what that option does: it clamps
+# process.oomScoreAdj in the OCI bundle to the caller's own value, then runs the real runc with the same arguments.
+bundle=
+prev=
+for a in "$@"; do
+  case $prev in --bundle|-b) bundle=$a ;; esac
+  case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
+  prev=$a
+done
+cfg=$bundle/config.json
+if [ -n "$bundle" ] && [ -f "$cfg" ]; then
+  own=$(cat /proc/self/oom_score_adj)
+  want=$(sed -n 's/.*"oomScoreAdj"[[:space:]]*:[[:space:]]*\(-\{0,1\}[0-9]\{1,\}\).*/\1/p' "$cfg")
+  if [ -n "$want" ] && [ "$want" -lt "$own" ]; then
+    sed -i "s/\"oomScoreAdj\"[[:space:]]*:[[:space:]]*$want\([^0-9]\)/\"oomScoreAdj\":$own\1/" "$cfg"
+    mkdir -p @LOG_DIR@
+    echo "$(date -u +%FT%TZ) $cfg: oomScoreAdj $want -> $own" >> @LOG@
+  fi
+fi
+exec @REAL_RUNC@ "$@"
+""".replace("@LOG_DIR@", RUNC_SHIM_LOG.rsplit("/", 1)[0]).replace("@LOG@", RUNC_SHIM_LOG).replace("@REAL_RUNC@", REAL_RUNC)
+
+
+def kubelet_runtime(runtime: str, registry: str) -> dict[str, str]:
+    """The kubelet unit's runtime part: containerd through CRI, or docker through the kubelet's built-in dockershim
+    (with the same CNI config and Debian's plugins, and the lab's STAND-IN pause image as the pod infra image)."""
+    if runtime == "docker":
+        return {"runtime_unit": "docker", "runtime_flags": (
+            "--container-runtime=docker --docker-endpoint=unix:///run/docker.sock \\\n"
+            "  --network-plugin=cni --cni-bin-dir=/usr/lib/cni --cni-conf-dir=/etc/cni/net.d \\\n"
+            f"  --pod-infra-container-image={registry}/{PAUSE_REPO}:{PAUSE_TAG}")}
+    if runtime != "containerd":
+        raise ValueError(f"unknown node runtime {runtime!r}")
+    return {"runtime_unit": "containerd", "runtime_flags": (
+        "--container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock")}
+
+
+def install_command(runtime: str) -> str:
+    """What `lab up` runs on a real node over SSH: the runtime from the lab repo (idempotent), active."""
+    deb, unit = RUNTIME_DEB[runtime], RUNTIME_PROBE[runtime][0]
+    binary = "dockerd" if runtime == "docker" else "containerd"
+    return (f"command -v {binary} >/dev/null || {{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive "
+            "apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confold "
+            f"{deb} >/dev/null; }}; systemctl is-active -q {unit} || systemctl restart {unit}")
+
+
+def docker_node_files(merged: Path) -> None:
+    """A docker node before gpu-install runs: daemon.json (kept by the package install: --force-confold; `apply`'s
+    docker_runtime role merges into it) and the lab's runc shim. No CA, no certs.d: `apply` adds those."""
+    cfg = merged / "etc/docker/daemon.json"
+    if not cfg.exists():
+        atomic_write(cfg, json.dumps(DOCKER_DAEMON_JSON, indent=2) + "\n")
+    atomic_write(merged / RUNC_SHIM.lstrip("/"), RUNC_SHIM_SH, mode=0o755)
 
 
 def cni_conflist(index: int) -> str:
@@ -188,7 +282,8 @@ def kubeconfig(ca_pem: str, cert: str, key: str, user: str) -> str:
     }, indent=2) + "\n"
 
 
-def customise(merged: Path, node: dict[str, Any], kube_pki: Path, kubelet_bin: Path, registry: str) -> None:
+def customise(merged: Path, node: dict[str, Any], kube_pki: Path, kubelet_bin: Path, registry: str,
+              runtime: str = "containerd") -> None:
     """Everything the real kubelet needs in the node's overlay, written before the node boots."""
     from gpu_install_lab import pki
     from gpu_install_lab.kube.binaries import KUBE_VERSION
@@ -211,7 +306,8 @@ def customise(merged: Path, node: dict[str, Any], kube_pki: Path, kubelet_bin: P
     units = merged / "etc/systemd/system"
     atomic_write(units / "gpu-install-lab-node-prep.service", NODE_PREP_UNIT)
     atomic_write(units / "kubelet.service", KUBELET_UNIT.format(version=KUBE_VERSION, kubelet=KUBELET_PATH,
-                                                                ip=node["ip"], name=name))
+                                                                ip=node["ip"], name=name,
+                                                                **kubelet_runtime(runtime, registry)))
     wants = units / "multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
     for unit in ("gpu-install-lab-node-prep.service", "kubelet.service"):
@@ -226,6 +322,9 @@ def customise(merged: Path, node: dict[str, Any], kube_pki: Path, kubelet_bin: P
         atomic_write(kdir / "kubelet.conf", kubeconfig(ca_pem, cert, key, f"system:node:{name}"), mode=0o600)
     atomic_write(merged / "var/lib/kubelet/config.yaml", kubelet_config())
     atomic_write(merged / "etc/cni/net.d/10-gpu-install-lab.conflist", cni_conflist(node["index"]))
+    if runtime == "docker":
+        docker_node_files(merged)
+        return
     cfg = merged / "etc/containerd/config.toml"
     if not cfg.exists():
         atomic_write(cfg, containerd_config(registry))

@@ -40,6 +40,17 @@ def plan_nodes(count: int, flavours: list[str]) -> list[dict[str, Any]]:
             for i in range(1, count + 1)]
 
 
+def _check_node_runtime(real: bool, runtime: str) -> None:
+    """The real kubelet's container runtime: containerd (CRI) or docker (the kubelet's dockershim)."""
+    from gpu_install_lab.kubelet import RUNTIMES
+
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"--runtime {runtime}: unknown", hint=f"use one of {', '.join(RUNTIMES)}")
+    if runtime != "containerd" and not real:
+        raise ConfigError(f"a node runtime ({runtime}) for the kubelet needs --kubernetes --kubelet real",
+                          hint="without real kubelets, `lab up --runtime` only installs the runtime on the nodes")
+
+
 class Lab:
     def __init__(self, lab_dir: Path, progress: Callable[[str], None] = _stderr):
         self.dir = Path(lab_dir).absolute()
@@ -92,7 +103,10 @@ class Lab:
     # ------------------------------------------------------------ up
     def up(self, count: int = 3, flavours: list[str] | None = None, kubernetes: bool = False,
            subnet: str | None = None, registry_auth: bool = False, gpus: int = 1,
-           kubelet: str = "hollow", gpu_model: str | None = None, mig: str | None = None) -> dict[str, Any]:
+           kubelet: str = "hollow", runtime: str = "containerd", gpu_model: str | None = None,
+           mig: str | None = None) -> dict[str, Any]:
+        """runtime: the real kubelet's container runtime on every node (containerd or docker); ignored with
+        hollow kubelets. gpus/gpu_model/mig: the STAND-IN GPUs of each real node (gpu_install_lab/gpus.py)."""
         from gpu_install_lab import gpus as lab_gpus
 
         plan = plan_nodes(count, flavours or ["debian12"])
@@ -115,6 +129,7 @@ class Lab:
         real = kubelet == "real"
         if real and not kubernetes:
             raise ConfigError("--kubelet real needs --kubernetes")
+        _check_node_runtime(real, runtime)
         if real and any(p["flavour"] != "debian12" for p in plan):
             raise ConfigError("--kubelet real: only debian12 nodes",
                               hint="containerd comes from Debian's packages in the lab repo (no RPMs for rhel9)")
@@ -142,6 +157,11 @@ class Lab:
             if st.nodes and s.get("kubelet", "hollow") != kubelet:
                 raise ConfigError(f"the lab's nodes run the {s.get('kubelet', 'hollow')} kubelet, not {kubelet}",
                                   hint="run `gpu-install lab down` first")
+            if real and st.nodes and s.get("runtime", "containerd") != runtime:
+                raise ConfigError(f"the lab's real nodes run {s.get('runtime', 'containerd')}, not {runtime}: one "
+                                  "runtime per lab",
+                                  hint=f"run `gpu-install lab down` first, or `lab up` with --runtime "
+                                       f"{s.get('runtime', 'containerd')}")
             restart_registry = s.get("registry_auth") is not None and s.get("registry_auth") != registry_auth
             s["registry_auth"] = registry_auth
             st.save()
@@ -187,6 +207,7 @@ class Lab:
                 cp = self._control_plane()
                 cp.up()
                 s["kubelet"] = "real"
+                s["runtime"] = runtime
                 st.save()
             self._nodes_up(st, plan, lowers, pubkey, ca.read_text(), cp,
                            gpu={"count": gpus, "model": gpu_model, "mig": mig_layout, "tools": tools})
@@ -214,12 +235,12 @@ class Lab:
             return self._status(st)
 
     def _real_nodes_ready(self, st: State, cp: Any, ca: Path, timeout: float = 180) -> None:
-        """Real kubelets: the STAND-IN pause image into the registry, containerd from the lab repo on every node
-        (in parallel), then wait until every node is Ready."""
+        """Real kubelets: the STAND-IN pause image into the registry, the node runtime (containerd or docker) from
+        the lab repo on every node (in parallel), then wait until every node is Ready."""
         from concurrent.futures import ThreadPoolExecutor
 
         from gpu_install_lab import gpus as lab_gpus
-        from gpu_install_lab import images, packages, runtime, smoke_image
+        from gpu_install_lab import images, kubelet, packages, runtime, smoke_image
 
         s = st.settings
         t0 = time.monotonic()
@@ -230,12 +251,11 @@ class Lab:
         repo.add_packages(self.dir / "repo", debs)
         repo.refresh(self.dir / "repo")
 
+        node_runtime = s.get("runtime", "containerd")
+
         def install(node: dict[str, Any]) -> None:
-            runtime.node_run(self.dir, node["ip"], "command -v containerd >/dev/null || { apt-get update -q >/dev/null && "
-                             "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-                             "-o Dpkg::Options::=--force-confold containerd >/dev/null; }; "
-                             "systemctl is-active -q containerd || systemctl restart containerd")
-            self.say(f"{node['name']}: containerd from the lab repo, active (+{time.monotonic() - t0:.1f}s)")
+            runtime.node_run(self.dir, node["ip"], kubelet.install_command(node_runtime))
+            self.say(f"{node['name']}: {node_runtime} from the lab repo, active (+{time.monotonic() - t0:.1f}s)")
 
         with ThreadPoolExecutor(max_workers=len(st.nodes)) as pool:
             list(pool.map(install, st.nodes.values()))
@@ -318,12 +338,13 @@ class Lab:
             if cp is not None:
                 from gpu_install_lab import kubelet
 
-                kubelet.customise(merged, node, cp.dir / "pki", Path(cp.state["bin_dir"]) / "kubelet", s["registry"])
+                kubelet.customise(merged, node, cp.dir / "pki", Path(cp.state["bin_dir"]) / "kubelet", s["registry"],
+                                  runtime=s.get("runtime", "containerd"))
                 if gpu and gpu.get("tools"):
                     from gpu_install_lab import gpus as lab_gpus
 
                     lab_gpus.customise(merged, s["lab_id"], node, gpu["tools"])
-                extra = kubelet.nspawn_args(Path(node["dir"]))
+                extra = kubelet.nspawn_args(Path(node["dir"]), s.get("runtime", "containerd"))
                 self._spawn(st, f"apiserver-forwarder:{name}",
                             [sys.executable, "-m", "gpu_install_lab.kube", "_forward", f"/run/netns/{node['netns']}",
                              "6443", str(cp.state["ports"]["kube-apiserver"])],
@@ -456,6 +477,7 @@ class Lab:
         out["inventory"] = str(self.dir / "inventory" / "hosts.yml")
         out["kubelet"] = s.get("kubelet", "hollow")
         if out["kubelet"] == "real":
+            out["runtime"] = s.get("runtime", "containerd")
             self._real_node_status(out["nodes"])
         if (self.dir / "kube").exists():
             try:
@@ -468,8 +490,9 @@ class Lab:
         """Per real node: the kubelet and containerd units (over SSH) and the Node's Ready condition."""
         import subprocess
 
-        from gpu_install_lab import runtime
+        from gpu_install_lab import kubelet, runtime
 
+        unit, version = kubelet.RUNTIME_PROBE[self.state().settings.get("runtime", "containerd")]
         ready: dict[str, bool] = {}
         gpus: dict[str, str] = {}
         try:
@@ -493,12 +516,11 @@ class Lab:
                 row["kubelet"] = row["runtime"] = row["device_plugin"] = "unknown"
                 continue
             proc = subprocess.run([*runtime.ssh_argv(self.dir, row["ip"]),
-                                   "systemctl is-active kubelet containerd gpu-install-lab-device-plugin; "
-                                   "containerd --version 2>/dev/null | cut -d' ' -f3"],
+                                   f"systemctl is-active kubelet {unit} gpu-install-lab-device-plugin; {version}"],
                                   capture_output=True, text=True, timeout=30)
             states = (proc.stdout.split() + ["unknown"] * 4)[:4]
             row["kubelet"], row["device_plugin"] = states[0], states[2]
-            row["runtime"] = f"containerd {states[3]} {states[1]}" if states[1] == "active" else f"containerd {states[1]}"
+            row["runtime"] = f"{unit} {states[3]} {states[1]}" if states[1] == "active" else f"{unit} {states[1]}"
 
     def status(self) -> dict[str, Any]:
         if not self.state_path.exists():

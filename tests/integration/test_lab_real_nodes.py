@@ -431,7 +431,7 @@ def test_validate_passes_on_the_real_nodes(rl):
 def test_validate_image_missing_from_the_registry_is_exit_6_with_the_registry_message(rl):
     proc, report = _validate(rl, "--set", "registry.prefix=not-mirrored", "--only", "smoke")
     assert proc.returncode == 6, proc.stdout + proc.stderr
-    for node, c in _by(report, "smoke.gpu-pod").items():
+    for c in _by(report, "smoke.gpu-pod").values():
         assert c["status"] == "fail", c
         assert "nvidia-smi: ErrImagePull" in c["message"] or "ImagePullBackOff" in c["message"], c
         assert "not-mirrored/nvidia/cuda" in c["message"] and "not found" in c["message"], c
@@ -526,6 +526,11 @@ def test_node_with_net_admin_cannot_lift_egress_denial(rl):
 
 
 def test_zz_down_leaves_nothing(rl):
+    down_leaves_nothing(rl)
+
+
+def down_leaves_nothing(rl) -> None:
+    """`lab down`, then nothing of this lab is left (compared with the snapshot taken before `up`)."""
     h = rl["h"]
     h.lab.down()
     time.sleep(1)
