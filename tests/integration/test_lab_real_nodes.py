@@ -379,6 +379,18 @@ def test_mig_devices_advertised_and_allocated_mixed_strategy(rl):
         kubectl(rl, "delete", "pod", "mig", "--wait=false")
     finally:
         root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}", input=old)
+        _wait_alloc(rl, "node2", {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "0"})
+
+
+def _wait_alloc(rl, node: str, want: dict[str, str], timeout: float = 60) -> None:
+    """Until the node's allocatable has those counts (a missing resource counts as "0")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alloc = json.loads(kubectl(rl, "get", "node", node, "-o", "json").stdout)["status"]["allocatable"]
+        if all(alloc.get(r, "0") == n for r, n in want.items()):
+            return
+        assert time.monotonic() < deadline, alloc
+        time.sleep(0.5)
 
 
 def _validate(rl, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -466,6 +478,7 @@ def test_validate_unhealthy_gpu_is_exit_6_on_that_node_only(rl):
         assert smoke["node2"]["status"] == "fail" and "Insufficient nvidia.com/gpu" in smoke["node2"]["message"], smoke
     finally:
         root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}", input=old)
+        _wait_alloc(rl, "node2", {"nvidia.com/gpu": "1"})
 
 
 def _free_slash30() -> tuple[str, str]:
