@@ -340,6 +340,25 @@ def _template(value: Any, variables: Mapping[str, Any], where: str) -> str:
                           hint="set the variable to a plain value in the inventory") from None
 
 
+def _names(rv: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    """A list variable of package names (role default, inventory or extra vars)."""
+    value = rv.get(key)
+    if value is None or value == "":
+        return []
+    if isinstance(value, str) or not isinstance(value, list):
+        raise ConfigError(f"{where}: {key} is {value!r}, not a list of package names",
+                          hint=f"give {key} as a YAML list in the inventory, e.g. [nvidia-driver]")
+    return value
+
+
+def _flag(rv: Mapping[str, Any], key: str, default: bool = True) -> bool:
+    """A boolean role variable as Ansible's conditionals read it (an INI inventory gives 'false' as a string)."""
+    value = rv.get(key, default)
+    if isinstance(value, str):
+        return value.strip().lower() not in ("false", "no", "off", "0", "n", "f", "")
+    return bool(value)
+
+
 def _role_vars(plan: Plan, node: Node, role: str) -> dict[str, Any]:
     """A role's variables on a node as Ansible sees them: role defaults < inventory < what the Plan hands the role
     (extra vars)."""
@@ -424,10 +443,10 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
     site = plan.site
     mode = site.driver.mode
     rv = _role_vars(plan, node, DRIVER_ROLE)
-    if not rv.get(f"{DRIVER_ROLE}_enabled", True):
+    if not _flag(rv, f"{DRIVER_ROLE}_enabled"):
         return []
     osm = os_map(DRIVER_ROLE, node.os_id, node.os_version)
-    where = f"{DRIVER_ROLE} on {os_tag}"
+    where = f"host {node.name}" if plan.inventory is not None else f"{DRIVER_ROLE} on {os_tag}"
     manager, pin = str(osm["package_manager"]), str(osm["pin"])
     version = str(rv[f"{DRIVER_ROLE}_package_version"])
     variables = {**rv, f"{DRIVER_ROLE}_package_version": version}
@@ -438,24 +457,25 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
     os_need = _os_need(plan, DRIVER_ROLE, os_tag)
     notes: list[str] = []
     if mode == "host":
-        names = rv.get(f"{DRIVER_ROLE}_packages") or osm.get("packages") or []
-        source = f"{DRIVER_ROLE}_packages" if rv.get(f"{DRIVER_ROLE}_packages") else f"vars/{os_map_file(DRIVER_ROLE, node.os_id, node.os_version).name}"
+        own = _names(rv, f"{DRIVER_ROLE}_packages", where)
+        names = own or osm.get("packages") or []
+        source = f"{DRIVER_ROLE}_packages" if own else f"vars/{os_map_file(DRIVER_ROLE, node.os_id, node.os_version).name}"
         for n in names:
             pkgs.add(os_tag, manager, _template(n, variables, where), version, pin,
                      (mode_need, version_need, os_need, Need(DRIVER_ROLE, f"package list: {source}")), host)
-        for n in rv.get(f"{DRIVER_ROLE}_extra_packages") or osm.get("extra_packages") or []:
+        for n in _names(rv, f"{DRIVER_ROLE}_extra_packages", where) or osm.get("extra_packages") or []:
             pkgs.add(os_tag, manager, _template(n, variables, where), None, pin,
                      (mode_need, os_need, Need(DRIVER_ROLE, "companion package, unpinned")), host)
         build_need = Need(DRIVER_ROLE, "driver.mode=host: DKMS builds the kernel module on the node")
     else:
-        for n in rv.get(f"{DRIVER_ROLE}_runfile_packages") or []:
+        for n in _names(rv, f"{DRIVER_ROLE}_runfile_packages", where):
             pkgs.add(os_tag, manager, _template(n, variables, where), None, pin,
                      (mode_need, os_need, Need(DRIVER_ROLE, f"{DRIVER_ROLE}_runfile_packages")), host)
         build_need = Need(DRIVER_ROLE, "driver.mode=runfile: the runfile's --dkms builds the kernel module on the node")
-    if mode == "host" or rv.get(f"{DRIVER_ROLE}_runfile_dkms", True):
+    if mode == "host" or _flag(rv, f"{DRIVER_ROLE}_runfile_dkms"):
         for n in osm.get("build_packages") or []:
             pkgs.add(os_tag, manager, _template(n, variables, where), None, pin, (build_need, os_need), host)
-    if rv.get(f"{DRIVER_ROLE}_require_kernel_headers", True):
+    if _flag(rv, f"{DRIVER_ROLE}_require_kernel_headers"):
         headers = osm["headers"]
         if not kernels:
             shown = _template(headers, {**variables, "ansible_facts": {"kernel": "<kernel>"}}, where)
@@ -479,7 +499,7 @@ def _toolkit_packages(plan: Plan, node: Node, os_tag: str, host: str | None, pkg
     site = plan.site
     version_need = Need(TOOLKIT_ROLE, f"toolkit.version={site.toolkit.version}" if site.toolkit.version else
                         f"operator.version={plan.release.version} (catalog toolkit {version})")
-    for n in rv.get(f"{TOOLKIT_ROLE}_packages") or []:
+    for n in _names(rv, f"{TOOLKIT_ROLE}_packages", f"{TOOLKIT_ROLE} on {os_tag}"):
         pkgs.add(os_tag, str(osm["package_manager"]), _template(n, rv, f"{TOOLKIT_ROLE} on {os_tag}"), version,
                  str(osm["pin"]), (Need(TOOLKIT_ROLE, "toolkit.mode=host"), version_need,
                                    _os_need(plan, TOOLKIT_ROLE, os_tag)), host)

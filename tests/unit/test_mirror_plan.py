@@ -409,3 +409,15 @@ def test_the_plan_contacts_nothing(monkeypatch):
              mirror={"chartRepository": "oci://registry.lab:5000/charts"})
     ap = artifacts(s, [Node("a", "ubuntu", "22.04", "5.15.0-105-generic")])
     assert ap.images and ap.charts and ap.files and ap.packages
+
+
+def test_inventory_role_variables_of_the_wrong_shape(tmp_path):
+    inv = write_inventory(tmp_path, "g1: {gpu_install_os: debian12, nvidia_driver_packages: nvidia-driver}\n")
+    with pytest.raises(ConfigError, match=r"host g1: nvidia_driver_packages is 'nvidia-driver', not a list"):
+        artifacts(site(driver={"mode": "host"}), inventory=inv)
+    # an INI inventory gives booleans as strings: 'false' is false, as in the role's conditionals
+    ini = tmp_path / "hosts.ini"
+    ini.write_text("[gpu_nodes]\ng1 gpu_install_os=debian12 gpu_install_kernel=6.1.0-28-amd64 "
+                   "nvidia_driver_require_kernel_headers=false\n")
+    ap = artifacts(site(driver={"mode": "host"}), inventory=str(ini))
+    assert not any(n.startswith("linux-headers") for n in packages(ap, "debian12"))
