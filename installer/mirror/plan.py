@@ -242,8 +242,14 @@ def _image_needs(plan: Plan, comp: ResolvedComponent, img: Image) -> list[Need]:
         out.append(Need(name, f"components.{name}.enabled={str(ov.enabled).lower()}"))
     elif name not in ("driver", "toolkit"):
         switch = spec.enabled_path
-        out.append(Need(name, f"{switch}=true (chart default of {plan.release.version})" if switch
-                        else f"always deployed by {plan.release.version}"))
+        if not switch:
+            out.append(Need(name, f"always deployed by {plan.release.version}"))
+        elif _has(site.values, switch):
+            out.append(Need(name, f"values.{switch}=true"))
+        elif _has(plan.values, switch):
+            out.append(Need(name, f"{switch}=true (rendered from the site)"))
+        else:
+            out.append(Need(name, f"{switch}=true (chart default of {plan.release.version})"))
     for gate in spec.gates:
         if gate.startswith("sandboxWorkloads"):
             out.append(Need(name, "sandboxWorkloads.enabled=true"))
@@ -268,6 +274,17 @@ def _image_needs(plan: Plan, comp: ResolvedComponent, img: Image) -> list[Need]:
         out.append(Need(name, _node_setting(plan, hosts, precompiled=site.driver.mode == "precompiled"
                                             and name == "driver")))
     return out
+
+
+def _has(tree: Mapping[str, Any], path: str) -> bool:
+    from installer.catalog import split_path
+
+    node: Any = tree
+    for part in split_path(path):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _node_setting(plan: Plan, nodes: Sequence[Node], precompiled: bool = False) -> str:

@@ -421,3 +421,14 @@ def test_inventory_role_variables_of_the_wrong_shape(tmp_path):
                    "nvidia_driver_require_kernel_headers=false\n")
     ap = artifacts(site(driver={"mode": "host"}), inventory=str(ini))
     assert not any(n.startswith("linux-headers") for n in packages(ap, "debian12"))
+
+
+def test_an_enabled_switch_is_named_where_it_is_set():
+    def setting(s):
+        ap = artifacts(s, [Node("a", "ubuntu", "22.04")])
+        mig = next(i for i in ap.images if i.component == "migManager")
+        return mig.needs[0].setting
+
+    assert setting(site()) == "migManager.enabled=true (chart default of v24.9.2)"
+    assert setting(site(values={"migManager": {"enabled": True}})) == "values.migManager.enabled=true"
+    assert setting(site(components={"migManager": {"enabled": True}})) == "components.migManager.enabled=true"
