@@ -210,6 +210,9 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
                      f"{chart.file} (or its oci:// copy) at that place on the air-gapped side")
     files, packages, more = _node_artifacts(plan, extra)
     notes += more
+    if extra and not any(p.name.endswith(tuple(extra)) for o in packages for p in o.packages):
+        notes.append(f"--kernel {' '.join(extra)}: no kernel headers are installed by the roles with driver.mode "
+                     f"{site.driver.mode}; nothing was listed for it")
     return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=(chart,),
                         files=files, packages=packages, kernels=extra, notes=tuple(notes))
 

@@ -432,3 +432,11 @@ def test_an_enabled_switch_is_named_where_it_is_set():
     assert setting(site()) == "migManager.enabled=true (chart default of v24.9.2)"
     assert setting(site(values={"migManager": {"enabled": True}})) == "values.migManager.enabled=true"
     assert setting(site(components={"migManager": {"enabled": True}})) == "components.migManager.enabled=true"
+
+
+def test_a_kernel_nothing_needs_is_a_note(tmp_path):
+    inv = write_inventory(tmp_path, "g1: {gpu_install_os: ubuntu22.04}\n")
+    ap = artifacts(site(), kernels=["6.8.0-49-generic"], inventory=inv)
+    assert ap.packages == () and any(n.startswith("--kernel 6.8.0-49-generic: no kernel headers") for n in ap.notes)
+    ap = artifacts(site(driver={"mode": "host"}), kernels=["6.8.0-49-generic"], inventory=inv)
+    assert not any(n.startswith("--kernel") for n in ap.notes)
