@@ -440,3 +440,27 @@ def test_a_kernel_nothing_needs_is_a_note(tmp_path):
     assert ap.packages == () and any(n.startswith("--kernel 6.8.0-49-generic: no kernel headers") for n in ap.notes)
     ap = artifacts(site(driver={"mode": "host"}), kernels=["6.8.0-49-generic"], inventory=inv)
     assert not any(n.startswith("--kernel") for n in ap.notes)
+
+
+@pytest.mark.parametrize("mode", ["operator", "precompiled", "host"])
+def test_images_with_an_inventory_are_what_images_lists(cli, mode):
+    sample = ROOT / "inventories" / "sample"
+    sets = ["--set", f"driver.mode={mode}", "--set", "driver.customImageOs=[rhel8.10]"]
+    rc, out, err = cli("images", "-s", sample / "site.yaml", "-i", sample / "hosts.yml", *sets, "--format", "json")
+    assert rc == 0, err
+    want = [(d["source"], d["destination"]) for d in json.loads(out)]
+    rc, out, err = cli("mirror", "plan", "-s", sample / "site.yaml", "-i", sample / "hosts.yml", *sets,
+                       "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert [(i["source"], i["destination"]) for i in doc["images"]] == want
+    driver = [i for i in doc["images"] if i["component"] == "driver"]
+    assert bool(driver) == (mode != "host")
+    if mode == "precompiled":
+        ubuntu = next(i for i in driver if i["source"].endswith("-5.15.0-105-generic-ubuntu22.04"))
+        assert ubuntu["needs"][-1]["setting"] == \
+            "gpu_install_os + gpu_install_kernel of hosts gpu1.example.com, gpu2.example.com"
+    if mode == "host":  # the inventory's kernels: headers per OS, hosts named
+        by_os = {o["os"]: o for o in doc["packages"]}
+        assert by_os["rhel8.10"]["hosts"] == ["gpu3.example.com"]
+        assert "kernel-devel-4.18.0-553.el8_10.x86_64" in [r["name"] for r in by_os["rhel8.10"]["roots"]]
