@@ -206,8 +206,9 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
                 else " (default)"))))
     notes: list[str] = []
     if site.operator.chart:
-        notes.append(f"operator.chart is {site.operator.chart}: apply installs the chart from there; put the mirrored "
-                     f"{chart.file} (or its oci:// copy) at that place on the air-gapped side")
+        where = ("push the mirrored chart to that registry path" if "://" in site.operator.chart
+                 else f"put the mirrored {chart.file} at that path on the air-gapped controller")
+        notes.append(f"operator.chart is {site.operator.chart}: apply installs the chart from there; {where}")
     files, packages, more = _node_artifacts(plan, extra)
     notes += more
     if extra and not any(p.name.endswith(tuple(extra)) for o in packages for p in o.packages):
