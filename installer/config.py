@@ -70,6 +70,11 @@ URL_PREFIX = r"^https?://[^/\s?#]+(?:/[^\s?#]*)?$"
 EXTENDED_RESOURCE = (r"^(?![^/]*kubernetes\.io/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)+"
                      r"/[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 KUBERNETES_VERSION = r"^v?[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[-+][0-9A-Za-z.-]+)?$"
+#: mirror.chartRepository: an http(s) chart repository (index.yaml under it) or oci://<registry>[/<path>] (the chart is
+#: <that>/gpu-operator); chart_repository() decides, this describes it
+CHART_REPOSITORY = (rf"^(?:https?://[^/\s?#]+(?:/[^\s?#]*)?"
+                    rf"|oci://{REGISTRY_HOST}(?:/{PATH_COMPONENT})*/?)$")
+DEFAULT_CHART_REPOSITORY = "https://helm.ngc.nvidia.com/nvidia"
 
 
 def rules(string: dict[str, Any] | None = None, integer: dict[str, Any] | None = None,
@@ -494,6 +499,42 @@ class Scheduler(_Model):
         return self
 
 
+def chart_repository(v: str) -> str:
+    """A Helm chart repository: http(s)://host[/path] (an index.yaml repository) or oci://registry[:port][/path]
+    (an OCI registry holding the chart as <that>/gpu-operator). A trailing '/' is dropped."""
+    shown = v if len(v) <= 80 else v[:77] + "..."
+    if len(v) > 2048:
+        raise ValueError(f"{shown!r}: {len(v)} characters is not a chart repository (at most 2048)")
+    if v.startswith("oci://"):
+        host, slash, path = v[len("oci://"):].removesuffix("/").partition("/")
+        try:
+            host = registry_host(host)
+        except ValueError as exc:
+            raise ValueError(f"{shown!r}: the registry of an oci:// chart repository: {exc}") from None
+        if slash and not re.match(rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*\Z", path):
+            raise ValueError(f"{shown!r}: {path!r} is not a repository path (lower-case components joined by '/')")
+        return "oci://" + host + (f"/{path}" if path else "")
+    if not re.match(r"https?://[^/\s?#]+(?:/[^\s?#]*)?\Z", v):
+        raise ValueError(f"{shown!r} is not a chart repository: an http(s) URL such as {DEFAULT_CHART_REPOSITORY} or "
+                         "oci://registry.example.com:5000/charts")
+    return v.rstrip("/") if v.rstrip("/") not in ("http:/", "https:/") else v
+
+
+class Mirror(_Model):
+    """Where `gpu-install mirror` takes what the site does not have yet (on the connected side)."""
+
+    chartRepository: str = Field(
+        DEFAULT_CHART_REPOSITORY,
+        description="Helm chart repository the GPU Operator chart (gpu-operator at operator.version) is mirrored from: "
+        "an http(s) repository URL (index.yaml) or oci://<registry>[/<path>] (the chart is <that>/gpu-operator)",
+        json_schema_extra=rules({"pattern": CHART_REPOSITORY, "maxLength": 2048}))
+
+    @field_validator("chartRepository")
+    @classmethod
+    def _chart_repository(cls, v: str) -> str:
+        return chart_repository(v)
+
+
 class Site(_Model):
     operator: Operator
     registry: Registry
@@ -511,6 +552,7 @@ class Site(_Model):
         default_factory=dict, description="extra Helm values merged last (checked against the release's keys)"
     )
     scheduler: Scheduler = Field(default_factory=Scheduler, description="kube-scheduler extenders (control plane)")
+    mirror: Mirror = Field(default_factory=Mirror, description="gpu-install mirror: where the chart comes from")
 
 
 # ---------------------------------------------------------------- loading
@@ -789,6 +831,9 @@ scheduler:                  # kube-scheduler extenders, patched into its static 
   #    managedResources: [{name: nvidia.com/gpu, ignoredByScheduler: false}]
   format: auto              # auto (Policy below 1.23, KubeSchedulerConfiguration from 1.23) | policy | config
   kubernetesVersion: null   # null: read from the kube-scheduler image tag in the manifest
+
+mirror:                     # gpu-install mirror (connected side): where the artifacts come from
+  chartRepository: https://helm.ngc.nvidia.com/nvidia   # or oci://registry.example.com:5000/charts
 """
 
 

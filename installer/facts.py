@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from installer.catalog import parse_release
@@ -44,6 +44,9 @@ class Node:
     os_version: str | None
     kernel: str | None = None
     k8s_name: str | None = None  # the Kubernetes Node (gpu_install_node_name), default: name
+    # the inventory's settings of the package roles' variables for this host (nvidia_driver_*,
+    # nvidia_container_toolkit_*): what the roles install there, as installer.mirror reads it
+    role_vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def node_name(self) -> str:
@@ -115,4 +118,22 @@ def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
         os_id, ver = split_os(str(hv["gpu_install_os"]), f"{where}: gpu_install_os")
     k8s = hv.get(NODE_NAME_VAR)
     kernel_text = kernel_release(kernel, f"{where}: gpu_install_kernel") if kernel else None
-    return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None)
+    overrides = {str(k): _plain(v) for k, v in hv.items() if str(k).startswith(PACKAGE_ROLE_PREFIXES)}
+    return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None, overrides)
+
+
+#: the roles whose packages depend on inventory variables too (see Node.role_vars)
+PACKAGE_ROLE_PREFIXES = ("nvidia_driver_", "nvidia_container_toolkit_")
+
+
+def _plain(value: Any) -> Any:
+    """An inventory value as plain Python (Ansible's string and container subclasses → str, list, dict)."""
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value)

@@ -10,7 +10,9 @@ inventory. The plan carries:
 - the inventory as Ansible reads it (hosts, groups, play-pattern host counts for the progress display),
 - the Helm values (checked against the release's keys), the role variables, the MIG layout per node (names
   checked against the release), the pull secret reference (never its credentials),
-- the image list (computed on first use: it needs the nodes' OS, which `render` does not).
+- the image list (computed on first use: it needs the nodes' OS, which `render` does not),
+- the artifact plan of `gpu-install mirror` (Plan.artifacts(): the image list, the chart, the runfile, the OS package
+  roots the roles install per node OS).
 
 Cross-checks live here, once. New capabilities (mirror, validate, sharing) extend this plan; they never build a
 second list of anything.
@@ -37,6 +39,7 @@ from installer.facts import CONTROL_PLANE_GROUP, GPU_GROUP, Node, flag_nodes, no
 if TYPE_CHECKING:
     from installer.artifacts import Image
     from installer.mig import Assignment
+    from installer.mirror.plan import ArtifactPlan
     from installer.render.values import ResolvedComponent
 
 SITE_FILE_PATTERN = r"(^|/)site\.ya?ml$"
@@ -105,6 +108,13 @@ class Plan:
         from installer.artifacts import images
 
         return tuple(images(self.site, self.release, self.components.values(), self.values, self.nodes))
+
+    def artifacts(self, kernels: Sequence[str] = ()) -> ArtifactPlan:
+        """What an air-gapped site must hold: these images, the chart, the runfile, the OS package roots per node OS
+        (kernels: more kernels whose headers to list, besides the nodes' own). installer.mirror.plan; no network."""
+        from installer.mirror.plan import artifact_plan
+
+        return artifact_plan(self, kernels)
 
     def effective(self, path: str) -> Any:
         """Value of a values path after rendering: rendered value, else the chart default."""

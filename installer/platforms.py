@@ -35,6 +35,16 @@ ROLE_OS: Mapping[str, tuple[str, ...]] = {
     "debian": ("12",),
 }
 _BY_MAJOR = {"centos", "rhel", "rocky", "debian"}
+# os-release ID → (Ansible's ansible_facts['distribution'], ansible_facts['os_family']): the names the roles' OS maps
+# (roles/<role>/vars/<distribution>-<major>.yml, <distribution>.yml, <os_family>.yml) are looked up by, on the node by
+# Ansible and before any node is contacted by installer.mirror (the same files, the same order)
+ANSIBLE_OS: Mapping[str, tuple[str, str]] = {
+    "centos": ("CentOS", "RedHat"),
+    "rhel": ("RedHat", "RedHat"),
+    "rocky": ("Rocky", "RedHat"),
+    "ubuntu": ("Ubuntu", "Debian"),
+    "debian": ("Debian", "Debian"),
+}
 _MINOR = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+].*)?\Z")
 
 Minor = tuple[int, int]

@@ -61,7 +61,9 @@ CANARY_NAME = "Canary_Var_Secret_77"  # a secret that happens to look like a var
 CANARIES = (CANARY, CANARY_USER, CANARY_NAME, base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode(),
             base64.b64encode(CANARY.encode()).decode())
 EXAMPLE_SITES = [yaml.safe_load(SAMPLE), yaml.safe_load((ROOT / "inventories/sample/site.yaml").read_text())]
-COMMANDS = ("render", "images", "config-check", "preflight", "apply", "uninstall", "operator-install")
+COMMANDS = ("render", "images", "config-check", "mirror-plan", "preflight", "apply", "uninstall", "operator-install")
+#: commands that never contact anything, whatever they are given
+OFFLINE = {"mirror-plan"}
 
 
 # ---------------------------------------------------------------- points of contact
@@ -182,6 +184,7 @@ class Run:
         return {
             "render": ["render", "-s", str(site), *inv, "-o", str(self.root / "out" / "values.yaml")],
             "images": ["images", "-s", str(site), *inv, "--format", "json"],
+            "mirror-plan": ["mirror", "plan", "-s", str(site), *inv, "--format", "json"],
             "config-check": ["config", "check", "-s", str(site)],
             "preflight": ["preflight", "-s", str(site), "-i", str(inventory or site), "-q"],
             "apply": ["apply", "-s", str(site), "-i", str(inventory or site), "-q", *op, "--chart",
@@ -246,6 +249,8 @@ def check(command: str, site_text: str, inventory: tuple[str, str] | None = None
         assert canary.encode() not in written, f"a credential reached a file gpu-install wrote: {argv}"
     if rc == EXIT_USAGE:
         assert not contacted, f"exit 2, yet {contacted} was tried first: {argv}\n{shown}"
+    if command in OFFLINE:
+        assert not contacted, f"{command} is offline, yet it tried {contacted}: {argv}\n{shown}"
 
 
 # ---------------------------------------------------------------- generated site files
@@ -469,7 +474,7 @@ def inventories(draw: st.DrawFn) -> tuple[str, str]:
 
 
 @FUZZ
-@given(site=mutated_sites(), command=st.sampled_from(("render", "images", "config-check")))
+@given(site=mutated_sites(), command=st.sampled_from(("render", "images", "config-check", "mirror-plan")))
 def test_site_files_never_break_the_offline_commands(site, command):
     text, sets = site
     check(command, text, sets=sets)
@@ -477,14 +482,14 @@ def test_site_files_never_break_the_offline_commands(site, command):
 
 @FUZZ
 @given(site=mutated_sites(), inventory=inventories(),
-       command=st.sampled_from(("images", "preflight", "apply", "uninstall", "operator-install")))
+       command=st.sampled_from(("images", "mirror-plan", "preflight", "apply", "uninstall", "operator-install")))
 def test_site_files_and_inventories_never_reach_a_host_when_refused(site, inventory, command):
     text, sets = site
     check(command, text, inventory, sets)
 
 
 @FUZZ
-@given(inventory=inventories(), command=st.sampled_from(("images", "preflight", "apply", "uninstall")))
+@given(inventory=inventories(), command=st.sampled_from(("images", "mirror-plan", "preflight", "apply", "uninstall")))
 def test_inventories_alone(inventory, command):
     check(command, (ROOT / "inventories/sample/site.yaml").read_text(), inventory)
 

@@ -114,6 +114,13 @@ FIELDS: dict[str, tuple[tuple[Any, ...], str, list[Any]]] = {
             "nvidia.com/gpu", "gpu", "kubernetes.io/x", "xkubernetes.io/x", "k8s.kubernetes.io/x", "a.b/c/d",
             "a.b/" + "x" * 63, "a.b/" + "x" * 64, "A.b/c", "a.b/-c"]),
     "devicePlugin.timeSlicing.replicas": (("devicePlugin", "timeSlicing", "replicas"), "", [0, 1, 128, 129, -1]),
+    "mirror.chartRepository": (("mirror", "chartRepository"), "htpsoci:/.aZ09-_?# [", [
+        "https://helm.ngc.nvidia.com/nvidia", "https://helm.ngc.nvidia.com/nvidia/", "http://10.0.0.1:8080",
+        "https://", "https:///x", "https://x/a b", "https://x?y", "ftp://x.example.com", "helm.ngc.nvidia.com",
+        "oci://registry.lab:5000/charts", "oci://registry.lab:5000/charts/", "oci://registry.lab:5000",
+        "oci://registry.lab", "oci://LOCALHOST", "oci://localhost/x", "oci://[::1]:5000/x", "oci://charts",
+        "oci://r.lab/Charts", "oci://r.lab//x", "oci://r.lab/a//b", "oci://r.lab:0/x", "oci://", "oci:///x",
+        "oci://r.lab/a__b", "oci://r.lab/a___b", "OCI://r.lab/x", "https://" + "x" * 2050]),
 }
 #: values of any type, tried on every field
 ANY = [None, 0, 1, -1, True, False, 1.5, [], {}, "", "x", ["x"]]

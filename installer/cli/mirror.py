@@ -1,0 +1,115 @@
+"""`gpu-install mirror plan`: what an air-gapped site needs (images, chart, files, OS package roots), from the plan."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from installer.cli.common import command, group, inventory_arg, output, output_arg, resolve_plan, site_args
+
+if TYPE_CHECKING:
+    from installer.mirror.plan import Artifact, ArtifactPlan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from installer.errors import ConfigError
+
+    kernels: list[str] = list(args.kernel or [])
+    if args.inventory:
+        # with an inventory the nodes' kernels come from gpu_install_kernel; --kernel adds kernels whose headers
+        # every node OS gets (the kernel the nodes will boot next), and leaves the image list alone
+        if args.os:
+            raise ConfigError("--os is for use without an inventory",
+                              hint="set gpu_install_os in the inventory, or leave out -i")
+        args = argparse.Namespace(**{**vars(args), "kernel": []})
+    else:
+        kernels = []  # --kernel with --os: part of the nodes (flag nodes), as for `images`
+    if args.why is not None and not args.why.strip():
+        raise ConfigError("--why: empty reference", hint="give an image, the chart, a file or a package name")
+    plan = resolve_plan(args)
+    artifacts = plan.artifacts(kernels)
+    if args.why is not None:
+        found = artifacts.why(args.why)
+        if not found:
+            raise ConfigError(f"--why {args.why}: not in the mirror plan of this site",
+                              hint="give an image (source or destination, with its tag), the chart (gpu-operator), the "
+                                   "runfile, or a package name (or OS/name) as `gpu-install mirror plan` lists them")
+        if args.format == "json":
+            text = json.dumps({"schema": artifacts.as_dict()["schema"], "ref": args.why,
+                               "artifacts": [{"kind": a.kind, "ref": a.ref, **a.as_dict()} for a in found]},
+                              indent=2) + "\n"
+        else:
+            text = "".join(why_text(a) for a in found)
+        output(text, args.output)
+        return 0
+    if args.format == "json":
+        output(json.dumps(artifacts.as_dict(), indent=2) + "\n", args.output)
+    else:
+        output(plan_text(artifacts), args.output)
+    return 0
+
+
+def why_text(a: Artifact) -> str:
+    lines = [f"{a.kind} {a.ref}"]
+    from installer.mirror.plan import ImageArtifact, PackageArtifact
+
+    if isinstance(a, ImageArtifact):
+        lines.append(f"  mirrored to {a.destination}")
+    if isinstance(a, PackageArtifact):
+        lines.append(f"  {a.manager} {a.spec}" + (f" on {', '.join(a.hosts)}" if a.hosts else ""))
+    components = list(dict.fromkeys(n.component for n in a.needs))
+    for comp in components:
+        lines.append(f"  needed by {comp}:")
+        lines += [f"    {n.setting}" for n in a.needs if n.component == comp]
+    return "\n".join(lines) + "\n"
+
+
+def _needs(a: Artifact, skip_os: bool = False) -> str:
+    """The settings that need an artifact (in a package table, not the node OS its title names)."""
+    return "; ".join(n.setting for n in a.needs
+                     if not (skip_os and n.setting.startswith(("--os ", "gpu_install_os="))))
+
+
+def plan_text(p: ArtifactPlan) -> str:
+    from installer.ui import table
+
+    parts = [f"Mirror plan: GPU Operator {p.release} into {p.registry}"]
+    parts.append(table(f"\nImages ({len(p.images)})", ["component", "source", "destination"],
+                       [(i.component, i.source, i.destination) for i in p.images]))
+    parts.append(table(f"\nChart ({len(p.charts)})", ["chart", "version", "repository", "file"],
+                       [(c.name, c.version, c.repository, c.file) for c in p.charts]))
+    if p.files:
+        parts.append(table(f"\nFiles ({len(p.files)})", ["file", "source", "sha256", "needed by"],
+                           [(f.name, f.source, f.sha256 or "-", _needs(f)) for f in p.files]))
+    for o in p.packages:
+        hosts = f"; hosts {', '.join(o.hosts)}" if o.hosts else ""
+        parts.append(table(f"\nPackages for {o.os} ({o.manager}, {len(o.packages)} roots; closure resolved at pull{hosts})",
+                           ["package", "version", "asks for", "needed by"],
+                           [(k.name, k.version or "-", k.spec, k.needs[0].component + ": " + _needs(k, skip_os=True))
+                            for k in o.packages]))
+    if not p.packages:
+        parts.append("\nPackages: none (driver.mode and toolkit.mode install nothing on the nodes)")
+    parts += [f"note: {n}" for n in p.notes]
+    return "\n".join(parts) + "\n"
+
+
+def register(sub: Any) -> None:
+    msub = group(sub, "mirror", "air-gapped mirroring: what the site needs", "mirror_command")
+    p = command(msub, "plan", "list every artifact an air-gapped install needs (images, chart, files, OS packages); "
+                              "offline")
+    site_args(p)
+    inventory_arg(p)
+    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
+                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
+                   help="node kernel (uname -r): its headers are listed (and, without -i, precompiled driver images); "
+                        "repeatable; with -i: kernels besides the inventory's gpu_install_kernel")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="text: tables by kind; json: schema gpu-install.mirror-plan/v1")
+    p.add_argument("--why", metavar="REF",
+                   help="say which component and which setting needs REF (an image, the chart, a file, a package); "
+                        "exit 2 when REF is not in the plan")
+    output_arg(p)
+    p.set_defaults(func=cmd_plan)

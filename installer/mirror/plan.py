@@ -1,0 +1,526 @@
+"""The artifact plan: everything an air-gapped site must hold before `apply`, from the resolved Plan. No network.
+
+- images: exactly Plan.images (what `gpu-install images` lists, source → destination), each with the component and
+  the settings that make it deployed and pick its tag;
+- the chart: `gpu-operator` at the release's chart version, from site `mirror.chartRepository` (an http(s)
+  repository or oci://);
+- files: the driver runfile (driver.mode runfile);
+- OS packages per node OS: the ROOTS the roles install there — read from the roles' own defaults and OS maps
+  (roles/<role>/defaults/main.yml, roles/<role>/vars/<distribution|os_family>.yml, the same first-found order the
+  roles use), overlaid with the inventory's settings of those variables and the variables the Plan hands the roles
+  (Plan.role_vars), with the same pins the roles apply (apt `name=<v>*`, dnf `name-<v>*`). The dependency closure is
+  not computed here: `mirror pull` resolves it with the distro tools against the upstream repositories.
+
+JSON form (`gpu-install mirror plan --format json`) is versioned: SCHEMA names it; docs/airgap.md describes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from installer import content, platforms
+from installer.errors import ConfigError
+from installer.facts import Node, kernel_release
+
+if TYPE_CHECKING:
+    from installer.artifacts import Image
+    from installer.plan import Plan
+    from installer.render.values import ResolvedComponent
+
+SCHEMA = "gpu-install.mirror-plan/v1"
+CHART_NAME = "gpu-operator"
+CLOSURE = "resolved at pull"  # package dependencies: by apt/dnf at `mirror pull`, never here
+DRIVER_ROLE = "nvidia_driver"
+TOOLKIT_ROLE = "nvidia_container_toolkit"
+
+
+@dataclass(frozen=True)
+class Need:
+    """Why an artifact is in the plan: the component (or role) that uses it and the settings that decide it."""
+
+    component: str
+    setting: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"component": self.component, "setting": self.setting}
+
+
+@dataclass(frozen=True)
+class ImageArtifact:
+    source: str
+    destination: str
+    component: str
+    needs: tuple[Need, ...]
+
+    kind = "image"
+
+    @property
+    def ref(self) -> str:
+        return self.source
+
+    def answers(self, ref: str) -> bool:
+        return ref in (self.source, self.destination)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "destination": self.destination, "component": self.component,
+                "needs": [n.as_dict() for n in self.needs]}
+
+
+@dataclass(frozen=True)
+class ChartArtifact:
+    name: str
+    version: str
+    repository: str  # https://… (index.yaml repository) or oci://…
+    needs: tuple[Need, ...]
+
+    kind = "chart"
+
+    @property
+    def oci(self) -> bool:
+        return self.repository.startswith("oci://")
+
+    @property
+    def ref(self) -> str:
+        """oci://<registry>/<path>/gpu-operator:<version>, or <repository>/gpu-operator:<version> (helm pull
+        --repo <repository> gpu-operator --version <version>)."""
+        return f"{self.repository}/{self.name}:{self.version}"
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}-{self.version}.tgz"  # what `helm pull` writes
+
+    def answers(self, ref: str) -> bool:
+        return ref in (self.name, f"{self.name}:{self.version}", self.ref, self.file, f"{self.repository}/{self.name}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "repository": self.repository,
+                "type": "oci" if self.oci else "http", "ref": self.ref, "file": self.file,
+                "needs": [n.as_dict() for n in self.needs]}
+
+
+@dataclass(frozen=True)
+class FileArtifact:
+    source: str  # URL in the site's file mirror, or a path on the controller
+    name: str
+    sha256: str | None
+    needs: tuple[Need, ...]
+
+    kind = "file"
+
+    @property
+    def ref(self) -> str:
+        return self.source
+
+    def answers(self, ref: str) -> bool:
+        return ref in (self.source, self.name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "name": self.name, "sha256": self.sha256,
+                "needs": [n.as_dict() for n in self.needs]}
+
+
+@dataclass(frozen=True)
+class PackageArtifact:
+    os: str  # ID+VERSION_ID as the inventory gives it (ubuntu22.04, rocky9.4)
+    manager: str  # apt | dnf
+    name: str
+    version: str | None  # the pin (a version prefix), None: unpinned
+    spec: str  # exactly what the role asks the package manager for (nvidia-driver=535*, nvidia-driver-535*)
+    needs: tuple[Need, ...]
+    hosts: tuple[str, ...] = ()  # inventory hosts that install it (empty with --os)
+
+    kind = "package"
+
+    @property
+    def ref(self) -> str:
+        return f"{self.os}/{self.name}"
+
+    def answers(self, ref: str) -> bool:
+        return ref in (self.name, self.ref, self.spec, f"{self.os}/{self.spec}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "match": "prefix" if self.version else None,
+                "spec": self.spec, "hosts": list(self.hosts), "needs": [n.as_dict() for n in self.needs]}
+
+
+Artifact = ImageArtifact | ChartArtifact | FileArtifact | PackageArtifact
+
+
+@dataclass(frozen=True)
+class OsPackages:
+    """The package roots one node OS needs (the closure is resolved at pull)."""
+
+    os: str
+    manager: str
+    packages: tuple[PackageArtifact, ...]
+    hosts: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"os": self.os, "manager": self.manager, "closure": CLOSURE, "hosts": list(self.hosts),
+                "roots": [p.as_dict() for p in self.packages]}
+
+
+@dataclass(frozen=True)
+class ArtifactPlan:
+    release: str
+    registry: str
+    images: tuple[ImageArtifact, ...]
+    charts: tuple[ChartArtifact, ...]
+    files: tuple[FileArtifact, ...]
+    packages: tuple[OsPackages, ...]
+    kernels: tuple[str, ...] = ()  # --kernel given with an inventory: headers for these too
+    notes: tuple[str, ...] = field(default=())
+
+    def artifacts(self) -> list[Artifact]:
+        return [*self.images, *self.charts, *self.files, *(p for o in self.packages for p in o.packages)]
+
+    def why(self, ref: str) -> list[Artifact]:
+        """The artifacts REF names (an image source or destination, the chart, a file, a package name or os/name)."""
+        ref = ref.strip()
+        return [a for a in self.artifacts() if a.answers(ref)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "release": self.release, "registry": self.registry,
+                "images": [i.as_dict() for i in self.images], "charts": [c.as_dict() for c in self.charts],
+                "files": [f.as_dict() for f in self.files], "packages": [p.as_dict() for p in self.packages],
+                "notes": list(self.notes)}
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
+    """The artifacts of a resolved plan. kernels: more kernels (`--kernel` with an inventory) whose headers every
+    node OS needs, besides the nodes' own gpu_install_kernel. Raises ConfigError (exit 2) for what it cannot resolve."""
+    extra = tuple(dict.fromkeys(kernel_release(k, "--kernel") for k in kernels))
+    site = plan.site
+    images = tuple(_image(plan, img) for img in plan.images)
+    chart = ChartArtifact(CHART_NAME, chart_version(plan), site.mirror.chartRepository, (
+        Need("GPU Operator chart", f"operator.version={plan.release.version}"),
+        Need("GPU Operator chart", f"mirror.chartRepository={site.mirror.chartRepository}"
+             + ("" if "mirror" in site.model_fields_set and "chartRepository" in site.mirror.model_fields_set
+                else " (default)"))))
+    notes: list[str] = []
+    if site.operator.chart:
+        where = ("push the mirrored chart to that registry path" if "://" in site.operator.chart
+                 else f"put the mirrored {chart.file} at that path on the air-gapped controller")
+        notes.append(f"operator.chart is {site.operator.chart}: apply installs the chart from there; {where}")
+    files, packages, more = _node_artifacts(plan, extra)
+    notes += more
+    if extra and not any(p.name.endswith(tuple(extra)) for o in packages for p in o.packages):
+        notes.append(f"--kernel {' '.join(extra)}: no kernel headers are installed by the roles with driver.mode "
+                     f"{site.driver.mode}; nothing was listed for it")
+    return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=(chart,),
+                        files=files, packages=packages, kernels=extra, notes=tuple(notes))
+
+
+def chart_version(plan: Plan) -> str:
+    """The chart's version as the chart repository lists it (the catalog records it; v-prefixed for NVIDIA's)."""
+    chart = plan.release.raw.get("chart") or {}
+    version = chart.get("version") if isinstance(chart, dict) else None
+    return str(version or plan.release.version)
+
+
+# ---------------------------------------------------------------- images
+
+
+def _image(plan: Plan, img: Image) -> ImageArtifact:
+    comp = plan.components[img.component]
+    return ImageArtifact(img.source, img.destination, img.component, tuple(_image_needs(plan, comp, img)))
+
+
+def _image_needs(plan: Plan, comp: ResolvedComponent, img: Image) -> list[Need]:
+    site, spec, name = plan.site, comp.spec, comp.name
+    out: list[Need] = []
+    ov = site.components.get(name)
+    # deployed because …
+    if name == "driver":
+        out.append(Need(name, f"driver.mode={site.driver.mode}"))
+    elif name == "toolkit":
+        out.append(Need(name, f"toolkit.mode={site.toolkit.mode}"))
+    if ov is not None and ov.enabled is not None:
+        out.append(Need(name, f"components.{name}.enabled={str(ov.enabled).lower()}"))
+    elif name not in ("driver", "toolkit"):
+        switch = spec.enabled_path
+        if not switch:
+            out.append(Need(name, f"always deployed by {plan.release.version}"))
+        elif _has(site.values, switch):
+            out.append(Need(name, f"values.{switch}=true"))
+        elif _has(plan.values, switch):
+            out.append(Need(name, f"{switch}=true (rendered from the site)"))
+        else:
+            out.append(Need(name, f"{switch}=true (chart default of {plan.release.version})"))
+    for gate in spec.gates:
+        if gate.startswith("sandboxWorkloads"):
+            out.append(Need(name, "sandboxWorkloads.enabled=true"))
+        elif not (name == "driver" and gate.startswith("driver.")):
+            out.append(Need(name, f"{gate}={str(plan.effective(gate)).lower()}"))
+    # … at this version
+    if ov is not None and ov.version:
+        out.append(Need(name, f"components.{name}.version={ov.version}"))
+    elif name == "driver" and site.driver.version:
+        out.append(Need(name, f"driver.version={site.driver.version}"))
+    elif name == "toolkit" and site.toolkit.version:
+        out.append(Need(name, f"toolkit.version={site.toolkit.version}"))
+    else:
+        out.append(Need(name, f"operator.version={plan.release.version} (catalog pin {comp.version})"))
+    if ov is not None and ov.repository:
+        out.append(Need(name, f"components.{name}.repository={ov.repository}"))
+    # … with this tag suffix (driver, GDS, GDRCopy, vGPU manager: one image per node OS)
+    if spec.os_suffix and not (comp.version or "").startswith("sha256:"):
+        tag = img.source.rsplit(":", 1)[-1]
+        hosts = [n for n in plan.nodes if n.os_id and n.os_version and tag.endswith("-" + n.os_tag(plan.release.version))
+                 and (site.driver.mode != "precompiled" or name != "driver" or f"-{n.kernel}-" in tag)]
+        out.append(Need(name, _node_setting(plan, hosts, precompiled=site.driver.mode == "precompiled"
+                                            and name == "driver")))
+    return out
+
+
+def _has(tree: Mapping[str, Any], path: str) -> bool:
+    from installer.catalog import split_path
+
+    node: Any = tree
+    for part in split_path(path):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _node_setting(plan: Plan, nodes: Sequence[Node], precompiled: bool = False) -> str:
+    what = "gpu_install_os" + (" + gpu_install_kernel" if precompiled else "")
+    if plan.inventory is None:
+        tags = sorted({f"{n.os_id}{n.os_version}" for n in nodes})
+        kernels = sorted({n.kernel for n in nodes if n.kernel}) if precompiled else []
+        return " ".join([*(f"--os {t}" for t in tags), *(f"--kernel {k}" for k in kernels)])
+    names = sorted(n.name for n in nodes)
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"{what} of host{'s' if len(names) != 1 else ''} {shown}"
+
+
+def _os_need(plan: Plan, role: str, os_tag: str) -> Need:
+    return Need(role, f"gpu_install_os={os_tag}" if plan.inventory is not None else f"--os {os_tag}")
+
+
+# ---------------------------------------------------------------- the roles' variables
+
+
+@cache
+def _yaml(path: Path) -> Any:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def role_defaults(role: str) -> dict[str, Any]:
+    data = _yaml(content.role_dir(role) / "defaults" / "main.yml") or {}
+    return dict(data)
+
+
+def os_map_file(role: str, os_id: str, os_version: str) -> Path:
+    """The OS map a role loads on a node with this os-release ID and VERSION_ID: the first of
+    vars/<distribution>-<major>.yml, vars/<distribution>.yml, vars/<os_family>.yml (tasks/os.yml)."""
+    if os_id not in platforms.ANSIBLE_OS:
+        raise ConfigError(f"{os_id}{os_version}: no OS map for it in the roles (supported: "
+                          f"{', '.join(sorted(platforms.ANSIBLE_OS))})",
+                          hint="give the node's os-release ID and VERSION_ID, e.g. ubuntu22.04 or rocky9.4")
+    distribution, family = platforms.ANSIBLE_OS[os_id]
+    major = os_version.split(".")[0]
+    vars_dir = content.role_dir(role) / "vars"
+    for name in (f"{distribution}-{major}.yml", f"{distribution}.yml", f"{family}.yml"):
+        if (vars_dir / name).is_file():
+            return vars_dir / name
+    raise ConfigError(f"role {role} has no OS map for {os_id}{os_version} in {vars_dir}",
+                      hint="the roles support: " + ", ".join(sorted(platforms.ROLE_OS)))
+
+
+def os_map(role: str, os_id: str, os_version: str) -> dict[str, Any]:
+    data = _yaml(os_map_file(role, os_id, os_version)) or {}
+    return dict(data.get(f"{role}_os") or {})
+
+
+def _template(value: Any, variables: Mapping[str, Any], where: str) -> str:
+    """A role's Jinja expression (a package name such as nvidia-driver-{{ … | split('.') | first }}-server), rendered
+    the way Ansible would with these variables; sandboxed, nothing undefined."""
+    text = str(value)
+    if "{{" not in text and "{%" not in text:
+        return text
+    from jinja2 import StrictUndefined, TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+    env.filters["split"] = lambda s, sep=None, maxsplit=-1: str(s).split(sep, maxsplit)  # Ansible's `split`
+    try:
+        return str(env.from_string(text).render(**variables)).strip()
+    except TemplateError as exc:
+        raise ConfigError(f"{where}: cannot evaluate {text!r} without a node ({exc})",
+                          hint="set the variable to a plain value in the inventory") from None
+
+
+def _names(rv: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    """A list variable of package names (role default, inventory or extra vars)."""
+    value = rv.get(key)
+    if value is None or value == "":
+        return []
+    if isinstance(value, str) or not isinstance(value, list):
+        raise ConfigError(f"{where}: {key} is {value!r}, not a list of package names",
+                          hint=f"give {key} as a YAML list in the inventory, e.g. [nvidia-driver]")
+    return value
+
+
+def _flag(rv: Mapping[str, Any], key: str, default: bool = True) -> bool:
+    """A boolean role variable as Ansible's conditionals read it (an INI inventory gives 'false' as a string)."""
+    value = rv.get(key, default)
+    if isinstance(value, str):
+        return value.strip().lower() not in ("false", "no", "off", "0", "n", "f", "")
+    return bool(value)
+
+
+def _role_vars(plan: Plan, node: Node, role: str) -> dict[str, Any]:
+    """A role's variables on a node as Ansible sees them: role defaults < inventory < what the Plan hands the role
+    (extra vars)."""
+    prefix = role + "_"
+    out = role_defaults(role)
+    out.update({k: v for k, v in node.role_vars.items() if k.startswith(prefix)})
+    out.update({k: v for k, v in plan.role_vars.items() if k.startswith(prefix)})
+    return out
+
+
+# ---------------------------------------------------------------- files and packages
+
+
+class _Collect:
+    """Packages per node OS, merged across the hosts that share the OS."""
+
+    def __init__(self) -> None:
+        self.by_os: dict[str, tuple[str, dict[tuple[str, str], PackageArtifact]]] = {}
+        self.hosts: dict[str, list[str]] = {}
+
+    def add(self, os: str, manager: str, name: str, version: str | None, pin: str, needs: Iterable[Need],
+            host: str | None) -> None:
+        spec = f"{name}{pin}{version}*" if version else name
+        have_manager, pkgs = self.by_os.setdefault(os, (manager, {}))
+        if have_manager != manager:
+            raise ConfigError(f"{os}: the roles' OS maps disagree on the package manager ({have_manager}, {manager})")
+        old = pkgs.get((name, spec))
+        hosts = tuple(sorted({*(old.hosts if old else ()), *([host] if host else [])}))
+        merged = tuple(dict.fromkeys([*(old.needs if old else ()), *needs]))  # in the order they were found
+        pkgs[(name, spec)] = PackageArtifact(os, manager, name, version, spec, merged, hosts)
+        if host and host not in self.hosts.setdefault(os, []):
+            self.hosts[os].append(host)
+
+    def result(self) -> tuple[OsPackages, ...]:
+        return tuple(OsPackages(os, manager, tuple(sorted(pkgs.values(), key=lambda p: (p.name, p.spec))),
+                                tuple(sorted(self.hosts.get(os, ()))))
+                     for os, (manager, pkgs) in sorted(self.by_os.items()))
+
+
+def _node_artifacts(plan: Plan, kernels: tuple[str, ...]) -> tuple[tuple[FileArtifact, ...], tuple[OsPackages, ...],
+                                                                   list[str]]:
+    site = plan.site
+    mode = site.driver.mode
+    driver_packages = mode in ("host", "runfile")
+    toolkit_packages = bool(plan.role_vars.get(f"{TOOLKIT_ROLE}_enabled"))
+    if not (driver_packages or toolkit_packages):
+        return (), (), []
+    files: dict[str, FileArtifact] = {}
+    notes: list[str] = []
+    if mode == "runfile":
+        rv = plan.role_vars
+        source = str(rv[f"{DRIVER_ROLE}_runfile"])
+        files[source] = FileArtifact(source, source.rsplit("/", 1)[-1], rv.get(f"{DRIVER_ROLE}_runfile_sha256") or None,
+                                     (Need(DRIVER_ROLE, "driver.mode=runfile"), Need(DRIVER_ROLE, f"driver.runfile={source}")))
+        if "://" not in source:
+            notes.append(f"driver.runfile {source} is a path on the controller: carry it to the air-gapped controller "
+                         "at the same path (or serve it from the site's file mirror and give its URL)")
+    wanted = [w for w, on in (("driver.mode=" + mode, driver_packages), ("toolkit.mode=host", toolkit_packages)) if on]
+    if not plan.nodes:
+        raise ConfigError(f"{' and '.join(wanted)}: the roles install OS packages on the nodes, and which depends on "
+                          "their OS, which is not given",
+                          hint="pass -i INVENTORY (gpu_install_os per host) or --os, e.g. --os ubuntu22.04 --os rocky9.4")
+    pkgs = _Collect()
+    for node in plan.nodes:
+        if node.os_id is None or node.os_version is None:
+            raise ConfigError(f"host {node.name}: OS unknown (gpu_install_os is not set), and {' and '.join(wanted)} "
+                              "installs OS packages that depend on it",
+                              hint="set gpu_install_os (e.g. ubuntu22.04) for the host or its group")
+        os_tag = f"{node.os_id}{node.os_version}"
+        host = node.name if plan.inventory is not None else None
+        node_kernels = tuple(dict.fromkeys([*([node.kernel] if node.kernel else []), *kernels]))
+        if driver_packages:
+            notes += _driver_packages(plan, node, os_tag, host, node_kernels, pkgs)
+        if toolkit_packages:
+            _toolkit_packages(plan, node, os_tag, host, pkgs)
+    return tuple(files.values()), pkgs.result(), list(dict.fromkeys(notes))
+
+
+def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kernels: Sequence[str],
+                     pkgs: _Collect) -> list[str]:
+    assert node.os_id is not None and node.os_version is not None
+    site = plan.site
+    mode = site.driver.mode
+    rv = _role_vars(plan, node, DRIVER_ROLE)
+    if not _flag(rv, f"{DRIVER_ROLE}_enabled"):
+        return []
+    osm = os_map(DRIVER_ROLE, node.os_id, node.os_version)
+    where = f"host {node.name}" if plan.inventory is not None else f"{DRIVER_ROLE} on {os_tag}"
+    manager, pin = str(osm["package_manager"]), str(osm["pin"])
+    version = str(rv[f"{DRIVER_ROLE}_package_version"])
+    variables = {**rv, f"{DRIVER_ROLE}_package_version": version}
+    version_need = Need(DRIVER_ROLE, f"driver.version={site.driver.version}" if site.driver.version else
+                        (f"driver.runfile={site.driver.runfile}" if mode == "runfile" else
+                         f"driver.version unset: the role's default branch {version}"))
+    mode_need = Need(DRIVER_ROLE, f"driver.mode={mode}")
+    os_need = _os_need(plan, DRIVER_ROLE, os_tag)
+    notes: list[str] = []
+    if mode == "host":
+        own = _names(rv, f"{DRIVER_ROLE}_packages", where)
+        names = own or osm.get("packages") or []
+        source = f"{DRIVER_ROLE}_packages" if own else f"vars/{os_map_file(DRIVER_ROLE, node.os_id, node.os_version).name}"
+        for n in names:
+            pkgs.add(os_tag, manager, _template(n, variables, where), version, pin,
+                     (mode_need, version_need, os_need, Need(DRIVER_ROLE, f"package list: {source}")), host)
+        for n in _names(rv, f"{DRIVER_ROLE}_extra_packages", where) or osm.get("extra_packages") or []:
+            pkgs.add(os_tag, manager, _template(n, variables, where), None, pin,
+                     (mode_need, os_need, Need(DRIVER_ROLE, "companion package, unpinned")), host)
+        build_need = Need(DRIVER_ROLE, "driver.mode=host: DKMS builds the kernel module on the node")
+    else:
+        for n in _names(rv, f"{DRIVER_ROLE}_runfile_packages", where):
+            pkgs.add(os_tag, manager, _template(n, variables, where), None, pin,
+                     (mode_need, os_need, Need(DRIVER_ROLE, f"{DRIVER_ROLE}_runfile_packages")), host)
+        build_need = Need(DRIVER_ROLE, "driver.mode=runfile: the runfile's --dkms builds the kernel module on the node")
+    if mode == "host" or _flag(rv, f"{DRIVER_ROLE}_runfile_dkms"):
+        for n in osm.get("build_packages") or []:
+            pkgs.add(os_tag, manager, _template(n, variables, where), None, pin, (build_need, os_need), host)
+    if _flag(rv, f"{DRIVER_ROLE}_require_kernel_headers"):
+        headers = osm["headers"]
+        if not kernels:
+            shown = _template(headers, {**variables, "ansible_facts": {"kernel": "<kernel>"}}, where)
+            notes.append(f"{os_tag}: the kernel headers ({shown}) of the nodes' running kernel are needed and no kernel "
+                         "is known: give --kernel (uname -r of the nodes), or gpu_install_kernel in the inventory")
+        for k in kernels:
+            name = _template(headers, {**variables, "ansible_facts": {"kernel": k}}, where)
+            kernel_need = Need(DRIVER_ROLE, f"--kernel {k}" if k != node.kernel or plan.inventory is None
+                               else f"gpu_install_kernel={k}")
+            pkgs.add(os_tag, manager, name, None, pin,
+                     (mode_need, Need(DRIVER_ROLE, "kernel headers of the running kernel (DKMS builds against them)"),
+                      kernel_need), host)
+    return notes
+
+
+def _toolkit_packages(plan: Plan, node: Node, os_tag: str, host: str | None, pkgs: _Collect) -> None:
+    assert node.os_id is not None and node.os_version is not None
+    rv = _role_vars(plan, node, TOOLKIT_ROLE)
+    osm = os_map(TOOLKIT_ROLE, node.os_id, node.os_version)
+    version = str(rv[f"{TOOLKIT_ROLE}_version"])
+    site = plan.site
+    version_need = Need(TOOLKIT_ROLE, f"toolkit.version={site.toolkit.version}" if site.toolkit.version else
+                        f"operator.version={plan.release.version} (catalog toolkit {version})")
+    for n in _names(rv, f"{TOOLKIT_ROLE}_packages", f"{TOOLKIT_ROLE} on {os_tag}"):
+        pkgs.add(os_tag, str(osm["package_manager"]), _template(n, rv, f"{TOOLKIT_ROLE} on {os_tag}"), version,
+                 str(osm["pin"]), (Need(TOOLKIT_ROLE, "toolkit.mode=host"), version_need,
+                                   _os_need(plan, TOOLKIT_ROLE, os_tag)), host)
