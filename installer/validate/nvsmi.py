@@ -21,7 +21,6 @@ driver") is a result of its own, DriverNotLoaded, not an error.
 
 from __future__ import annotations
 
-import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -202,9 +201,10 @@ def _throttle(gpu: ET.Element) -> tuple[str, ...] | None:
 def mig_profile(product_name: str | None, memory_mib: int | None, multiprocessors: int | None) -> str | None:
     """The MIG profile ("3g.20gb") of a device of this memory and SM count on this GPU model, or None.
 
-    Memory says the `.<n>gb` part (a device's memory is a little under the nominal size: 19968 MiB is 20gb);
-    profiles of the model with that memory are the candidates, the SM count picks among several (one slice is 14
-    SMs on A100/A30, 16 on Hopper)."""
+    Memory picks the `.<n>gb` part: the model's profile sizes closest to the device's memory (a device has a little
+    less than the nominal size: 19968 MiB is 20gb), within 1 GiB or 6 %; the SM count picks among profiles of that
+    size (one slice is 14 SMs on A100/A30, 16 on Hopper). None when the model is unknown or the choice is not
+    unique."""
     from installer import mig
 
     if memory_mib is None or memory_mib <= 0:
@@ -212,12 +212,16 @@ def mig_profile(product_name: str | None, memory_mib: int | None, multiprocessor
     model = mig.model_of(product_name)
     if model is None:
         return None
-    profiles = _model_profiles(model.name)
-    gb = math.ceil(memory_mib / 1024)
-    candidates = sorted(p for p in profiles if "+" not in p and p.endswith(f".{gb}gb"))
+    gib = memory_mib / 1024
+    sizes = {p: float(p.split(".", 1)[1].removesuffix("gb")) for p in _model_profiles(model.name) if "+" not in p}
+    near = {p: abs(gb - gib) for p, gb in sizes.items() if abs(gb - gib) <= max(1.0, 0.06 * gb)}
+    if not near:
+        return None
+    best = min(near.values())
+    candidates = sorted(p for p, d in near.items() if d == best)
     if len(candidates) == 1:
         return candidates[0]
-    if not candidates or not multiprocessors:
+    if not multiprocessors:
         return None
     per_slice = 16 if re.match(r"^G?H[0-9]", model.name) else 14
     slices = min(7, multiprocessors // per_slice)
