@@ -119,6 +119,17 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              temperature_c=40, slowdown_temp_c=None, shutdown_temp_c=None,  # only T.Limit margins in this document
              max_operating_temp_c=None, power_draw_w=26.84, power_limit_w=450.0, fan_speed_pct=0),
     ),
+    "corpus/a10g-v11.xml": (
+        dict(dtd_version=11, timestamp="Mon Apr 24 16:11:51 2023", driver_version="515.105.01", cuda_version="11.7",
+             attached_gpus=1),
+        dict(index=0, minor_number=0, uuid="GPU-9a9a6c50-2a47-2f51-a902-b82c3b127e94", product_name="NVIDIA A10G",
+             pci_bus_id="00000000:00:1E.0", persistence_mode=False, mig_current=None, mig_pending=None,
+             mig_devices=(), ecc_current=True, ecc_pending=True,
+             ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0), retired_pages=NO_RETIRED,
+             remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
+             throttle_reasons=("gpu_idle",), temperature_c=17, slowdown_temp_c=95, shutdown_temp_c=98,
+             max_operating_temp_c=88, power_draw_w=25.58, power_limit_w=300.0, fan_speed_pct=0),
+    ),
     "corpus/rtx-3080-v13.xml": (
         dict(dtd_version=13, timestamp="Fri Apr 10 10:23:01 2026", driver_version="595.58.03", cuda_version="13.2",
              attached_gpus=1),
