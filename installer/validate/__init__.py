@@ -1,6 +1,9 @@
 """`gpu-install validate`: the post-install verdict, layer by layer, as a report (installer/validate/report.py).
 
-Layers in this version: cluster (installer/validate/cluster.py) and smoke (installer/validate/smoke.py). Each GPU
+Layers in this version: cluster (installer/validate/cluster.py) and smoke (installer/validate/smoke.py). The node
+layer's parts are here and tested but not yet wired to SSH: installer/validate/nvsmi.py parses `nvidia-smi -q -x` (and
+the driver-not-loaded output) into typed facts, installer/validate/node.py turns them and the site's expectations
+into findings. Each GPU
 node of the plan (inventory group gpu_nodes, Kubernetes name gpu_install_node_name or the host name) gets its
 checks; checks about the cluster as a whole have the node '(cluster)'. See docs/validate.md.
 """

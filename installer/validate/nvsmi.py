@@ -1,0 +1,352 @@
+"""`nvidia-smi -q -x` as typed facts.
+
+The XML layout changes across driver releases (the DTD named in the DOCTYPE: nvsmi_device_v10 … v13, and
+documents without a DOCTYPE from older drivers). Every element is optional here; a value nvidia-smi cannot give
+("N/A", "Not Supported", "[N/A]", "Requested functionality has been deprecated", …) is None. Differences handled:
+- throttle reasons: `clocks_throttle_reasons/clocks_throttle_reason_*` (≤ v12 on older drivers) and
+  `clocks_event_reasons/clocks_event_reason_*` (v12 on driver 535+, v13);
+- power: `power_readings` (power_draw, enforced_power_limit/power_limit) and `gpu_power_readings`
+  (power_draw or instant_power_draw/average_power_draw, current_power_limit);
+- ECC double-bit errors: `volatile|aggregate/double_bit/total` (Pascal/Volta layout) or the sum of the
+  uncorrectable counters `dram_uncorrectable`, `sram_uncorrectable`, `sram_uncorrectable_parity`,
+  `sram_uncorrectable_secded` (Turing and later);
+- temperatures: absolute thresholds (`gpu_temp_slow_threshold`, `gpu_temp_max_threshold`); documents that give only
+  the T.Limit margins (`*_tlimit_threshold`, e.g. GeForce RTX 4090 on 535) have no absolute thresholds (None).
+MIG devices carry no profile name in the XML: the profile is derived from the device's memory and multiprocessor
+count against the GPU model's profiles (values/mig/models.yaml), None when that is ambiguous or the model unknown.
+
+The driver-not-loaded case (exit code 9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA
+driver") is a result of its own, DriverNotLoaded, not an error.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from functools import cache
+
+from installer.errors import EXIT_VALIDATION, GpuInstallError
+
+#: nvidia-smi's exit code when the NVIDIA kernel driver is not loaded (nvidia-smi(1), RETURN VALUE).
+EXIT_DRIVER_NOT_LOADED = 9
+_NOT_LOADED_TEXT = "couldn't communicate with the nvidia driver"
+_UNAVAILABLE = {"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown error", "[unknown error]",
+                "requested functionality has been deprecated", "none", "insufficient permissions",
+                "[insufficient permissions]"}
+_NUMBER = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z%/]*)\s*$")
+_DTD = re.compile(r"<!DOCTYPE\s+nvidia_smi_log\s+SYSTEM\s+\"nvsmi_device(?:_v([0-9]+))?\.dtd\"")
+_THROTTLE_BLOCKS = (("clocks_event_reasons", "clocks_event_reason_"),
+                    ("clocks_throttle_reasons", "clocks_throttle_reason_"))
+_UNCORRECTABLE = ("dram_uncorrectable", "sram_uncorrectable", "sram_uncorrectable_parity",
+                  "sram_uncorrectable_secded")
+
+
+class NvidiaSmiError(GpuInstallError):
+    """nvidia-smi's output cannot be read: not XML, not an nvidia_smi_log, a value of the wrong kind, or a failure
+    other than driver-not-loaded."""
+
+    exit_code = EXIT_VALIDATION
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    index: int | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    multiprocessors: int | None
+    memory_mib: int | None
+    profile: str | None  # e.g. "1g.20gb", derived (see module doc); None when it cannot be told
+    uuid: str | None  # MIG-…, when the document carries it
+
+
+@dataclass(frozen=True)
+class EccErrors:
+    volatile_double_bit: int | None  # uncorrectable errors since the driver loaded
+    aggregate_double_bit: int | None  # over the GPU's lifetime
+
+
+@dataclass(frozen=True)
+class RetiredPages:
+    single_bit: int | None  # pages retired for multiple single-bit errors
+    double_bit: int | None  # pages retired for a double-bit error
+    pending: bool | None  # a retirement waits for the next driver reload / GPU reset
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    correctable: int | None
+    uncorrectable: int | None
+    pending: bool | None  # a remap waits for a GPU reset
+    failure: bool | None  # a remap failed: the GPU is out of spare rows
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int  # position in the document (nvidia-smi's GPU index order)
+    minor_number: int | None  # /dev/nvidia<minor>
+    uuid: str | None
+    product_name: str | None
+    pci_bus_id: str | None  # as nvidia-smi writes it: 00000000:01:00.0
+    persistence_mode: bool | None
+    mig_current: bool | None
+    mig_pending: bool | None
+    mig_devices: tuple[MigDevice, ...]
+    ecc_current: bool | None
+    ecc_pending: bool | None
+    ecc_errors: EccErrors
+    retired_pages: RetiredPages | None  # None: the document has no retired_pages block
+    remapped_rows: RemappedRows | None  # None: no block, or N/A (GPUs without row remapping)
+    throttle_reasons: tuple[str, ...] | None  # active reasons without prefix ("gpu_idle", "hw_slowdown"); None: no block
+    temperature_c: int | None
+    slowdown_temp_c: int | None
+    shutdown_temp_c: int | None
+    max_operating_temp_c: int | None  # gpu_temp_max_gpu_threshold
+    power_draw_w: float | None
+    power_limit_w: float | None
+    fan_speed_pct: int | None
+
+    @property
+    def label(self) -> str:
+        """How messages name this GPU: index, UUID (else PCI bus id) and product."""
+        ident = self.uuid or self.pci_bus_id or f"minor {self.minor_number}"
+        return f"GPU {self.index} ({ident}{', ' + self.product_name if self.product_name else ''})"
+
+
+@dataclass(frozen=True)
+class NvidiaSmi:
+    dtd_version: int | None  # 12 for nvsmi_device_v12.dtd; None without a versioned DOCTYPE
+    timestamp: str | None
+    driver_version: str | None
+    cuda_version: str | None
+    attached_gpus: int | None  # as the document says (a trimmed document may hold fewer <gpu> elements)
+    gpus: tuple[Gpu, ...]
+
+
+@dataclass(frozen=True)
+class DriverNotLoaded:
+    """nvidia-smi ran but could not reach the kernel driver (exit code 9)."""
+
+    exit_code: int
+    message: str
+
+
+def _text(el: ET.Element | None) -> str | None:
+    if el is None:
+        return None
+    value = (el.text or "").strip()
+    return None if value.lower() in _UNAVAILABLE else value
+
+
+class _Reader:
+    """Reads typed values under one element; errors name the GPU and the element."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def number(self, el: ET.Element | None, path: str) -> float | None:
+        raw = _text(el.find(path) if el is not None else None)
+        if raw is None:
+            return None
+        m = _NUMBER.match(raw)
+        if not m:
+            raise NvidiaSmiError(f"{self.where}: <{path}> is {raw!r}, not a number",
+                                 hint="the document is not what `nvidia-smi -q -x` prints; capture it again")
+        return float(m.group(1))
+
+    def integer(self, el: ET.Element | None, path: str) -> int | None:
+        v = self.number(el, path)
+        return None if v is None else int(v)
+
+    def flag(self, el: ET.Element | None, path: str) -> bool | None:
+        raw = _text(el.find(path) if el is not None else None)
+        if raw is None:
+            return None
+        low = raw.lower()
+        if low in ("enabled", "yes", "active", "on"):
+            return True
+        if low in ("disabled", "no", "not active", "off"):
+            return False
+        raise NvidiaSmiError(f"{self.where}: <{path}> is {raw!r}, not Enabled/Disabled or Yes/No",
+                             hint="the document is not what `nvidia-smi -q -x` prints; capture it again")
+
+
+def _first_number(r: _Reader, el: ET.Element | None, *paths: str) -> float | None:
+    for p in paths:
+        v = r.number(el, p)
+        if v is not None:
+            return v
+    return None
+
+
+def _double_bit(r: _Reader, block: ET.Element | None) -> int | None:
+    if block is None:
+        return None
+    if block.find("double_bit") is not None:
+        return r.integer(block, "double_bit/total")
+    counts = [r.integer(block, name) for name in _UNCORRECTABLE]
+    known = [c for c in counts if c is not None]
+    return sum(known) if known else None
+
+
+def _throttle(gpu: ET.Element) -> tuple[str, ...] | None:
+    for block_name, prefix in _THROTTLE_BLOCKS:
+        block = gpu.find(block_name)
+        if block is not None:
+            return tuple(child.tag.removeprefix(prefix) for child in block
+                         if (_text(child) or "").lower() == "active")
+    return None
+
+
+def mig_profile(product_name: str | None, memory_mib: int | None, multiprocessors: int | None) -> str | None:
+    """The MIG profile ("3g.20gb") of a device of this memory and SM count on this GPU model, or None.
+
+    Memory picks the `.<n>gb` part: the model's profile sizes closest to the device's memory (a device has a little
+    less than the nominal size: 19968 MiB is 20gb), within 1 GiB or 6 %; the SM count picks among profiles of that
+    size (one slice is 14 SMs on A100/A30, 16 on Hopper). None when the model is unknown or the choice is not
+    unique."""
+    from installer import mig
+
+    if memory_mib is None or memory_mib <= 0:
+        return None
+    model = mig.model_of(product_name)
+    if model is None:
+        return None
+    gib = memory_mib / 1024
+    sizes = {p: float(p.split(".", 1)[1].removesuffix("gb")) for p in _model_profiles(model.name) if "+" not in p}
+    near = {p: abs(gb - gib) for p, gb in sizes.items() if abs(gb - gib) <= max(1.0, 0.06 * gb)}
+    if not near:
+        return None
+    best = min(near.values())
+    candidates = sorted(p for p, d in near.items() if d == best)
+    if len(candidates) == 1:
+        return candidates[0]
+    if not multiprocessors:
+        return None
+    per_slice = 16 if re.match(r"^G?H[0-9]", model.name) else 14
+    slices = min(7, multiprocessors // per_slice)
+    chosen = [p for p in candidates if p.startswith(f"{slices}g.")]
+    return chosen[0] if len(chosen) == 1 else None
+
+
+@cache
+def _model_profiles(model_name: str) -> frozenset[str]:
+    import yaml
+
+    from installer import content
+
+    doc = yaml.safe_load(content.mig_models_file().read_text())
+    for m in doc["models"]:
+        if m["model"] == model_name:
+            return frozenset(m.get("profiles") or {})
+    return frozenset()
+
+
+def _mig_devices(r: _Reader, gpu: ET.Element, product: str | None) -> tuple[MigDevice, ...]:
+    block = gpu.find("mig_devices")
+    if block is None:
+        return ()
+    out = []
+    for dev in block.findall("mig_device"):
+        memory = r.integer(dev, "fb_memory_usage/total")
+        sms = r.integer(dev, "device_attributes/shared/multiprocessor_count")
+        out.append(MigDevice(
+            index=r.integer(dev, "index"),
+            gpu_instance_id=r.integer(dev, "gpu_instance_id"),
+            compute_instance_id=r.integer(dev, "compute_instance_id"),
+            multiprocessors=sms,
+            memory_mib=memory,
+            profile=mig_profile(product, memory, sms),
+            uuid=_text(dev.find("uuid")),
+        ))
+    return tuple(out)
+
+
+def _gpu(index: int, gpu: ET.Element) -> Gpu:
+    bus_id = _text(gpu.find("pci/pci_bus_id")) or gpu.get("id")
+    r = _Reader(f"nvidia-smi GPU {index} ({bus_id or 'no PCI bus id'})")
+    product = _text(gpu.find("product_name"))
+    ecc = gpu.find("ecc_errors")
+    retired = gpu.find("retired_pages")
+    remap = gpu.find("remapped_rows")
+    power = gpu.find("gpu_power_readings")
+    if power is None:
+        power = gpu.find("power_readings")
+    temp = gpu.find("temperature")
+    return Gpu(
+        index=index,
+        minor_number=r.integer(gpu, "minor_number"),
+        uuid=_text(gpu.find("uuid")),
+        product_name=product,
+        pci_bus_id=bus_id,
+        persistence_mode=r.flag(gpu, "persistence_mode"),
+        mig_current=r.flag(gpu, "mig_mode/current_mig"),
+        mig_pending=r.flag(gpu, "mig_mode/pending_mig"),
+        mig_devices=_mig_devices(r, gpu, product),
+        ecc_current=r.flag(gpu, "ecc_mode/current_ecc"),
+        ecc_pending=r.flag(gpu, "ecc_mode/pending_ecc"),
+        ecc_errors=EccErrors(
+            volatile_double_bit=_double_bit(r, ecc.find("volatile") if ecc is not None else None),
+            aggregate_double_bit=_double_bit(r, ecc.find("aggregate") if ecc is not None else None),
+        ),
+        retired_pages=None if retired is None else RetiredPages(
+            single_bit=r.integer(retired, "multiple_single_bit_retirement/retired_count"),
+            double_bit=r.integer(retired, "double_bit_retirement/retired_count"),
+            pending=r.flag(retired, "pending_retirement"),
+        ),
+        remapped_rows=None if remap is None or len(remap) == 0 else RemappedRows(
+            correctable=r.integer(remap, "remapped_row_corr"),
+            uncorrectable=r.integer(remap, "remapped_row_unc"),
+            pending=r.flag(remap, "remapped_row_pending"),
+            failure=r.flag(remap, "remapped_row_failure"),
+        ),
+        throttle_reasons=_throttle(gpu),
+        temperature_c=r.integer(temp, "gpu_temp"),
+        slowdown_temp_c=r.integer(temp, "gpu_temp_slow_threshold"),
+        shutdown_temp_c=r.integer(temp, "gpu_temp_max_threshold"),
+        max_operating_temp_c=r.integer(temp, "gpu_temp_max_gpu_threshold"),
+        power_draw_w=_first_number(r, power, "power_draw", "instant_power_draw", "average_power_draw"),
+        power_limit_w=_first_number(r, power, "current_power_limit", "enforced_power_limit", "power_limit"),
+        fan_speed_pct=r.integer(gpu, "fan_speed"),
+    )
+
+
+def parse_xml(document: str | bytes) -> NvidiaSmi:
+    """Parse the output of `nvidia-smi -q -x`. Raises NvidiaSmiError naming what is wrong."""
+    text = document.decode("utf-8", "replace") if isinstance(document, bytes) else document
+    if "<!ENTITY" in text:
+        raise NvidiaSmiError("nvidia-smi XML declares entities; nvidia-smi never does, refusing to expand them")
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as e:
+        raise NvidiaSmiError(f"nvidia-smi output is not well-formed XML: {e}",
+                             hint="run `nvidia-smi -q -x` on the node; a truncated capture or mixed stderr does this"
+                             ) from None
+    if root.tag != "nvidia_smi_log":
+        raise NvidiaSmiError(f"not nvidia-smi -q -x output: the root element is <{root.tag}>, not <nvidia_smi_log>")
+    dtd = _DTD.search(text)
+    r = _Reader("nvidia-smi")
+    return NvidiaSmi(
+        dtd_version=int(dtd.group(1)) if dtd and dtd.group(1) else None,
+        timestamp=_text(root.find("timestamp")),
+        driver_version=_text(root.find("driver_version")),
+        cuda_version=_text(root.find("cuda_version")),
+        attached_gpus=r.integer(root, "attached_gpus"),
+        gpus=tuple(_gpu(i, g) for i, g in enumerate(root.findall("gpu"))),
+    )
+
+
+def parse_output(stdout: str | bytes, exit_code: int, stderr: str | bytes = "") -> NvidiaSmi | DriverNotLoaded:
+    """What a run of `nvidia-smi -q -x` says: the parsed document (exit 0), DriverNotLoaded (exit 9, or its message),
+    else NvidiaSmiError with nvidia-smi's own words."""
+    out = stdout.decode("utf-8", "replace") if isinstance(stdout, bytes) else stdout
+    err = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    said = "\n".join(s for s in (out.strip(), err.strip()) if s)
+    if exit_code == EXIT_DRIVER_NOT_LOADED or _NOT_LOADED_TEXT in said.lower().replace("\u2018", "'"):
+        return DriverNotLoaded(exit_code, said)
+    if exit_code != 0:
+        first = said.splitlines()[0] if said else "no output"
+        raise NvidiaSmiError(f"nvidia-smi exited with code {exit_code}: {first}",
+                             hint="code 18 (Driver/library version mismatch) means the loaded kernel module and the "
+                             "user-space driver differ: reboot the node after a driver upgrade")
+    return parse_xml(out)
