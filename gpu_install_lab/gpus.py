@@ -28,6 +28,8 @@ PLUGIN = "standin-gpu-device-plugin"
 SMI = "standin-nvidia-smi"
 NODE_LIB = "/usr/local/lib/gpu-install-lab"  # where the binaries go inside a node
 CONFIG_PATH = "/etc/gpu-install-lab/gpus.yaml"
+NODE_SMI = "/usr/local/bin/nvidia-smi"  # the node's own nvidia-smi: the stand-in over all of the node's GPUs
+NODE_DEVICES = "/etc/gpu-install-lab/node-devices.json"
 UNIT = "gpu-install-lab-device-plugin.service"
 DRIVER_VERSION = "535.54.03"  # what the stand-in nvidia-smi reports (the recorded A100 document's driver)
 CUDA_VERSION = "12.2"
@@ -140,6 +142,23 @@ def node_config(lab_id: str, node: str, count: int, model: str = DEFAULT_MODEL,
     return {"driverVersion": DRIVER_VERSION, "cudaVersion": CUDA_VERSION, "gpus": gpus}
 
 
+def node_device_info(config: dict[str, Any]) -> dict[str, Any]:
+    """The stand-in nvidia-smi's device-info document for ALL of the node's GPUs (what the node's own nvidia-smi
+    shows; a container's shows only what Allocate gave it)."""
+    return {"driverVersion": config.get("driverVersion", DRIVER_VERSION), "cudaVersion": config.get("cudaVersion", CUDA_VERSION),
+            "devices": [{"uuid": g["uuid"], "index": i, "model": g["model"], "memoryMiB": g["memoryMiB"],
+                         "migCapable": g["migCapable"], "pciBusId": g.get("pciBusId", ""),
+                         **({"mig": g["mig"]} if g.get("mig") else {})}
+                        for i, g in enumerate(config.get("gpus", []))]}
+
+
+NODE_SMI_TEXT = f"""#!/bin/sh
+# gpu-install lab STAND-IN: this node's nvidia-smi. There is no GPU and no driver: it is the STAND-IN nvidia-smi
+# (labtools/) over every GPU of {CONFIG_PATH} as it was at `lab up` ({NODE_DEVICES}).
+NVIDIA_VISIBLE_DEVICES=all NVIDIA_STANDIN_DEVICE_INFO={NODE_DEVICES} exec {NODE_LIB}/{SMI} "$@"
+"""
+
+
 def expected_resources(config: dict[str, Any]) -> dict[str, int]:
     """What the device plugin advertises for a config (healthy devices): {resource: count}."""
     out: dict[str, int] = {}
@@ -174,6 +193,10 @@ def customise(merged: Path, lab_id: str, node: dict[str, Any], tools: Path) -> N
                           node.get("mig"))
         atomic_write(cfg, "# gpu-install lab: this node's STAND-IN GPUs (gpu_install_lab/gpus.py); edits reach the "
                           "kubelet within a second\n" + yaml.safe_dump(doc, sort_keys=False))
+        import json
+
+        atomic_write(merged / NODE_DEVICES.lstrip("/"), json.dumps(node_device_info(doc), indent=2) + "\n")
+    atomic_write(merged / NODE_SMI.lstrip("/"), NODE_SMI_TEXT, mode=0o755)
     units = merged / "etc/systemd/system"
     atomic_write(units / UNIT, UNIT_TEXT)
     link = units / "multi-user.target.wants" / UNIT

@@ -29,7 +29,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     layers = validate.parse_only(args.only)
     plan = resolve_plan(args, need_inventory=True)
     report = validate.run(plan, args.kubeconfig, layers, keep_failed=args.keep_failed, timeout=args.timeout,
-                          progress=say(args))
+                          node_timeout=args.ssh_timeout, progress=say(args))
     report.render(Console(file=sys.stdout, soft_wrap=True))
     if args.json:
         atomic_write(args.json, json.dumps(report.to_json(), indent=2) + "\n")
@@ -53,5 +53,8 @@ def register(sub: Any) -> None:
     q.add_argument("--keep-failed", action="store_true", help="keep the smoke pods that failed, for kubectl describe/logs")
     q.add_argument("--timeout", type=seconds, default=300.0,
                    help="seconds the smoke pods get to run (default 300)")
+    q.add_argument("--ssh-timeout", type=seconds, default=30.0,
+                   help="node layer: seconds to connect to a node and again to run its probe (default 30); a node "
+                        "that does not answer is unreachable (exit 5)")
     quiet_arg(q)
     q.set_defaults(func=cmd_validate)

@@ -1,9 +1,7 @@
 """`gpu-install validate`: the post-install verdict, layer by layer, as a report (installer/validate/report.py).
 
-Layers in this version: cluster (installer/validate/cluster.py) and smoke (installer/validate/smoke.py). The node
-layer's parts are here and tested but not yet wired to SSH: installer/validate/nvsmi.py parses `nvidia-smi -q -x` (and
-the driver-not-loaded output) into typed facts, installer/validate/node.py turns them and the site's expectations
-into findings. Each GPU
+Layers in this version: node (installer/validate/probe.py: SSH with paramiko; nvsmi.py parses `nvidia-smi -q -x`,
+node.py turns the facts and the site's expectations into findings), cluster (cluster.py) and smoke (smoke.py). Each GPU
 node of the plan (inventory group gpu_nodes, Kubernetes name gpu_install_node_name or the host name) gets its
 checks; checks about the cluster as a whole have the node '(cluster)'. See docs/validate.md.
 """
@@ -20,7 +18,7 @@ from installer.validate.report import LAYERS, Check, Report
 if TYPE_CHECKING:
     from installer.plan import Plan
 
-AVAILABLE = ("cluster", "smoke")  # the layers this version runs (node, runtime and mig: see docs/validate.md)
+AVAILABLE = ("node", "cluster", "smoke")  # the layers this version runs (runtime and mig: see docs/validate.md)
 
 
 def parse_only(text: str | None) -> tuple[str, ...]:
@@ -58,18 +56,46 @@ def runtime_class(client: Any, name: str | None) -> str | None:
         return None
 
 
+def expectations(plan: Plan, node: str) -> Any:
+    """What the site says the node should show: the driver version (site driver.version, else the release's driver
+    image version when the operator deploys the driver) and its MIG layout."""
+    from installer.validate.node import Expectations
+
+    comp = plan.components.get("driver")
+    pin = plan.site.driver.version or (comp.version if comp is not None and plan.deployed(comp) else None)
+    mig = next((a.config for a in plan.mig if a.node == node), None)
+    return Expectations(driver_version=pin, mig_config=mig)
+
+
+def node_targets(plan: Plan) -> list[Any]:
+    from installer.plan import gpu_host_vars
+    from installer.validate.probe import Target
+
+    names = {n.name: n.node_name for n in plan.nodes}
+    return [Target(host, names.get(host, host), hv) for host, hv in gpu_host_vars(plan.require_inventory())]
+
+
 def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *, keep_failed: bool = False,
-        timeout: float = 300.0, progress: Callable[[str], None] | None = None, client: Any = None) -> Report:
+        timeout: float = 300.0, node_timeout: float = 30.0, progress: Callable[[str], None] | None = None,
+        client: Any = None) -> Report:
     from kubernetes import client as k
 
     from installer import kube
-    from installer.validate import cluster
+    from installer.validate import cluster, probe
 
     report = Report(plan.release.version, tuple(layers))
     t0 = time.monotonic()
     nodes = [n.node_name for n in plan.nodes]
     if not nodes:
         raise ConfigError("no GPU nodes to validate", hint="pass -i with an inventory whose group gpu_nodes has hosts")
+    if "node" in layers:
+        targets = node_targets(plan)
+        if progress:
+            progress(f"node: {len(targets)} GPU node(s) over SSH")
+        report.add(*probe.run(targets, lambda t: expectations(plan, t.node), node_timeout, progress))
+    if not {"cluster", "smoke"} & set(layers):
+        report.seconds = time.monotonic() - t0
+        return report
     if client is None:
         client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
     core = k.CoreV1Api(client)

@@ -25,6 +25,14 @@ HARDWARE_THROTTLE = {
     "sw_thermal_slowdown": "SW thermal slowdown (the driver holds clocks down to stay under the temperature limit)",
 }
 
+#: Every check id check_node() can report (docs/validate.md, "Node checks"); the report lists the others as passed.
+CHECKS = (
+    "node.driver.not-loaded", "node.driver.version", "node.gpu.count", "node.gpu.persistence", "node.mig.pending",
+    "node.mig.layout", "node.gpu.ecc-pending", "node.gpu.ecc-dbe", "node.gpu.retired-pages-pending",
+    "node.gpu.row-remap-pending", "node.gpu.row-remap-failure", "node.gpu.throttle", "node.gpu.temperature",
+    "node.gpu.power",
+)
+
 _PCI_LINE = re.compile(
     r"^(?P<addr>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
     r"(?P<cls>[^:\[]*?)\s*(?:\[(?P<code>[0-9a-fA-F]{4})\])?:\s*(?P<rest>.*)$")

@@ -393,13 +393,13 @@ def _wait_alloc(rl, node: str, want: dict[str, str], timeout: float = 60) -> Non
         time.sleep(0.5)
 
 
-def _validate(rl, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """`gpu-install validate` (cluster + smoke layers) against the real nodes, with the apply test's site file."""
+def _validate(rl, *extra: str, inventory: Path | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """`gpu-install validate` against the real nodes, with the apply test's site file."""
     h, work = rl["h"], rl["work"]
     out = work / "validate.json"
     out.unlink(missing_ok=True)
     proc = subprocess.run([str(VENV_BIN / "gpu-install"), "validate", "-s", str(work / "site-containerd.yaml"),
-                           "-i", str(work / "inventory"), "--kubeconfig", str(h.dir / "kube" / "kubeconfig"),
+                           "-i", str(inventory or work / "inventory"), "--kubeconfig", str(h.dir / "kube" / "kubeconfig"),
                            "--json", str(out), "--junit", str(work / "validate.xml"), "--timeout", "120", *extra],
                           capture_output=True, text=True, timeout=300)
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -418,11 +418,15 @@ def test_validate_passes_on_the_real_nodes(rl):
     import xml.etree.ElementTree as ET
 
     kubectl(rl, "create", "namespace", "gpu-operator")
-    proc, report = _validate(rl)
+    # the STAND-IN GPUs report driver 535.54.03; the site's release (v24.9.2) pins 550.144.03 for the driver image
+    proc, report = _validate(rl, "--set", "driver.version=535.54.03")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report["schema"] == "gpu-install.validate/v1" and report["exitCode"] == 0
-    assert report["layers"] == ["cluster", "smoke"]
-    for check in ("cluster.node-ready", "cluster.gpu-allocatable", "smoke.gpu-pod"):
+    assert report["layers"] == ["node", "cluster", "smoke"]
+    smi = _by(report, "node.nvidia-smi")
+    assert smi["node1"]["message"] == "1 GPU(s), driver 535.54.03, CUDA 12.2", smi
+    for check in ("node.reachable", "node.nvidia-smi", "node.driver.version", "node.gpu.ecc-dbe",
+                  "cluster.node-ready", "cluster.gpu-allocatable", "smoke.gpu-pod"):
         by = _by(report, check)
         assert sorted(by) == list(NODES) and all(c["status"] == "pass" for c in by.values()), by
     assert "vectorAdd: Test PASSED" in _by(report, "smoke.gpu-pod")["node1"]["message"]
@@ -438,6 +442,28 @@ def test_validate_passes_on_the_real_nodes(rl):
         assert time.monotonic() < deadline, left
         time.sleep(1)
         left = kubectl(rl, "get", "pods", "-n", "gpu-operator", "-o", "name").stdout.strip()
+
+
+def test_validate_node_layer_driver_pin_and_unreachable_node(rl):
+    """The node layer alone: the release's driver pin differs from what nvidia-smi reports (exit 6, both versions
+    named); a node whose address does not answer (a TEST-NET-1 address) is unreachable: exit 5."""
+    proc, report = _validate(rl, "--only", "node")
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    pin = _by(report, "node.driver.version")
+    assert pin["node1"]["status"] == "fail" and "535.54.03" in pin["node1"]["message"] \
+        and "550.144.03" in pin["node1"]["message"], pin
+    inv = rl["work"] / "inventory-unreachable"
+    inv.mkdir(exist_ok=True)
+    for f in (rl["work"] / "inventory").iterdir():
+        (inv / f.name).write_text(f.read_text())
+    (inv / "zz-unreachable.yml").write_text(yaml.safe_dump(
+        {"all": {"children": {"gpu_nodes": {"hosts": {"node2": {"ansible_host": "192.0.2.1"}}}}}}))
+    proc, report = _validate(rl, "--only", "node", "--ssh-timeout", "3", "--set", "driver.version=535.54.03",
+                             inventory=inv)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    reach = _by(report, "node.reachable")
+    assert reach["node1"]["status"] == "pass" and reach["node2"]["status"] == "unreachable", reach
+    assert "192.0.2.1" in reach["node2"]["message"], reach
 
 
 def test_validate_image_missing_from_the_registry_is_exit_6_with_the_registry_message(rl):

@@ -1,0 +1,254 @@
+"""Node layer: one SSH session per GPU node (paramiko, all nodes at once, a timeout per node) running a read-only
+probe, then installer/validate/nvsmi.py and node.py on what it printed.
+
+The connection comes from the inventory as Ansible would use it: ansible_host, ansible_port, ansible_user,
+ansible_ssh_private_key_file, ansible_password / ansible_ssh_pass (never logged), and from ansible_ssh_common_args
+`-o UserKnownHostsFile=…`, `-o StrictHostKeyChecking=no`, `-o ProxyJump=…` / `-J …` and `-o ProxyCommand=…`. Host keys
+are checked (the system's and the user's known_hosts, plus UserKnownHostsFile) unless StrictHostKeyChecking=no.
+
+The probe needs no root except for the operator's driver container: with no nvidia-smi on the PATH it tries
+`sudo -n chroot /run/nvidia/driver nvidia-smi` (where the GPU Operator's driver container puts the driver).
+"""
+
+from __future__ import annotations
+
+import getpass
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from installer.validate.report import Check
+
+LAYER = "node"
+MARK = "__gpu_install_probe__"
+PROBE = f"""
+M={MARK}
+echo "$M nvidia-smi"
+if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -q -x 2>&1; echo "$M rc $?"
+elif [ -x /run/nvidia/driver/usr/bin/nvidia-smi ]; then sudo -n chroot /run/nvidia/driver nvidia-smi -q -x 2>&1; echo "$M rc $?"
+else echo "$M rc 127"; fi
+echo "$M lspci"
+if command -v lspci >/dev/null 2>&1; then lspci -D 2>/dev/null
+else
+  for d in /sys/bus/pci/devices/*; do
+    [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue
+    case "$(cat "$d/class" 2>/dev/null)" in
+      0x0300*) echo "${{d##*/}} VGA compatible controller: NVIDIA Corporation";;
+      0x0302*) echo "${{d##*/}} 3D controller: NVIDIA Corporation";;
+      0x0380*) echo "${{d##*/}} Display controller: NVIDIA Corporation";;
+    esac
+  done
+fi
+echo "$M modules"
+cut -d' ' -f1 /proc/modules 2>/dev/null | grep -E '^(nvidia|nouveau)' || true
+echo "$M secureboot"
+mokutil --sb-state 2>/dev/null || true
+echo "$M reboot"
+[ -e /var/run/reboot-required ] && echo required || true
+echo "$M end"
+"""
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str  # inventory host
+    node: str  # Kubernetes node name (the report's row)
+    vars: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Probe:
+    sections: dict[str, str]
+    nvidia_smi_rc: int
+
+
+def ssh_options(common_args: str | None) -> dict[str, str]:
+    """-o Key=Value / -oKey=Value / -J x of ansible_ssh_common_args as {lowercased key: value}."""
+    out: dict[str, str] = {}
+    words = shlex.split(common_args or "")
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in ("-o", "-J") and i + 1 < len(words):
+            value = words[i + 1]
+            i += 2
+        elif w.startswith("-o") or w.startswith("-J"):
+            value = w[2:]
+            i += 1
+        else:
+            i += 1
+            continue
+        if w.startswith("-J"):
+            out["proxyjump"] = value
+        elif "=" in value:
+            k, v = value.split("=", 1)
+            out[k.strip().lower()] = v.strip()
+        elif " " in value:
+            k, v = value.split(" ", 1)
+            out[k.strip().lower()] = v.strip()
+    return out
+
+
+def _split_userhost(spec: str, default_user: str) -> tuple[str, str, int]:
+    user, _, hostport = spec.rpartition("@")
+    host, port = hostport, 22
+    if hostport.count(":") == 1:
+        host, p = hostport.split(":")
+        port = int(p)
+    return user or default_user, host, port
+
+
+def connect(t: Target, timeout: float) -> Any:
+    import paramiko
+
+    v = t.vars
+    opts = ssh_options(v.get("ansible_ssh_common_args") or v.get("ansible_ssh_extra_args"))
+    client = paramiko.SSHClient()
+    client.load_system_host_keys()
+    user_known = Path.home() / ".ssh" / "known_hosts"
+    if user_known.is_file():
+        client.load_host_keys(str(user_known))
+    for f in opts.get("userknownhostsfile", "").split():
+        if Path(f).expanduser().is_file():
+            client.load_host_keys(str(Path(f).expanduser()))
+    strict = opts.get("stricthostkeychecking", "yes").lower()
+    policy = paramiko.AutoAddPolicy() if strict in ("no", "off", "accept-new") else paramiko.RejectPolicy()
+    client.set_missing_host_key_policy(policy)
+    user = str(v.get("ansible_user") or getpass.getuser())
+    key = v.get("ansible_ssh_private_key_file")
+    password = v.get("ansible_password") or v.get("ansible_ssh_pass")
+    address = str(v.get("ansible_host") or t.host)
+    port = int(v.get("ansible_port") or 22)
+    sock: Any = None
+    if opts.get("proxycommand"):
+        cmd = opts["proxycommand"].replace("%h", address).replace("%p", str(port)).replace("%r", user)
+        sock = paramiko.ProxyCommand(cmd)
+    elif opts.get("proxyjump"):
+        juser, jhost, jport = _split_userhost(opts["proxyjump"].split(",")[0], user)
+        jump = paramiko.SSHClient()
+        jump.load_system_host_keys()
+        if user_known.is_file():
+            jump.load_host_keys(str(user_known))
+        jump.set_missing_host_key_policy(policy)
+        jump.connect(jhost, jport, juser, key_filename=str(Path(key).expanduser()) if key else None,
+                     timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+        transport = jump.get_transport()
+        assert transport is not None
+        sock = transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout)
+    client.connect(address, port, user, password=str(password) if password else None,
+                   key_filename=str(Path(str(key)).expanduser()) if key else None, look_for_keys=not key,
+                   timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, sock=sock)
+    return client
+
+
+def run_probe(t: Target, timeout: float) -> Probe:
+    client = connect(t, timeout)
+    try:
+        _, stdout, _ = client.exec_command(f"sh -c {shlex.quote(PROBE)}", timeout=timeout)
+        text = stdout.read().decode("utf-8", "replace")
+        stdout.channel.recv_exit_status()
+    finally:
+        client.close()
+    return parse_probe(text)
+
+
+def parse_probe(text: str) -> Probe:
+    sections: dict[str, list[str]] = {}
+    current = None
+    rc = None
+    for line in text.splitlines():
+        if line.startswith(MARK + " "):
+            word = line[len(MARK) + 1:].split()
+            if word and word[0] == "rc" and len(word) > 1:
+                rc = int(word[1])
+                continue
+            current = word[0] if word else None
+            if current:
+                sections[current] = []
+            continue
+        if current:
+            sections[current].append(line)
+    if "end" not in sections or rc is None:
+        raise ValueError("the probe's output is incomplete (the session ended early)")
+    return Probe({k: "\n".join(v) for k, v in sections.items()}, rc)
+
+
+def checks_for(t: Target, probe: Probe, expect: Any, seconds: float) -> list[Check]:
+    """The node's Checks: one per node check id (pass when it found nothing), one per finding."""
+    from installer.validate import node as nodecheck
+    from installer.validate.nvsmi import DriverNotLoaded, NvidiaSmiError, parse_output
+
+    def check(check_id: str, status: Any, message: str, fix: str = "", gpu: str | None = None) -> Check:
+        return Check(LAYER, check_id, t.node, status, message, fix, gpu, seconds)
+
+    if probe.nvidia_smi_rc == 127:
+        return [check("node.nvidia-smi", "fail", f"{t.host}: nvidia-smi not found (not on the PATH, no "
+                      "/run/nvidia/driver from the operator's driver container)",
+                      "install the driver (driver.mode host/runfile: gpu-install apply) or, in operator driver mode, "
+                      "check the nvidia-driver-daemonset pod on this node")]
+    pci = nodecheck.nvidia_pci_devices(probe.sections.get("lspci", ""))
+    modules = probe.sections.get("modules", "").split()
+    try:
+        result = parse_output(probe.sections.get("nvidia-smi", ""), probe.nvidia_smi_rc)
+    except NvidiaSmiError as exc:
+        return [check("node.nvidia-smi", "fail", f"{t.host}: {exc.message}", exc.hint or "")]
+    findings = nodecheck.check_node(
+        t.host, result, expect, pci_devices=pci if probe.sections.get("lspci", "").strip() else None,
+        nouveau_loaded="nouveau" in modules, secure_boot="SecureBoot enabled" in probe.sections.get("secureboot", ""),
+        reboot_required="required" in probe.sections.get("reboot", ""))
+    out: list[Check] = []
+    if isinstance(result, DriverNotLoaded):
+        out.append(check("node.nvidia-smi", "fail", f"{t.host}: nvidia-smi ran, the driver is not loaded"))
+    else:
+        out.append(check("node.nvidia-smi", "pass", f"{len(result.gpus)} GPU(s), driver {result.driver_version}, "
+                                                    f"CUDA {result.cuda_version}"))
+        found = {f.check for f in findings}
+        out += [check(c, "pass", "ok") for c in nodecheck.CHECKS if c not in found and c != "node.driver.not-loaded"]
+    status = {"error": "fail", "warning": "warn", "info": "pass"}
+    for f in findings:
+        gpu = str(f.gpu_index) if f.gpu_index is not None else None
+        out.append(check(f.check, status[f.severity], f.message, f.fix if f.severity != "info" else "", gpu))
+    return out
+
+
+def run(targets: list[Target], expectations: Callable[[Target], Any], timeout: float = 60.0,
+        progress: Callable[[str], None] | None = None) -> list[Check]:
+    """Probe every target at once; an unreachable one is a Check with status 'unreachable' (exit 5)."""
+    import paramiko
+
+    def one(t: Target) -> list[Check]:
+        t0 = time.monotonic()
+        try:
+            probe = run_probe(t, timeout)
+        except paramiko.BadHostKeyException as exc:
+            return [Check(LAYER, "node.reachable", t.node, "unreachable",
+                          f"{t.host}: host key mismatch for {exc.hostname}",
+                          "the node was reinstalled? check its key and update known_hosts", seconds=time.monotonic() - t0)]
+        except paramiko.SSHException as exc:
+            hint = ("the host key is not known: add it to known_hosts (ssh-keyscan) or the inventory's "
+                    "UserKnownHostsFile" if "not found in known_hosts" in str(exc) else
+                    "check ansible_user / ansible_ssh_private_key_file / ansible_password in the inventory")
+            return [Check(LAYER, "node.reachable", t.node, "unreachable", f"{t.host}: SSH: {exc}", hint,
+                          seconds=time.monotonic() - t0)]
+        except (OSError, ValueError) as exc:  # TimeoutError, refused, no route, DNS, a bad port
+            return [Check(LAYER, "node.reachable", t.node, "unreachable",
+                          f"{t.host} ({t.vars.get('ansible_host') or t.host}): {type(exc).__name__}: {exc}",
+                          "is the node up and its sshd reachable from here (ansible_host, ansible_port, jump host)?",
+                          seconds=time.monotonic() - t0)]
+        seconds = time.monotonic() - t0
+        out = [Check(LAYER, "node.reachable", t.node, "pass", f"SSH to {t.vars.get('ansible_host') or t.host}",
+                     seconds=seconds)]
+        out += checks_for(t, probe, expectations(t), seconds)
+        if progress:
+            bad = sum(c.status in ("fail", "unreachable") for c in out)
+            progress(f"node: {t.node}: {'ok' if not bad else f'{bad} failed check(s)'} ({seconds:.1f}s)")
+        return out
+
+    if not targets:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+        return [c for checks in pool.map(one, targets) for c in checks]
