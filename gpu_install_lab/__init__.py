@@ -24,3 +24,10 @@ FLAVOURS = ("debian12", "rhel9")
 
 def default_lab_dir() -> Path:
     return Path(os.environ.get(ENV_LAB_DIR) or DEFAULT_LAB_DIR)
+
+# model -> (memory MiB, MIG-capable): the STAND-IN GPUs a real node can have (gpu_install_lab/gpus.py), the models the
+# recorded nvidia-smi documents cover; here so that `gpu-install --help` lists them without importing more
+GPU_MODELS: dict[str, tuple[int, bool]] = {
+    "NVIDIA A100-SXM4-80GB": (81920, True),
+    "Tesla T4": (15360, False),
+}

@@ -166,9 +166,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--gpus", type=int, default=1,
                    help="STAND-IN nvidia.com/gpu per node with --kubernetes (default 1): hollow nodes report them; real "
                         "nodes run the STAND-IN device plugin advertising them (gpu_install_lab/gpus.py)")
-    from gpu_install_lab.gpus import MODELS
+    from gpu_install_lab import GPU_MODELS
 
-    q.add_argument("--gpu-model", choices=sorted(MODELS), default=None,
+    q.add_argument("--gpu-model", choices=sorted(GPU_MODELS), default=None,
                    help="with --kubelet real: the STAND-IN GPUs' model (default NVIDIA A100-SXM4-80GB; the models "
                         "with recorded nvidia-smi documents)")
     q.add_argument("--mig", metavar="PROFILE=N[,...]",

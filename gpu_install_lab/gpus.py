@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpu_install_lab import GPU_MODELS
 from installer.errors import EnvironmentProblem
 from installer.util import atomic_write
 
@@ -34,11 +35,7 @@ UNIT = "gpu-install-lab-device-plugin.service"
 DRIVER_VERSION = "535.54.03"  # what the stand-in nvidia-smi reports (the recorded A100 document's driver)
 CUDA_VERSION = "12.2"
 
-# model -> (memory MiB, MIG-capable): the models the recorded nvidia-smi documents cover
-MODELS: dict[str, tuple[int, bool]] = {
-    "NVIDIA A100-SXM4-80GB": (81920, True),
-    "Tesla T4": (15360, False),
-}
+MODELS = GPU_MODELS  # model -> (memory MiB, MIG-capable)
 DEFAULT_MODEL = "NVIDIA A100-SXM4-80GB"
 
 UNIT_TEXT = f"""[Unit]
