@@ -404,9 +404,11 @@ def test_plain_matches_the_recorded_layout(tools: Path, tmp_path: Path) -> None:
 
 def test_fixture_provenance_is_recorded() -> None:
     readme = (FIXTURES / "README.md").read_text()
-    for f in FIXTURES.iterdir():
-        if f.name != "README.md":
-            assert f"`{f.name}`" in readme, f"{f.name} has no provenance entry in {FIXTURES}/README.md"
+    files = [f for f in FIXTURES.rglob("*") if f.is_file() and f.name != "README.md"]
+    assert len(files) > 10
+    for f in files:
+        name = f.relative_to(FIXTURES).as_posix()
+        assert f"`{name}`" in readme, f"{name} has no provenance entry in {FIXTURES}/README.md"
 
 
 def test_smoke_image_ref_is_the_release_cuda_path() -> None:
