@@ -39,6 +39,8 @@ pytestmark = [
 GPU_INSTALL = Path(sys.executable).parent / "gpu-install"
 NS = "gpu-op-real"
 RELEASE = "gpu-operator"
+# operator.* values of the operator Deployment itself, not of the ClusterPolicy's spec.operator
+OPERATOR_OWN = {"repository", "image", "version", "imagePullSecrets", "imagePullPolicy"}
 # registries an air-gapped cluster cannot reach; a reference to one of them in a deployed object is a failed pull
 PUBLIC = re.compile(r"(?<![\w.-])(nvcr\.io|registry\.k8s\.io|k8s\.gcr\.io|gcr\.io|docker\.io|quay\.io|ghcr\.io)/")
 
@@ -137,26 +139,34 @@ def triples(tree: Any, path: str = "") -> Iterator[tuple[str, dict]]:
             yield from triples(v, f"{path}[{i}]")
 
 
-def leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+Keys = tuple[str | int, ...]
+
+
+def leaves(tree: Any, path: Keys = ()) -> Iterator[tuple[Keys, Any]]:
+    """(path as a tuple of keys and indexes, value) of every leaf; keys may hold dots (nvidia.com/cc.capable)."""
     if isinstance(tree, dict) and tree:
         for k, v in tree.items():
-            yield from leaves(v, f"{path}.{k}" if path else k)
+            yield from leaves(v, (*path, k))
     elif isinstance(tree, list) and tree:
         for i, v in enumerate(tree):
-            yield from leaves(v, f"{path}[{i}]")
+            yield from leaves(v, (*path, i))
     else:
         yield path, tree
 
 
-def strings(tree: Any, path: str = "") -> Iterator[tuple[str, str]]:
-    for p, v in leaves(tree, path):
+def show(path: Keys) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def strings(tree: Any) -> Iterator[tuple[str, str]]:
+    for p, v in leaves(tree):
         if isinstance(v, str):
-            yield p, v
+            yield show(p), v
 
 
-def lookup(tree: Any, path: str) -> Any:
-    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
-        tree = tree[int(part[1:-1])] if part.startswith("[") else tree[part]
+def lookup(tree: Any, path: Keys) -> Any:
+    for part in path:
+        tree = tree[part]
     return tree
 
 
@@ -174,25 +184,25 @@ def check_release(env, site: Path, version: str) -> None:
     # the ClusterPolicy against the real CRD schema: every field helm sent is stored as sent (nothing pruned, no
     # empty string lost), and each component's repository/image/version is what gpu-install rendered
     [(cp_sent, cp)] = [(o, s) for o, s in stored if o["kind"] == "ClusterPolicy"]
-    stored_leaves = dict(leaves(cp["spec"], "spec"))
-    sent_leaves = dict(leaves(cp_sent["spec"], "spec"))
+    stored_leaves = dict(leaves(cp["spec"], ("spec",)))
+    sent_leaves = dict(leaves(cp_sent["spec"], ("spec",)))
     # (a null helm sent means unset: the API server drops it, as for any object)
-    lost = {p: v for p, v in sent_leaves.items() if v is not None and stored_leaves.get(p, object()) != v}
+    lost = {show(p): v for p, v in sent_leaves.items() if v is not None and stored_leaves.get(p, object()) != v}
     assert not lost, f"ClusterPolicy fields not stored as sent (pruned or changed): {lost}"
     assert sum(v == "" for v in sent_leaves.values()) >= 3, "expected the real chart's empty-string fields"
     # every value gpu-install rendered for a ClusterPolicy field is there as rendered: each repository/image/version,
     # pull secret, enabled switch, runtime (the operator's own image and pull secret are its Deployment's: below)
     diffs, triples_seen = [], 0
     for path, value in leaves(rendered):
-        if re.split(r"[.\[]", path)[0] not in cp["spec"] or re.match(r"operator\.(repository|image|version|imagePull)", path):
+        if path[0] not in cp["spec"] or (path[0] == "operator" and path[1] in OPERATOR_OWN):
             continue
         try:
             got = lookup(cp["spec"], path)
         except (KeyError, IndexError, TypeError):
             got = "<missing>"
-        triples_seen += path.endswith(".repository")
+        triples_seen += path[-1] == "repository"
         if got != value:
-            diffs.append(f"spec.{path}: {got!r}, rendered {value!r}")
+            diffs.append(f"spec.{show(path)}: {got!r}, rendered {value!r}")
     assert not diffs, "ClusterPolicy fields that differ from the rendered values:\n" + "\n".join(diffs)
     assert triples_seen >= 8, triples_seen
 
@@ -227,9 +237,9 @@ def check_release(env, site: Path, version: str) -> None:
 
 def uninstall(env, site: Path) -> None:
     """Release and CRDs gone (the next test installs another release's); the namespace stays for the next one."""
+    version = yaml.safe_load(site.read_text())["operator"]["version"]
     proc = run(env, "operator", "uninstall", "-s", str(site), "--kubeconfig", env["kubeconfig"], "--yes",
-               "--purge-crds", "--chart", str(chart(yaml.safe_load(site.read_text())
-                                                                            ["operator"]["version"])))
+               "--purge-crds", "--chart", str(chart(version)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
