@@ -14,7 +14,7 @@ from installer.catalog import Release
 from installer.config import Site
 from installer.errors import ConfigError
 from installer.facts import Node
-from installer.render.values import ResolvedComponent, deployed, destination_repository
+from installer.render.values import ResolvedComponent, deployed, destination_ref, destination_repository
 
 
 @dataclass(frozen=True, order=True)
@@ -69,4 +69,9 @@ def images(site: Site, release: Release, components: Iterable[ResolvedComponent]
             src = comp.source_ref(tag)
             dst = src.replace(comp.repository, dest_repo, 1)
             out.setdefault(src, Image(src, dst, comp.name))
+        if comp.name == "kataManager":  # the OCI artifacts of its runtime classes (kata_runtime_classes rewrites them)
+            for rc in release.kata_runtime_classes:
+                url = str((rc.get("artifacts") or {}).get("url") or "")
+                if url:
+                    out.setdefault(url, Image(url, destination_ref(url, site.registry), comp.name))
     return sorted(out.values())

@@ -85,6 +85,8 @@ class Release:
     defaults: dict[str, Any]
     mig_configs: list[str]
     keys_file: Path
+    #: kataManager.config.runtimeClasses as the chart has them (name, nodeSelector, artifacts.url/pullSecret)
+    kata_runtime_classes: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -266,5 +268,6 @@ def _load_release(root: Path, tag: str) -> Release:
         defaults=doc.get("defaults") or {},
         mig_configs=list(doc.get("migConfigs") or []),
         keys_file=root / "keys" / f"{tag}.txt",
+        kata_runtime_classes=list(doc.get("kataRuntimeClasses") or []),
         raw=doc,
     )

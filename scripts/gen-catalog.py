@@ -171,6 +171,9 @@ def build(upstream: Path, out: Path) -> list[str]:
                 "repository": meta["nfd_dependency"]["repository"],
             },
             "migConfigs": mig_config_names(upstream, tag),
+            # the Kata manager's runtime classes (from v23.6): each pulls an OCI artifact by URL, not a component image
+            **({"kataRuntimeClasses": kata} if (kata := ((defaults.get("kataManager") or {}).get("config") or {})
+                                                   .get("runtimeClasses")) else {}),
             "defaults": {
                 # chart defaults that render and image decisions depend on
                 k: v

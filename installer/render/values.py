@@ -71,6 +71,31 @@ def _split_host(repository: str) -> tuple[str | None, str]:
     return None, repository  # Docker Hub style (no registry host)
 
 
+def destination_ref(ref: str, registry: Registry) -> str:
+    """Where an image or OCI artifact reference (`repository[:tag|@digest]`) lives in the private registry."""
+    slash = ref.rfind("/")
+    at = ref.find("@", slash + 1)
+    cut = at if at >= 0 else ref.find(":", slash + 1)
+    if cut < 0:
+        return destination_repository(ref, registry)
+    return destination_repository(ref[:cut], registry) + ref[cut:]
+
+
+def kata_runtime_classes(site: Site, release: Release) -> list[dict[str, Any]]:
+    """kataManager.config.runtimeClasses with each class's artifacts (an OCI artifact the Kata manager pulls by URL,
+    not a component image) in the private registry, pulled with the site's pull secret."""
+    secret = site.registry.pullSecret.name if site.registry.pullSecret else None
+    out = []
+    for rc in release.kata_runtime_classes:
+        artifacts = dict(rc.get("artifacts") or {})
+        if artifacts.get("url"):
+            artifacts["url"] = destination_ref(str(artifacts["url"]), site.registry)
+        if secret:
+            artifacts["pullSecret"] = secret
+        out.append({**rc, "artifacts": artifacts})
+    return out
+
+
 def destination_repository(repository: str, registry: Registry) -> str:
     """Where a source repository lives in the private registry (per registry.layout)."""
     base = registry.host + (f"/{registry.prefix}" if registry.prefix else "")
@@ -188,6 +213,8 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
 
     if secret:
         _render_pull_secrets(release, values, secret)
+    if release.kata_runtime_classes:
+        _set(values, "kataManager.config.runtimeClasses", kata_runtime_classes(site, release))
     _render_driver(site, release, values)
     _render_toolkit(site, release, values)
     _render_mig(site, release, values)

@@ -2,12 +2,13 @@
 containerd from the lab repo, the lab control plane with the nodes as GPU nodes).
 
 The script is run as a user would run it (its own lab dir under a temp dir): it brings the lab up, gives the
-nodes a site containerd config, writes the site file (lab registry + CA, toolkit.mode host, the STAND-IN
-fixture chart) and runs `gpu-install apply` twice. Asserted here: exit 0; the Helm release deployed in the
-lab apiserver; the second apply changed=0 on every node (per-host stats from its run records) and left the
-release unchanged; uninstall --yes gives the nodes their pre-apply containerd config byte for byte (the
-site's keys in it), removes the drop-in, the registry CA files and the release, and the toolkit package that apply
-installed (containerd, there before, stays).
+nodes a site containerd config, writes the site file (lab registry + CA, toolkit.mode host, the chart) and runs
+`gpu-install apply` twice. The chart is the REAL GPU Operator v23.9.2 chart (`scripts/demo --chart`) when
+../shared/upstream/charts has it, else the STAND-IN fixture chart (the demo's default); the demo says which.
+Asserted here: exit 0; the Helm release deployed in the lab apiserver; the second apply changed=0 on every node
+(per-host stats from its run records) and left the release unchanged; uninstall --yes gives the nodes their
+pre-apply containerd config byte for byte (the site's keys in it), removes the drop-in, the registry CA files and
+the release, and the toolkit package that apply installed (containerd, there before, stays).
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, UPSTREAM
 from tests.integration.conftest import lab_prerequisites
 
 pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
 GI = Path(sys.executable).parent / "gpu-install"
+REAL_CHART = UPSTREAM.parent / "charts" / "gpu-operator-v23.9.2.tgz"
+
+
+def demo_chart() -> tuple[list[str], str, str]:
+    """scripts/demo's chart arguments, the line it prints about the chart, and the chart helm reports."""
+    if REAL_CHART.is_file():
+        return (["--chart", str(REAL_CHART)], f"chart: REAL gpu-operator v23.9.2 from {REAL_CHART}",
+                "gpu-operator-v23.9.2")
+    return [], "chart: STAND-IN ", "gpu-operator-fixture-0.1.0"
 
 
 def site_stats(state: Path, playbook: str) -> dict[str, dict[str, int]]:
@@ -55,8 +65,8 @@ def demo(tmp_path_factory):
     where = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "GPU_INSTALL_DEMO_DIR": str(where)}
     try:
-        proc = subprocess.run([str(ROOT / "scripts" / "demo")], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=1800)
+        proc = subprocess.run([str(ROOT / "scripts" / "demo"), *demo_chart()[0]], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=1800)
         print(proc.stderr[-6000:], flush=True)
         yield where, proc, env
     finally:
@@ -78,6 +88,8 @@ def ssh(where: Path, ip: str, command: str, check: bool = True) -> subprocess.Co
 def test_demo_apply_twice_then_uninstall(demo):
     where, proc, env = demo
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    _, chart_line, chart = demo_chart()
+    assert chart_line in proc.stderr, proc.stderr[:2000]
     status = json.loads((where / "lab-status.json").read_text())
     kubeconfig = status["kubernetes"]["kubeconfig"]
     nodes = {n["name"]: n["ip"] for n in status["nodes"]}
@@ -88,8 +100,7 @@ def test_demo_apply_twice_then_uninstall(demo):
     # first apply: every stage named with its outcome; the release deployed in the lab apiserver
     first = (where / "apply-1.txt").read_text()
     assert re.search(r"preflight +ok", first) and re.search(r"nodes +changed", first), first
-    assert re.search(r"operator +changed +release gpu-operator \(gpu-operator-fixture-0\.1\.0\): revision 1 deployed",
-                     first), first
+    assert re.search(rf"operator +changed +release gpu-operator \({re.escape(chart)}\): revision 1 deployed", first), first
     st = subprocess.run([str(GI), "operator", "status", "-s", str(site)], env=env, capture_output=True, text=True)
     assert st.returncode == 0 and "release gpu-operator: revision 1 deployed" in st.stdout, st.stdout + st.stderr
     from installer import helm
@@ -151,7 +162,7 @@ def test_demo_apply_twice_then_uninstall(demo):
                            capture_output=True, text=True, timeout=900)
     assert check.returncode == 0, check.stdout + check.stderr[-3000:]
     assert re.search(r"nodes +would change", check.stdout), check.stdout
-    assert re.search(r"operator +would change +release gpu-operator: would install chart gpu-operator-fixture-0\.1\.0",
+    assert re.search(rf"operator +would change +release gpu-operator: would install chart {re.escape(chart)}",
                      check.stdout), check.stdout
     assert helm.release_state("gpu-operator", "gpu-operator", Path(kubeconfig)) is None
     for name, ip in nodes.items():
