@@ -88,16 +88,17 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
     nodes = [n.node_name for n in plan.nodes]
     if not nodes:
         raise ConfigError("no GPU nodes to validate", hint="pass -i with an inventory whose group gpu_nodes has hosts")
+    kube_layers = bool({"cluster", "smoke"} & set(layers))
+    if kube_layers and client is None:  # a bad kubeconfig is exit 2 before any node is contacted
+        client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
     if "node" in layers:
         targets = node_targets(plan)
         if progress:
             progress(f"node: {len(targets)} GPU node(s) over SSH")
         report.add(*probe.run(targets, lambda t: expectations(plan, t.node), node_timeout, progress))
-    if not {"cluster", "smoke"} & set(layers):
+    if not kube_layers:
         report.seconds = time.monotonic() - t0
         return report
-    if client is None:
-        client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
     core = k.CoreV1Api(client)
     objs = {n.metadata.name: n for n in kube._call("list the nodes", lambda: core.list_node().items)}
     node_checks = cluster.node_checks(objs, nodes)

@@ -61,7 +61,8 @@ CANARY_NAME = "Canary_Var_Secret_77"  # a secret that happens to look like a var
 CANARIES = (CANARY, CANARY_USER, CANARY_NAME, base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode(),
             base64.b64encode(CANARY.encode()).decode())
 EXAMPLE_SITES = [yaml.safe_load(SAMPLE), yaml.safe_load((ROOT / "inventories/sample/site.yaml").read_text())]
-COMMANDS = ("render", "images", "config-check", "mirror-plan", "preflight", "apply", "uninstall", "operator-install")
+COMMANDS = ("render", "images", "config-check", "mirror-plan", "preflight", "apply", "uninstall", "operator-install",
+            "validate")
 #: commands that never contact anything, whatever they are given
 OFFLINE = {"mirror-plan"}
 
@@ -190,6 +191,8 @@ class Run:
             "apply": ["apply", "-s", str(site), "-i", str(inventory or site), "-q", *op, "--chart",
                       str(self.root / "chart")],
             "uninstall": ["uninstall", "-s", str(site), "-i", str(inventory or site), "-q", "--yes", *op],
+            "validate": ["validate", "-s", str(site), "-i", str(inventory or site), "-q", "--kubeconfig",
+                         str(self.kubeconfig), "--ssh-timeout", "5", "--timeout", "5"],
             "operator-install": ["operator", "install", "-s", str(site), "--kubeconfig", str(self.kubeconfig),
                                  "--chart", str(self.root / "chart"), "--timeout", "5"],
         }[command] + flags
@@ -482,14 +485,16 @@ def test_site_files_never_break_the_offline_commands(site, command):
 
 @FUZZ
 @given(site=mutated_sites(), inventory=inventories(),
-       command=st.sampled_from(("images", "mirror-plan", "preflight", "apply", "uninstall", "operator-install")))
+       command=st.sampled_from(("images", "mirror-plan", "preflight", "apply", "uninstall", "operator-install",
+                                "validate")))
 def test_site_files_and_inventories_never_reach_a_host_when_refused(site, inventory, command):
     text, sets = site
     check(command, text, inventory, sets)
 
 
 @FUZZ
-@given(inventory=inventories(), command=st.sampled_from(("images", "mirror-plan", "preflight", "apply", "uninstall")))
+@given(inventory=inventories(),
+       command=st.sampled_from(("images", "mirror-plan", "preflight", "apply", "uninstall", "validate")))
 def test_inventories_alone(inventory, command):
     check(command, (ROOT / "inventories/sample/site.yaml").read_text(), inventory)
 
@@ -523,7 +528,7 @@ def test_docker_config_file_is_read_only_when_a_small_regular_file(tmp_path, mak
 
 
 @pytest.mark.parametrize("command,code", [("preflight", EXIT_UNREACHABLE), ("apply", EXIT_UNREACHABLE),
-                                          ("operator-install", EXIT_UNREACHABLE)])
+                                          ("operator-install", EXIT_UNREACHABLE), ("validate", EXIT_UNREACHABLE)])
 def test_the_guards_see_what_a_valid_input_contacts(tmp_path, command, code):
     """The 'nothing contacted' property means something: a valid site and inventory do get past the door, to the
     guarded points of contact, and end as an unreachable target does (exit 5)."""
