@@ -21,8 +21,10 @@ from tests.integration.conftest import VENV_BIN, LabHandle, _skip_or_fail, lab_p
 from tests.integration.test_lab_real_nodes import (
     POD,
     _events,
+    _gpu_pod,
     _pod_manifest,
     _snapshot,
+    _wait_phase,
     down_leaves_nothing,
     kubectl,
 )
@@ -166,6 +168,24 @@ def test_after_apply_the_pod_runs_and_logs(rl):
     # clamped the kubelet's -998 (runc cannot set it without CAP_SYS_RESOURCE)
     shim = root(h, "node1", f"cat {kubelet.RUNC_SHIM_LOG}").stdout
     assert "oomScoreAdj -998 -> " in shim, shim
+
+
+def test_gpu_pod_on_docker_sees_exactly_its_gpu(rl):
+    """The STAND-IN device plugin's Allocate through dockershim: NVIDIA_VISIBLE_DEVICES and the stand-in nvidia-smi
+    mount reach the container; the smoke image (pulled by dockerd after apply) lists the node's one GPU."""
+    import re
+
+    from gpu_install_lab import gpus
+    from gpu_install_lab.smoke_image import RESULT_PREFIX, smoke_image_ref
+    from installer.config import Registry
+
+    image = smoke_image_ref("v23.9.2", Registry(host=rl["h"].status["registry"]))
+    kubectl(rl, "apply", "-f", "-", input=_gpu_pod("smoke", image, 1, "node1"))
+    _wait_phase(rl, "smoke", "Succeeded")
+    log = kubectl(rl, "logs", "smoke").stdout
+    want = gpus.node_config(rl["lid"], "node1", 1)["gpus"][0]
+    assert re.findall(r"^GPU \d+: (.+) \(UUID: (GPU-[0-9a-f-]+)\)$", log, re.M) == [(want["model"], want["uuid"])], log
+    assert f"{RESULT_PREFIX} PASSED: 1 GPU(s) visible" in log, log
 
 
 def test_zz_down_leaves_nothing(rl):
