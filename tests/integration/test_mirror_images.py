@@ -230,3 +230,83 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     for path in bundle.rglob("*"):
         if path.is_file():
             assert CANARY.encode() not in path.read_bytes(), path
+
+
+def _seed_index(env, source: str) -> dict[str, str]:
+    """A two-platform STAND-IN (OCI index: linux/amd64 + linux/arm64) at source's upstream path; the digests of the
+    index and of each instance."""
+    from installer.mirror.images import pull_from
+
+    remap = yaml.safe_load(env["site"].read_text())["mirror"]["upstream"]
+    base = env["layouts"] / ("multi-" + hashlib.sha256(source.encode()).hexdigest()[:12])
+    combined = base / "index"
+    (combined / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    entries, digests = [], {}
+    for arch in ("amd64", "arm64"):
+        one = base / arch
+        env["write_layout"](one, "t", ["/bin/sh", "-c", f"echo {arch}"], busybox=LAYER + arch.encode())
+        desc = json.loads((one / "index.json").read_text())["manifests"][0]
+        for blob in (one / "blobs" / "sha256").iterdir():
+            shutil.copy(blob, combined / "blobs" / "sha256" / blob.name)
+        entries.append({"mediaType": desc["mediaType"], "digest": desc["digest"], "size": desc["size"],
+                        "platform": {"architecture": arch, "os": "linux"}})
+        digests[f"linux/{arch}"] = desc["digest"]
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": entries}).encode()
+    digest = hashlib.sha256(index).hexdigest()
+    (combined / "blobs" / "sha256" / digest).write_bytes(index)
+    (combined / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (combined / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": "sha256:" + digest, "size": len(index),
+         "annotations": {"org.opencontainers.image.ref.name": "t"}}]}))
+    out = subprocess.run(["skopeo", "copy", "--quiet", "--all", "--preserve-digests", "--dest-cert-dir",
+                          str(env["certs"]), f"oci:{combined}:t", f"docker://{pull_from(source, remap)}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    digests["all"] = "sha256:" + digest
+    assert _raw_digest(pull_from(source, remap), env["certs"]) == digests["all"]
+    return digests
+
+
+def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    multi = next(i for i in images if i.component == "operator")
+    for img in images:
+        if img is not multi:
+            _seed(env, img.source)
+    digests = _seed_index(env, multi.source)
+    auth = env["root"] / "verify-auth2.json"
+    token = base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode()
+    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
+
+    def lock_of(bundle: Path) -> dict:
+        return json.loads((bundle / "bundle.lock.json").read_text())
+
+    def digest_in(bundle: Path) -> str:
+        return next(e["digest"] for e in lock_of(bundle)["images"] if e["source"] == multi.source)
+
+    # default: the linux/amd64 instance, its own digest, pushed as such
+    one = env["root"] / "bundle-amd64"
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "-q")
+    assert rc == 0, err
+    assert lock_of(one)["platform"] == "linux/amd64" and digest_in(one) == digests["linux/amd64"]
+    # another platform into the same bundle: the lock's platform differs, so everything is copied again
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "--platform", "linux/arm64")
+    assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
+    assert lock_of(one)["platform"] == "linux/arm64" and digest_in(one) == digests["linux/arm64"]
+
+    # --all-platforms: the index as published, every instance in the layout; pushed whole with the same digest
+    every = env["root"] / "bundle-all"
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", every, "--all-platforms", "-q")
+    assert rc == 0, err
+    assert lock_of(every)["platform"] == "all" and digest_in(every) == digests["all"]
+    blobs = {p.name for p in (every / "images" / "blobs" / "sha256").iterdir()}
+    assert {digests["linux/amd64"].split(":")[1], digests["linux/arm64"].split(":")[1]} <= blobs
+    rc, _, err = cli("mirror", "push", every, "-s", env["site"], "-q")
+    assert rc == 0, err
+    assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["all"]
+    rc, _, err = cli("mirror", "push", one, "-s", env["site"])
+    assert rc == 0, err
+    assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
