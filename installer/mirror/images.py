@@ -420,7 +420,7 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
                 digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
             if rc != 0 or not digest:
                 msg = err if rc != 0 else "skopeo wrote no digest"
-                where = f" (from {src})" if src != img.source else ""
+                where = f" (read from {src})" if src != img.source and src not in msg else ""
                 outcome.failed[img.source] = msg + where
                 lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
                 progress(Event("failed", n, total, img.source, msg + where))
