@@ -15,6 +15,7 @@ import json
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -192,10 +193,26 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs += [out, err]
     assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
 
-    # 4. push: each image at its destination with the lock's digest (authenticated, site CA), then nothing to do
+    # 4. push: each image at its destination with the lock's digest (authenticated, site CA), then nothing to do;
+    # credentials reach skopeo only through a temporary authfile (never an argument), removed afterwards
+    from installer.mirror import images as engine
+
+    argvs: list[list[str]] = []
+    real_run = subprocess.run
+
+    def recording_run(argv, *args, **kwargs):
+        argvs.append([str(a) for a in argv])
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(engine.subprocess, "run", recording_run)
+    leftovers = set(Path(tempfile.gettempdir()).glob("gpu-install-auth-*"))
     rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
     outputs += [out, err]
     assert rc == 0, err
+    monkeypatch.setattr(engine.subprocess, "run", real_run)
+    assert argvs and all("--dest-authfile" in a or "--authfile" in a for a in argvs)
+    assert not any(CANARY in " ".join(a) or CANARY_USER in " ".join(a) for a in argvs)
+    assert set(Path(tempfile.gettempdir()).glob("gpu-install-auth-*")) == leftovers
     assert f"{len(sources)} copied, 0 already there" in err, err
     auth = env["root"] / "verify-auth.json"
     token = base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode()
