@@ -426,8 +426,16 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
                 progress(Event("failed", n, total, img.source, msg + where))
                 write_lock(bundle, lock)
                 continue
-            if layout.digest_of(name) != digest:
+            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
+            if pinned and pinned != digest:
+                msg = (f"pinned by digest to {pinned}, a multi-platform image of which --platform {platform} copied "
+                       f"the instance {digest}: its destination (by digest) could not hold it; pull with "
+                       "--all-platforms")
+            elif layout.digest_of(name) != digest:
                 msg = f"the layout names {layout.digest_of(name)} for it, skopeo copied {digest}"
+            else:
+                msg = ""
+            if msg:
                 outcome.failed[img.source] = msg
                 lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
                 progress(Event("failed", n, total, img.source, msg))

@@ -327,3 +327,28 @@ def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
     rc, _, err = cli("mirror", "push", one, "-s", env["site"])
     assert rc == 0, err
     assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
+
+
+def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monkeypatch):
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    multi = next(i for i in images if i.component == "operator")
+    for img in images:
+        if img is not multi:
+            _seed(env, img.source)
+    digests = _seed_index(env, multi.source)
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["components"]["operator"] = {"version": digests["all"]}
+    pinned_site = env["root"] / "pinned-site.yaml"
+    pinned_site.write_text(yaml.safe_dump(doc))
+    source = multi.source.rsplit(":", 1)[0] + "@" + digests["all"]
+    bundle = env["root"] / "bundle-pinned"
+    rc, _, err = cli("mirror", "pull", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "-q")
+    assert rc == 4 and f"{source}: pinned by digest to {digests['all']}" in err and "--all-platforms" in err, err
+    rc, _, err = cli("mirror", "pull", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "--all-platforms", "-q")
+    assert rc == 0, err
+    rc, _, err = cli("mirror", "push", bundle, "-s", pinned_site, "-q")
+    assert rc == 0, err
+    entry = next(e for e in json.loads((bundle / "bundle.lock.json").read_text())["images"] if e["source"] == source)
+    assert entry["digest"] == digests["all"] and entry["destination"].endswith("@" + digests["all"])
