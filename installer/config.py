@@ -75,6 +75,8 @@ KUBERNETES_VERSION = r"^v?[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[-+][0-9A-Za-z.-]+)?$"
 CHART_REPOSITORY = (rf"^(?:https?://[^/\s?#]+(?:/[^\s?#]*)?"
                     rf"|oci://{REGISTRY_HOST}(?:/{PATH_COMPONENT})*/?)$")
 DEFAULT_CHART_REPOSITORY = "https://helm.ngc.nvidia.com/nvidia"
+#: mirror.upstream values: where `mirror pull` reads an upstream registry's images instead, registry[:port][/path]
+UPSTREAM_MIRROR = rf"^{REGISTRY_HOST}(?:/{PATH_COMPONENT})*$"
 
 
 def rules(string: dict[str, Any] | None = None, integer: dict[str, Any] | None = None,
@@ -529,10 +531,46 @@ class Mirror(_Model):
         "an http(s) repository URL (index.yaml) or oci://<registry>[/<path>] (the chart is <that>/gpu-operator)",
         json_schema_extra=rules({"pattern": CHART_REPOSITORY, "maxLength": 2048}))
 
+    upstream: dict[str, str] = Field(
+        default_factory=dict,
+        description="upstream registry host -> where `mirror pull` reads its images instead, registry[:port][/path] "
+        "(an intermediate mirror), e.g. {nvcr.io: mirror.internal:5000}; the bundle still records the upstream name",
+        json_schema_extra=rules(propertyNames={"pattern": f"^{REGISTRY_HOST}$", "maxLength": 255},
+                                additionalProperties={"type": "string", "pattern": UPSTREAM_MIRROR, "maxLength": 2048}))
+    upstreamCa: Path | None = Field(
+        None, description="CA certificate (PEM) `mirror pull` trusts besides the system's, for the upstream registries "
+        "or their mirrors")
+
     @field_validator("chartRepository")
     @classmethod
     def _chart_repository(cls, v: str) -> str:
         return chart_repository(v)
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, v: dict[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in v.items():
+            host = registry_host(key)
+            if host in out:
+                raise ValueError(f"{key!r}: the registry {host} is given twice")
+            out[host] = upstream_mirror(value)
+        return out
+
+
+def upstream_mirror(v: str) -> str:
+    """Where an upstream registry's images are read instead: registry[:port] with an optional repository path in
+    front of theirs (mirror.internal:5000/nvcr). The registry is lower-cased; no scheme, no trailing '/'."""
+    shown = v if len(v) <= 80 else v[:77] + "..."
+    if len(v) > 2048:
+        raise ValueError(f"{shown!r}: {len(v)} characters is not a registry (at most 2048)")
+    host, slash, path = v.partition("/")
+    if "://" in v:
+        raise ValueError(f"{shown!r}: give registry[:port][/path] without a scheme (skopeo speaks HTTPS)")
+    host = registry_host(host)
+    if slash and not re.match(rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*\Z", path):
+        raise ValueError(f"{shown!r}: {path!r} is not a repository path (lower-case components joined by '/')")
+    return host + (f"/{path}" if slash else "")
 
 
 class Site(_Model):
@@ -552,7 +590,8 @@ class Site(_Model):
         default_factory=dict, description="extra Helm values merged last (checked against the release's keys)"
     )
     scheduler: Scheduler = Field(default_factory=Scheduler, description="kube-scheduler extenders (control plane)")
-    mirror: Mirror = Field(default_factory=Mirror, description="gpu-install mirror: where the chart comes from")
+    mirror: Mirror = Field(default_factory=Mirror,
+                           description="gpu-install mirror: where the chart and the images come from")
 
 
 # ---------------------------------------------------------------- loading
@@ -596,6 +635,8 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
         site.operator.chart = str(local(Path(site.operator.chart)))
     if site.driver.runfile and "://" not in site.driver.runfile:
         site.driver.runfile = str(local(Path(site.driver.runfile)))
+    if site.mirror.upstreamCa:
+        site.mirror.upstreamCa = local(site.mirror.upstreamCa)
     if reg.pullSecret and reg.pullSecret.dockerConfigFile:
         reg.pullSecret.dockerConfigFile = local(reg.pullSecret.dockerConfigFile)
     return site
@@ -834,6 +875,8 @@ scheduler:                  # kube-scheduler extenders, patched into its static 
 
 mirror:                     # gpu-install mirror (connected side): where the artifacts come from
   chartRepository: https://helm.ngc.nvidia.com/nvidia   # or oci://registry.example.com:5000/charts
+  upstream: {}              # read an upstream registry from a mirror, e.g. {nvcr.io: mirror.internal:5000}
+  upstreamCa: null          # PEM file trusted (besides the system's) when pulling from upstream or those mirrors
 """
 
 

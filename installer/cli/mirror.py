@@ -1,14 +1,17 @@
-"""`gpu-install mirror plan`: what an air-gapped site needs (images, chart, files, OS package roots), from the plan."""
+"""`gpu-install mirror plan|pull|push`: what an air-gapped site needs (images, chart, files, OS package roots), from the
+plan; pull copies the plan's images into a bundle (OCI layout + lock), push copies a bundle into the site registry."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from installer.cli.common import command, group, inventory_arg, output, output_arg, resolve_plan, site_args
+from installer.cli.common import command, group, inventory_arg, output, output_arg, quiet_arg, resolve_plan, site_args
 
 if TYPE_CHECKING:
+    from installer.mirror.images import Event
     from installer.mirror.plan import Artifact, ArtifactPlan
+    from installer.ui import Transfer, TransferProgress
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -95,6 +98,94 @@ def plan_text(p: ArtifactPlan) -> str:
     return "\n".join(parts) + "\n"
 
 
+class _Report:
+    """Progress of mirror pull/push, one line per image (rich bars on a terminal, plain lines elsewhere; -q: none)."""
+
+    def __init__(self, quiet: bool, verb: str):
+        from installer.ui import TransferProgress
+
+        self.verb = verb
+        self.progress: TransferProgress | None = None if quiet else TransferProgress(unit="images")
+        self.current: Transfer | None = None
+
+    def __call__(self, e: Event) -> None:
+        if self.progress is None:
+            return
+        label = f"[{e.index}/{e.total}] {e.ref}"
+        if e.kind == "start":
+            self.current = self.progress.add(f"{label}: {self.verb}" + (f" from {e.detail}" if e.detail else ""),
+                                             total=1)
+        elif e.kind == "skipped":
+            with self.progress.add(f"{label}: already there ({e.detail})", total=1) as t:
+                t.advance()
+        elif e.kind == "copied" and self.current is not None:
+            self.current.advance()
+            self.current.done()
+            self.current = None
+        elif e.kind == "failed":
+            if self.current is None:
+                self.current = self.progress.add(f"{label}: {self.verb}", total=1)
+            self.current.stop()
+            self.current = None
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+def _summary(what: str, outcome: Any, quiet: bool) -> None:
+    import sys
+
+    if not quiet:
+        print(f"{what}: {len(outcome.copied)} copied, {len(outcome.skipped)} already there", file=sys.stderr)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from installer.mirror import images
+
+    plan = resolve_plan(args)
+    artifacts = plan.artifacts(())
+    platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
+    report = _Report(args.quiet, "pulling")
+    try:
+        outcome = images.pull(plan, artifacts.images, Path(args.output), platform=platform, progress=report)
+    finally:
+        report.close()
+    _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform})", outcome, args.quiet)
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from installer.config import load_site
+    from installer.kube import docker_config_json
+    from installer.mirror import images
+
+    site = load_site(args.site, args.set)
+    bundle = Path(args.bundle)
+    images.bundle_for_push(bundle)  # checksum and completeness before any credential is read
+    creds = docker_config_json(site.registry) if site.registry.pullSecret and (
+        site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
+    report = _Report(args.quiet, "pushing")
+    try:
+        outcome = images.push(site, bundle, config_json=creds, progress=report)
+    finally:
+        report.close()
+    _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet)
+    return 0
+
+
+def _platform(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not OS/ARCH[/VARIANT], e.g. linux/amd64 or linux/arm64")
+    return text
+
+
 def register(sub: Any) -> None:
     msub = group(sub, "mirror", "air-gapped mirroring: what the site needs", "mirror_command")
     p = command(msub, "plan", "list every artifact an air-gapped install needs (images, chart, files, OS packages); "
@@ -113,3 +204,29 @@ def register(sub: Any) -> None:
                         "exit 2 when REF is not in the plan")
     output_arg(p)
     p.set_defaults(func=cmd_plan)
+
+    p = command(msub, "pull", "copy every image of the mirror plan into a bundle directory (one OCI image layout + "
+                              "bundle.lock.json); connected side; resumable")
+    site_args(p)
+    inventory_arg(p)
+    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
+                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
+                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    p.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="bundle directory (created; an existing bundle is completed, not copied again)")
+    plat = p.add_mutually_exclusive_group()
+    plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
+                      help="copy this platform's manifest of a multi-platform image (default linux/amd64); its digest "
+                           "is the one recorded and pushed")
+    plat.add_argument("--all-platforms", action="store_true",
+                      help="copy manifest lists / indexes whole, every platform (the published digest)")
+    quiet_arg(p)
+    p.set_defaults(func=cmd_pull)
+
+    p = command(msub, "push", "copy a bundle's images into the site registry (registry.host), digests preserved and "
+                              "verified; air-gapped side; idempotent")
+    p.add_argument("bundle", metavar="DIR", help="bundle directory written by `gpu-install mirror pull`")
+    site_args(p)
+    quiet_arg(p)
+    p.set_defaults(func=cmd_push)

@@ -121,6 +121,11 @@ FIELDS: dict[str, tuple[tuple[Any, ...], str, list[Any]]] = {
         "oci://registry.lab", "oci://LOCALHOST", "oci://localhost/x", "oci://[::1]:5000/x", "oci://charts",
         "oci://r.lab/Charts", "oci://r.lab//x", "oci://r.lab/a//b", "oci://r.lab:0/x", "oci://", "oci:///x",
         "oci://r.lab/a__b", "oci://r.lab/a___b", "OCI://r.lab/x", "https://" + "x" * 2050]),
+    "mirror.upstream.nvcr.io": (("mirror", "upstream", "nvcr.io"), "az09.:/-_A[]", [
+        "mirror.internal:5000", "mirror.internal:5000/nvcr", "Mirror.Internal", "mirror.internal/a/b", "mirror",
+        "mirror:5000", "localhost", "localhost/x", "[::1]:5000/x", "mirror.internal:5000/", "mirror.internal//x",
+        "mirror.internal/Nvcr", "https://mirror.internal", "mirror.internal:0", "mirror.internal/a__b", "a.b\n",
+        "x" * 2049, ""]),
 }
 #: values of any type, tried on every field
 ANY = [None, 0, 1, -1, True, False, 1.5, [], {}, "", "x", ["x"]]
@@ -229,6 +234,17 @@ CROSS = [
     ({"scheduler": {"extenders": [{**EXTENDER, "bindVerb": "b"}, {**EXTENDER, "bindVerb": "b"}]}}, False),
     ({"scheduler": {"extenders": [{**EXTENDER, "bindVerb": "b"}, {**EXTENDER, "bindVerb": ""}]}}, True),
     ({"scheduler": {"extenders": [{**EXTENDER, "bindVerb": "b"}, {**EXTENDER, "bindVerb": None}]}}, True),
+    # mirror.upstream: keys are registry hosts, as registry.host is
+    ({"mirror": {"upstream": {"nvcr.io": "m.lab:5000", "registry.k8s.io": "m.lab:5000/k8s"}}}, True),
+    ({"mirror": {"upstream": {"localhost:5000": "m.lab"}}}, True),
+    ({"mirror": {"upstream": {"nvcr": "m.lab"}}}, False),
+    ({"mirror": {"upstream": {"https://nvcr.io": "m.lab"}}}, False),
+    ({"mirror": {"upstream": {"nvcr.io/nvidia": "m.lab"}}}, False),
+    ({"mirror": {"upstream": {"nvcr.io\n": "m.lab"}}}, False),
+    ({"mirror": {"upstream": {"nvcr.io": None}}}, False),
+    ({"mirror": {"upstream": []}}, False),
+    ({"mirror": {"upstreamCa": "ca.pem"}}, True),
+    ({"mirror": {"upstreamCa": 5}}, False),
     # unknown fields and missing required ones, at every level
     ({"registry": {"host": "r.lab", "hots": "x"}}, False),
     ({"registry": {}}, False),
@@ -246,6 +262,8 @@ NOT_IN_SCHEMA = [
      "but driver.runfile is the 535.216.03 installer"),
     # a version comparison between two fields
     ({"scheduler": {"format": "policy", "kubernetesVersion": "v1.23.0"}}, "policy is gone from Kubernetes 1.23"),
+    # two keys naming the same registry (registry names are case-insensitive)
+    ({"mirror": {"upstream": {"nvcr.io": "m.lab", "NVCR.io": "n.lab"}}}, "given twice"),
     # unique by one property of the items (uniqueItems compares whole items)
     ({"scheduler": {"extenders": [{**EXTENDER, "managedResources": [{"name": "a.b/c"},
                                                                     {"name": "a.b/c", "ignoredByScheduler": True}]}]}},

@@ -1,0 +1,539 @@
+"""`mirror pull` / `mirror push` for images: skopeo does the transfers, this module orchestrates, verifies and records.
+
+pull: every image of the artifact plan (exactly Plan.images) from its upstream -- or from the mirror that site
+`mirror.upstream` names for that registry -- into ONE OCI image layout, DIR/images (a blob shared by several images is
+stored once), one reference name per image (its canonical source reference). Manifests are copied byte for byte
+(`skopeo copy --preserve-digests`): with `--platform linux/amd64` (default) the instance of that platform (the
+single-platform manifest an amd64 node pulls), with `--all-platforms` the manifest list / index as published. The
+result is recorded in DIR/bundle.lock.json (SCHEMA) as it goes, with the checksum DIR/bundle.lock.json.sha256 over it.
+A re-run skips what the lock and the layout already hold; a failed image is named with skopeo's message and leaves
+the bundle marked incomplete, which push refuses.
+
+push: the lock's checksum first, then every image from the layout to its destination in registry.host, digests
+preserved and checked after the copy (`skopeo inspect --raw`); an image whose destination already has the lock's
+digest is skipped. Credentials come from registry.pullSecret (env vars or docker config file) through a temporary
+0600 authfile, never on a command line; the site CA (registry.ca) through a temporary cert dir.
+
+skopeo 1.9 reads only OCI-typed manifests back from an OCI layout; push therefore hands skopeo each image as a
+`dir:` copy made of hard links into the layout (any manifest type, nothing copied on disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from installer.errors import ConfigError, EnvironmentProblem, GpuInstallError, HostFailures
+from installer.util import atomic_write
+
+SCHEMA = "gpu-install.bundle-lock/v1"
+LOCK = "bundle.lock.json"
+CHECKSUM = LOCK + ".sha256"
+LAYOUT = "images"
+DEFAULT_PLATFORM = "linux/amd64"
+ALL_PLATFORMS = "all"
+SKOPEO_TIMEOUT = 3600.0
+INSPECT_TIMEOUT = 120.0
+
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+REF_NAME = "org.opencontainers.image.ref.name"
+
+
+class TransferFailures(HostFailures):
+    """Some images could not be copied (each named with skopeo's message); the others were. Exit code 4."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """Progress of one image: kind is start | copied | skipped | failed | verified."""
+
+    kind: str
+    index: int
+    total: int
+    ref: str
+    detail: str = ""
+
+
+Progress = Callable[[Event], None]
+
+
+@dataclass
+class Outcome:
+    copied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- references
+
+
+def split_registry(ref: str) -> tuple[str, str]:
+    """(registry, rest) of an image reference as docker reads it: the first component names a registry when it has a
+    '.' or ':' or is localhost; otherwise the image is on docker.io (a single name under library/)."""
+    first, slash, rest = ref.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return "docker.io", ref if slash else f"library/{ref}"
+
+
+def pull_from(source: str, upstream: Mapping[str, str]) -> str:
+    """Where `mirror pull` reads source: the mirror site `mirror.upstream` gives for its registry, else itself."""
+    registry, rest = split_registry(source)
+    mirror = upstream.get(registry.lower())
+    return f"{mirror}/{rest}" if mirror else source
+
+
+def ref_name(source: str) -> str:
+    """The image's reference name inside the layout: its canonical source (a digest reference's '@' as ':', which
+    the OCI layout's reference names allow)."""
+    return source.replace("@", ":")
+
+
+# ---------------------------------------------------------------- skopeo
+
+
+def skopeo() -> str:
+    path = shutil.which("skopeo")
+    if path is None:
+        raise EnvironmentProblem("skopeo is not installed: `gpu-install mirror` copies images with it",
+                                 hint="install it (Debian/Ubuntu: apt-get install skopeo; RHEL: dnf install skopeo)")
+    return path
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    for s in secrets:
+        if s:
+            text = text.replace(s, "***")
+    return text
+
+
+def _skopeo_message(stderr: str, secrets: Sequence[str]) -> str:
+    """skopeo's own message, without its log prefix (time="…" level=fatal msg="…")."""
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else "(no message)"
+    m = re.search(r'msg="((?:[^"\\]|\\.)*)"', text)
+    if m:
+        text = m.group(1).replace('\\"', '"')
+    return _redact(text, secrets)[:2000]
+
+
+def _run(argv: list[str], secrets: Sequence[str] = (), timeout: float = SKOPEO_TIMEOUT) -> tuple[int, str, str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"skopeo did not finish in {timeout:.0f}s"
+    out = proc.stdout.decode(errors="replace")
+    return proc.returncode, out, _skopeo_message(proc.stderr.decode(errors="replace"), secrets)
+
+
+@contextlib.contextmanager
+def cert_dir(ca: Path | None) -> Iterator[str | None]:
+    """A temporary directory holding ca as ca.crt (what skopeo's --*-cert-dir reads), or None without a CA."""
+    if ca is None:
+        yield None
+        return
+    try:
+        pem = Path(ca).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"CA file {ca}: cannot read it ({exc.strerror})", hint="check the path in the site file") from None
+    with tempfile.TemporaryDirectory(prefix="gpu-install-certs-") as tmp:
+        (Path(tmp) / "ca.crt").write_bytes(pem)
+        yield tmp
+
+
+@contextlib.contextmanager
+def authfile(config_json: bytes | None) -> Iterator[str | None]:
+    """A temporary 0600 auth file holding config_json (docker config.json), deleted afterwards; None without one."""
+    if config_json is None:
+        yield None
+        return
+    fd, path = tempfile.mkstemp(prefix="gpu-install-auth-", suffix=".json")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(config_json)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def secrets_of(config_json: bytes | None) -> list[str]:
+    """Every credential string in a docker config.json: redacted from any message that could echo it."""
+    if not config_json:
+        return []
+    try:
+        doc = json.loads(config_json)
+    except ValueError:
+        return []
+    out: list[str] = []
+    for entry in (doc.get("auths") or {}).values() if isinstance(doc, dict) else ():
+        if isinstance(entry, dict):
+            out += [str(v) for k, v in entry.items() if k in ("password", "auth", "identitytoken", "registrytoken")
+                    and v]
+    return out
+
+
+def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
+    """(sha256:… of the raw manifest at docker://ref, "") or (None, skopeo's message); kw: cert, auth, tls_verify,
+    secrets."""
+    argv = [skopeo(), "inspect", "--raw", "--retry-times", "2"]
+    if kw.get("cert"):
+        argv += ["--cert-dir", kw["cert"]]
+    if kw.get("auth"):
+        argv += ["--authfile", kw["auth"]]
+    if not kw.get("tls_verify", True):
+        argv += ["--tls-verify=false"]
+    try:
+        proc = subprocess.run([*argv, f"docker://{ref}"], capture_output=True, timeout=INSPECT_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"skopeo inspect did not finish in {INSPECT_TIMEOUT:.0f}s"
+    if proc.returncode != 0:
+        return None, _skopeo_message(proc.stderr.decode(errors="replace"), kw.get("secrets", ()))
+    return "sha256:" + hashlib.sha256(proc.stdout).hexdigest(), ""
+
+
+# ---------------------------------------------------------------- the layout
+
+
+class Layout:
+    """An OCI image layout directory (index.json, blobs/sha256/…)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def blob(self, digest: str) -> Path:
+        algo, _, hexpart = digest.partition(":")
+        if algo != "sha256" or not re.fullmatch(r"[a-f0-9]{64}", hexpart):
+            raise ValueError(f"not a sha256 digest: {digest!r}")
+        return self.path / "blobs" / "sha256" / hexpart
+
+    def index(self) -> list[dict[str, Any]]:
+        try:
+            doc = json.loads((self.path / "index.json").read_text())
+        except (OSError, ValueError):
+            return []
+        manifests = doc.get("manifests") if isinstance(doc, dict) else None
+        return [m for m in manifests or [] if isinstance(m, dict)]
+
+    def digest_of(self, name: str) -> str | None:
+        for m in self.index():
+            if (m.get("annotations") or {}).get(REF_NAME) == name:
+                return str(m.get("digest"))
+        return None
+
+    def descriptor(self, name: str) -> dict[str, Any] | None:
+        for m in self.index():
+            if (m.get("annotations") or {}).get(REF_NAME) == name:
+                return m
+        return None
+
+    def _json(self, digest: str) -> dict[str, Any]:
+        doc = json.loads(self.blob(digest).read_bytes())
+        if not isinstance(doc, dict):
+            raise ValueError(f"{digest}: not a JSON object")
+        return doc
+
+    def closure(self, digest: str) -> dict[str, int]:
+        """Every blob the manifest (or manifest list) digest references, itself included: {digest: size}.
+        Raises OSError/ValueError when a blob is missing or unreadable."""
+        out: dict[str, int] = {digest: self.blob(digest).stat().st_size}
+        doc = self._json(digest)
+        if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+            for m in doc.get("manifests") or []:
+                out |= self.closure(str(m["digest"]))
+            return out
+        for d in [doc.get("config") or {}, *(doc.get("layers") or [])]:
+            if d.get("digest"):
+                out[str(d["digest"])] = self.blob(str(d["digest"])).stat().st_size
+        return out
+
+    def complete(self, name: str, digest: str) -> bool:
+        """The layout names digest as name and holds every blob of it (sizes as the manifest says)."""
+        if self.digest_of(name) != digest:
+            return False
+        try:
+            self.closure(digest)
+        except (OSError, ValueError, KeyError):
+            return False
+        return True
+
+    def verify(self, digest: str) -> str | None:
+        """None when every blob of digest is present and hashes to its name; else what is wrong."""
+        try:
+            blobs = self.closure(digest)
+        except (OSError, ValueError, KeyError) as exc:
+            return f"blob missing or unreadable ({exc})"
+        for d in blobs:
+            h = hashlib.sha256()
+            with open(self.blob(d), "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            if "sha256:" + h.hexdigest() != d:
+                return f"blob {d} does not match its digest"
+        return None
+
+    @contextlib.contextmanager
+    def as_dir(self, digest: str) -> Iterator[Path]:
+        """The image as a skopeo `dir:` directory, made of hard links (copies across file systems) into the layout."""
+        with tempfile.TemporaryDirectory(prefix="gpu-install-image-", dir=self.path.parent) as tmp:
+            root = Path(tmp)
+            (root / "version").write_text("Directory Transport Version: 1.1\n")
+
+            def link(src: Path, dst: Path) -> None:
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copyfile(src, dst)
+
+            def put(d: str, top: bool) -> None:
+                doc = self._json(d)
+                hexpart = d.split(":", 1)[1]
+                link(self.blob(d), root / ("manifest.json" if top else f"{hexpart}.manifest.json"))
+                if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+                    for m in doc.get("manifests") or []:
+                        put(str(m["digest"]), top=False)
+                    return
+                for b in [doc.get("config") or {}, *(doc.get("layers") or [])]:
+                    if b.get("digest"):
+                        target = root / str(b["digest"]).split(":", 1)[1]
+                        if not target.exists():
+                            link(self.blob(str(b["digest"])), target)
+
+            put(digest, top=True)
+            yield root
+
+
+# ---------------------------------------------------------------- the lock
+
+
+def lock_text(lock: Mapping[str, Any]) -> str:
+    return json.dumps(lock, indent=2, sort_keys=False) + "\n"
+
+
+def write_lock(bundle: Path, lock: Mapping[str, Any]) -> None:
+    """The lock and its checksum file (sha256sum format), each written atomically; checksum last."""
+    text = lock_text(lock)
+    atomic_write(bundle / LOCK, text)
+    atomic_write(bundle / CHECKSUM, f"{hashlib.sha256(text.encode()).hexdigest()}  {LOCK}\n")
+
+
+def read_lock(bundle: Path, *, verify: bool = True) -> dict[str, Any]:
+    """The bundle's lock; with verify its checksum must match (ConfigError, exit 2, naming the problem)."""
+    lock_path, sum_path = bundle / LOCK, bundle / CHECKSUM
+    hint = "pull the bundle again (gpu-install mirror pull) and carry the whole directory across"
+    try:
+        raw = lock_path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{lock_path}: cannot read the bundle lock ({exc.strerror})", hint=hint) from None
+    if verify:
+        try:
+            want = sum_path.read_text().split()[0].lower()
+        except (OSError, IndexError):
+            raise ConfigError(f"{sum_path}: the lock's checksum file is missing or empty", hint=hint) from None
+        got = hashlib.sha256(raw).hexdigest()
+        if got != want:
+            raise ConfigError(f"{lock_path}: checksum mismatch (sha256 {got}, {CHECKSUM} says {want}): the lock was "
+                              "changed after pull", hint=hint)
+    try:
+        lock = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"{lock_path}: not valid JSON", hint=hint) from None
+    if not isinstance(lock, dict) or lock.get("schema") != SCHEMA:
+        raise ConfigError(f"{lock_path}: not a {SCHEMA} lock", hint=hint)
+    return lock
+
+
+def catalog_record(plan: Any) -> dict[str, Any]:
+    """The catalog file the release was resolved from: name and sha256 (which pins every image of the release)."""
+    path = Path(plan.release.catalog_dir) / f"{plan.release.version}.yaml"
+    record: dict[str, Any] = {"release": plan.release.version, "file": path.name}
+    with contextlib.suppress(OSError):
+        record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return record
+
+
+# ---------------------------------------------------------------- pull
+
+
+def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFAULT_PLATFORM,
+         progress: Progress = lambda e: None) -> Outcome:
+    """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json.
+    Raises TransferFailures (exit 4) naming every image that failed, after trying all of them."""
+    if ":" in str(bundle.resolve()):
+        raise ConfigError(f"-o {bundle}: skopeo's oci: references cannot name a directory whose path has a ':'",
+                          hint="choose another directory")
+    site = plan.site
+    bundle.mkdir(parents=True, exist_ok=True)
+    layout = Layout(bundle / LAYOUT)
+    layout.path.mkdir(exist_ok=True)
+    old: dict[str, Any] = {}
+    with contextlib.suppress(GpuInstallError):
+        prev = read_lock(bundle, verify=True)
+        if prev.get("platform") == platform:
+            old = {str(i["source"]): i for i in prev.get("images") or [] if isinstance(i, dict) and "source" in i}
+    lock: dict[str, Any] = {
+        "schema": SCHEMA, "complete": False, "release": plan.release.version, "catalog": catalog_record(plan),
+        "registry": site.registry.host, "platform": platform, "layout": LAYOUT, "images": [], "failed": []}
+    outcome = Outcome()
+    total = len(images)
+    upstream = dict(site.mirror.upstream)
+    with cert_dir(site.mirror.upstreamCa) as certs:
+        for n, img in enumerate(images, 1):
+            name = ref_name(img.source)
+            src = pull_from(img.source, upstream)
+            prev_entry = old.get(img.source)
+            if prev_entry and layout.complete(name, str(prev_entry.get("digest"))):
+                entry = {**prev_entry, "destination": img.destination, "component": img.component}
+                lock["images"].append(entry)
+                outcome.skipped.append(img.source)
+                progress(Event("skipped", n, total, img.source, str(prev_entry.get("digest"))))
+                continue
+            progress(Event("start", n, total, img.source, src if src != img.source else ""))
+            with tempfile.TemporaryDirectory(prefix="gpu-install-pull-") as tmp:
+                digestfile = Path(tmp) / "digest"
+                argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2",
+                        "--digestfile", str(digestfile)]
+                if platform == ALL_PLATFORMS:
+                    argv += ["--all"]
+                else:
+                    os_, _, arch = platform.partition("/")
+                    arch, _, variant = arch.partition("/")
+                    argv += ["--override-os", os_, "--override-arch", arch]
+                    if variant:
+                        argv += ["--override-variant", variant]
+                if certs:
+                    argv += ["--src-cert-dir", certs]
+                argv += [f"docker://{src}", f"oci:{layout.path}:{name}"]
+                rc, _, err = _run(argv)
+                digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
+            if rc != 0 or not digest:
+                msg = err if rc != 0 else "skopeo wrote no digest"
+                where = f" (read from {src})" if src != img.source and src not in msg else ""
+                outcome.failed[img.source] = msg + where
+                lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
+                progress(Event("failed", n, total, img.source, msg + where))
+                write_lock(bundle, lock)
+                continue
+            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
+            if pinned and pinned != digest:
+                msg = (f"pinned by digest to {pinned}, a multi-platform image of which --platform {platform} copied "
+                       f"the instance {digest}: its destination (by digest) could not hold it; pull with "
+                       "--all-platforms")
+            elif layout.digest_of(name) != digest:
+                msg = f"the layout names {layout.digest_of(name)} for it, skopeo copied {digest}"
+            else:
+                msg = ""
+            if msg:
+                outcome.failed[img.source] = msg
+                lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
+                progress(Event("failed", n, total, img.source, msg))
+                write_lock(bundle, lock)
+                continue
+            size = sum(layout.closure(digest).values())
+            lock["images"].append({"source": img.source, "pulledFrom": src, "destination": img.destination,
+                                   "component": img.component, "refName": name, "digest": digest, "size": size})
+            outcome.copied.append(img.source)
+            progress(Event("copied", n, total, img.source, f"{digest} {size}"))
+            write_lock(bundle, lock)
+    lock["complete"] = not outcome.failed
+    write_lock(bundle, lock)
+    if outcome.failed:
+        raise TransferFailures(
+            f"{len(outcome.failed)} of {total} images could not be pulled; the bundle is incomplete (push refuses "
+            "it):\n" + "\n".join(f"  {s}: {m}" for s, m in outcome.failed.items()),
+            hint="fix the cause (tag missing upstream, auth, TLS: mirror.upstreamCa, mirror.upstream) and run pull "
+                 "again: the images already in the bundle are not copied again")
+    return outcome
+
+
+# ---------------------------------------------------------------- push
+
+
+def bundle_for_push(bundle: Path) -> dict[str, Any]:
+    """The verified lock of a complete bundle (exit 2 naming the problem otherwise)."""
+    lock = read_lock(bundle, verify=True)
+    if lock.get("complete") is not True:
+        failed = [str(f.get("source")) for f in lock.get("failed") or [] if isinstance(f, dict)]
+        raise ConfigError(f"{bundle}: the bundle is incomplete" + (f" (failed: {', '.join(failed)})" if failed else ""),
+                          hint="run gpu-install mirror pull again on the connected side until it exits 0")
+    images = lock.get("images")
+    if not isinstance(images, list):
+        raise ConfigError(f"{bundle / LOCK}: no image list")
+    return lock
+
+
+def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None) -> Outcome:
+    """Every image of a complete, verified bundle to its destination in registry.host (as the plan computed it at
+    pull), digests preserved and checked. Raises TransferFailures (exit 4)."""
+    lock = bundle_for_push(bundle)
+    if lock.get("registry") != site.registry.host:
+        raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
+                          f"{site.registry.host}",
+                          hint="pull with the site file of this site (the destinations follow registry.host, layout "
+                               "and prefix)")
+    layout = Layout(bundle / str(lock.get("layout") or LAYOUT))
+    entries = [e for e in lock["images"] if isinstance(e, dict)]
+    for e in entries:
+        problem = layout.verify(str(e.get("digest"))) if layout.digest_of(str(e.get("refName"))) == e.get("digest") \
+            else f"the layout does not name {e.get('digest')} as {e.get('refName')}"
+        if problem:
+            raise ConfigError(f"{bundle}: image {e.get('source')}: {problem}",
+                              hint="the bundle was damaged in transit: pull it again and carry the whole directory")
+    reg = site.registry
+    secrets = secrets_of(config_json)
+    outcome = Outcome()
+    total = len(entries)
+    tls = not reg.insecure
+    with cert_dir(reg.ca) as certs, authfile(config_json) as auth:
+        for n, e in enumerate(entries, 1):
+            source, digest = str(e["source"]), str(e["digest"])
+            dest = str(e["destination"])
+            have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+            if have == digest:
+                outcome.skipped.append(source)
+                progress(Event("skipped", n, total, dest, digest))
+                continue
+            progress(Event("start", n, total, dest, ""))
+            with layout.as_dir(digest) as d:
+                argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
+                if lock.get("platform") == ALL_PLATFORMS:
+                    argv += ["--all"]
+                if certs:
+                    argv += ["--dest-cert-dir", certs]
+                if auth:
+                    argv += ["--dest-authfile", auth]
+                if not tls:
+                    argv += ["--dest-tls-verify=false"]
+                rc, _, err = _run([*argv, f"dir:{d}", f"docker://{dest}"], secrets)
+            if rc != 0:
+                outcome.failed[dest] = err
+                progress(Event("failed", n, total, dest, err))
+                continue
+            got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+            if got != digest:
+                msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
+                    f"after the copy the registry has {got}, the bundle {digest}"
+                outcome.failed[dest] = msg
+                progress(Event("failed", n, total, dest, msg))
+                continue
+            outcome.copied.append(source)
+            progress(Event("copied", n, total, dest, digest))
+    if outcome.failed:
+        raise TransferFailures(
+            f"{len(outcome.failed)} of {total} images could not be pushed to {reg.host}:\n"
+            + "\n".join(f"  {d}: {m}" for d, m in outcome.failed.items()),
+            hint="check registry.host, the credentials registry.pullSecret names (they need push rights) and "
+                 "registry.ca; run push again: images already there with the bundle's digest are skipped")
+    return outcome

@@ -1,0 +1,354 @@
+"""`gpu-install mirror pull` / `push` for images against two real registries (Debian's docker-registry) on loopback:
+an "upstream" (TLS from a throwaway test CA, no auth) seeded with tiny STAND-IN images at the exact upstream paths of a
+small site's Plan.images -- read through `mirror.upstream` remaps, as from an intermediate mirror -- and a "site"
+registry (TLS, htpasswd auth with a canary password). No lab nodes.
+
+The images are one busybox-less layer each (bytes that only stand in for a root file system), all sharing that layer;
+one is stored upstream with a Docker v2s2 manifest, the others as OCI.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import _skip_or_fail
+
+CANARY_USER = "mirror-canary-user"
+CANARY = "Canary-Pw-7f3e9c1d"  # the site registry's password: must never show up in output, lock or bundle
+LAYER = b"gpu-install STAND-IN layer content\n" * 64
+MISSING = "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v24.9.2"  # seeded late: the resume case
+V2S2 = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(root: Path, name: str, cert: Path, key: Path, htpasswd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    port = _port()
+    config: dict = {"version": 0.1, "log": {"level": "error", "accesslog": {"disabled": True}},
+                    "storage": {"filesystem": {"rootdirectory": str(root / f"{name}-data")}},
+                    "http": {"addr": f"127.0.0.1:{port}", "secret": "test-" + name,
+                             "tls": {"certificate": str(cert), "key": str(key)}}}
+    if htpasswd:
+        config["auth"] = {"htpasswd": {"realm": "test", "path": str(htpasswd)}}
+    (root / f"{name}.yml").write_text(yaml.safe_dump(config))
+    log = open(root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(["docker-registry", "serve", str(root / f"{name}.yml")], stdout=log, stderr=log)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.terminate()
+                raise AssertionError(f"{name} registry did not start: {(root / f'{name}.log').read_text()}") from None
+            time.sleep(0.05)
+    return proc, f"127.0.0.1:{port}"
+
+
+def _raw_digest(ref: str, certs: Path, *extra: str) -> str:
+    out = subprocess.run(["skopeo", "inspect", "--raw", "--cert-dir", str(certs), *extra, f"docker://{ref}"],
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    return "sha256:" + hashlib.sha256(out.stdout).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    for tool in ("skopeo", "docker-registry"):
+        if shutil.which(tool) is None:
+            _skip_or_fail(f"{tool} missing (scripts/apt-packages.txt)")
+    import bcrypt
+
+    from gpu_install_lab.images import write_layout
+    from gpu_install_lab.pki import ensure_ca, issue_server_cert
+
+    root = tmp_path_factory.mktemp("mirror")
+    pki = root / "pki"
+    ca, _ = ensure_ca(pki, cn="gpu-install mirror test CA")
+    cert, key = issue_server_cert(pki, "registry", ["127.0.0.1"], ["localhost"])
+    certs = root / "certs"
+    certs.mkdir()
+    shutil.copy(ca, certs / "ca.crt")
+    htpasswd = root / "htpasswd"
+    htpasswd.write_text(f"{CANARY_USER}:{bcrypt.hashpw(CANARY.encode(), bcrypt.gensalt(4)).decode()}\n")
+    up_proc, upstream = _serve(root, "upstream", cert, key)
+    site_proc, site_reg = _serve(root, "site", cert, key, htpasswd)
+    try:
+        site = {
+            "operator": {"version": "v24.9.2"},
+            "registry": {"host": site_reg, "prefix": "mirror", "ca": str(ca),
+                         "pullSecret": {"name": "site-registry", "usernameEnv": "MIRROR_TEST_USER",
+                                        "passwordEnv": "MIRROR_TEST_PASSWORD"}},
+            "driver": {"mode": "preinstalled"}, "toolkit": {"mode": "host"},
+            "components": {"dcgmExporter": {"enabled": False}, "migManager": {"enabled": False}},
+            "mirror": {"upstream": {"nvcr.io": f"{upstream}/nv", "registry.k8s.io": f"{upstream}/k8s"},
+                       "upstreamCa": str(ca)},
+        }
+        site_file = root / "site.yaml"
+        site_file.write_text(yaml.safe_dump(site))
+        yield {"root": root, "site": site_file, "certs": certs, "upstream": upstream, "site_reg": site_reg,
+               "layouts": root / "layouts", "write_layout": write_layout}
+    finally:
+        for proc in (up_proc, site_proc):
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def _seed(env, source: str) -> str:
+    """Push a STAND-IN image to the upstream at source's path (remapped as the site file says); its digest."""
+    from installer.mirror.images import pull_from
+
+    remap = yaml.safe_load(env["site"].read_text())["mirror"]["upstream"]
+    layout = env["layouts"] / hashlib.sha256(source.encode()).hexdigest()[:12]
+    env["write_layout"](layout, "t", ["/bin/sh", "-c", f"echo {source}"], busybox=LAYER)
+    dest = pull_from(source, remap)
+    fmt = ["--format", "v2s2"] if source == V2S2 else []
+    out = subprocess.run(["skopeo", "copy", "--quiet", *fmt, "--dest-cert-dir", str(env["certs"]),
+                          f"oci:{layout}:t", f"docker://{dest}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return _raw_digest(dest, env["certs"])
+
+
+def _plan_images(env) -> list:
+    from installer.config import load_site
+    from installer.plan import Options, resolve
+
+    return list(resolve(load_site(env["site"]), Options(os_tags=("ubuntu22.04",))).images)
+
+
+def test_pull_push_round_trip(env, cli, monkeypatch):
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    sources = [i.source for i in images]
+    assert MISSING in sources and V2S2 in sources and any(s.startswith("registry.k8s.io/") for s in sources)
+    assert 4 <= len(images) <= 6, sources  # a small site: pull every image of its plan
+    upstream = {s: _seed(env, s) for s in sources if s != MISSING}
+    bundle = env["root"] / "bundle"
+    outputs: list[str] = []
+
+    # 1. an image missing upstream: named, non-zero, the bundle marked incomplete, push refuses it
+    rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
+    outputs += [out, err]
+    assert rc == 4, err
+    assert MISSING in err.split("could not be pulled", 1)[1] and "manifest unknown" in err, err
+    lock = json.loads((bundle / "bundle.lock.json").read_text())
+    assert lock["complete"] is False and [f["source"] for f in lock["failed"]] == [MISSING]
+    rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
+    outputs += [out, err]
+    assert rc == 2 and "incomplete" in err and MISSING in err, err
+
+    # 2. resume: only the missing image is copied
+    upstream[MISSING] = _seed(env, MISSING)
+    rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
+    outputs += [out, err]
+    assert rc == 0, err
+    assert f"1 copied, {len(sources) - 1} already there" in err, err
+    lock = json.loads((bundle / "bundle.lock.json").read_text())
+    assert lock["schema"] == "gpu-install.bundle-lock/v1" and lock["complete"] is True and lock["failed"] == []
+    assert lock["release"] == "v24.9.2" and lock["catalog"]["release"] == "v24.9.2" and lock["catalog"]["sha256"]
+    assert lock["platform"] == "linux/amd64"
+    checksum = (bundle / "bundle.lock.json.sha256").read_text().split()[0]
+    assert checksum == hashlib.sha256((bundle / "bundle.lock.json").read_bytes()).hexdigest()
+    by_source = {e["source"]: e for e in lock["images"]}
+    assert sorted(by_source) == sorted(sources)
+    for img in images:
+        e = by_source[img.source]
+        assert e["digest"] == upstream[img.source], img.source  # digests preserved, the manifest as published
+        assert e["destination"] == img.destination and e["component"] == img.component and e["size"] > len(LAYER) // 8
+        assert e["pulledFrom"].startswith(env["upstream"] + "/")  # read from the remapped upstream …
+        assert img.source.startswith(("nvcr.io/", "registry.k8s.io/"))  # … recorded under its canonical name
+
+    # the OCI layout: one index entry per image, every blob once (the layer all images share: one file)
+    index = json.loads((bundle / "images" / "index.json").read_text())
+    assert sorted(m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]) == sorted(sources)
+    blobs = {p.name for p in (bundle / "images" / "blobs" / "sha256").iterdir()}
+    layers = []
+    referenced = set()
+    for m in index["manifests"]:
+        doc = json.loads((bundle / "images" / "blobs" / "sha256" / m["digest"].split(":")[1]).read_bytes())
+        referenced |= {m["digest"], doc["config"]["digest"], *(d["digest"] for d in doc["layers"])}
+        layers += [d["digest"] for d in doc["layers"]]
+    assert len(set(layers)) == 1 and len(layers) == len(sources)  # one layer shared by every image …
+    assert blobs == {d.split(":")[1] for d in referenced}  # … stored once, nothing else in the layout
+
+    # 3. a re-run copies nothing
+    rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
+    outputs += [out, err]
+    assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
+
+    # 4. push: each image at its destination with the lock's digest (authenticated, site CA), then nothing to do;
+    # credentials reach skopeo only through a temporary authfile (never an argument), removed afterwards
+    from installer.mirror import images as engine
+
+    argvs: list[list[str]] = []
+    real_run = subprocess.run
+
+    def recording_run(argv, *args, **kwargs):
+        argvs.append([str(a) for a in argv])
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(engine.subprocess, "run", recording_run)
+    leftovers = set(Path(tempfile.gettempdir()).glob("gpu-install-auth-*"))
+    rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
+    outputs += [out, err]
+    assert rc == 0, err
+    monkeypatch.setattr(engine.subprocess, "run", real_run)
+    assert argvs and all("--dest-authfile" in a or "--authfile" in a for a in argvs)
+    assert not any(CANARY in " ".join(a) or CANARY_USER in " ".join(a) for a in argvs)
+    assert set(Path(tempfile.gettempdir()).glob("gpu-install-auth-*")) == leftovers
+    assert f"{len(sources)} copied, 0 already there" in err, err
+    auth = env["root"] / "verify-auth.json"
+    token = base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode()
+    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
+    for img in images:
+        assert img.destination.startswith(env["site_reg"] + "/mirror/")
+        assert _raw_digest(img.destination, env["certs"], "--authfile", str(auth)) == upstream[img.source]
+    auth.unlink()
+    rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
+    outputs += [out, err]
+    assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
+
+    # 5. refused credentials: every image named with skopeo's message (exit 4), no password in it
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", "wrong-" + CANARY)
+    rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
+    outputs += [out, err]
+    assert rc == 4 and f"{len(sources)} of {len(sources)} images could not be pushed" in err, err
+    assert all(i.destination in err for i in images) and "unauthorized" in err.lower(), err
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+
+    # 6. a tampered lock is refused before anything is pushed
+    text = (bundle / "bundle.lock.json").read_text()
+    (bundle / "bundle.lock.json").write_text(text.replace('"component": "validator"', '"component": "validatoR"'))
+    rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
+    outputs += [out, err]
+    assert rc == 2 and "checksum mismatch" in err, err
+    (bundle / "bundle.lock.json").write_text(text)
+
+    # no credential anywhere: command output, lock, bundle files
+    for text in outputs:
+        assert CANARY not in text
+    for path in bundle.rglob("*"):
+        if path.is_file():
+            assert CANARY.encode() not in path.read_bytes(), path
+
+
+def _seed_index(env, source: str) -> dict[str, str]:
+    """A two-platform STAND-IN (OCI index: linux/amd64 + linux/arm64) at source's upstream path; the digests of the
+    index and of each instance."""
+    from installer.mirror.images import pull_from
+
+    remap = yaml.safe_load(env["site"].read_text())["mirror"]["upstream"]
+    base = env["layouts"] / ("multi-" + hashlib.sha256(source.encode()).hexdigest()[:12])
+    combined = base / "index"
+    (combined / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    entries, digests = [], {}
+    for arch in ("amd64", "arm64"):
+        one = base / arch
+        env["write_layout"](one, "t", ["/bin/sh", "-c", f"echo {arch}"], busybox=LAYER + arch.encode())
+        desc = json.loads((one / "index.json").read_text())["manifests"][0]
+        for blob in (one / "blobs" / "sha256").iterdir():
+            shutil.copy(blob, combined / "blobs" / "sha256" / blob.name)
+        entries.append({"mediaType": desc["mediaType"], "digest": desc["digest"], "size": desc["size"],
+                        "platform": {"architecture": arch, "os": "linux"}})
+        digests[f"linux/{arch}"] = desc["digest"]
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": entries}).encode()
+    digest = hashlib.sha256(index).hexdigest()
+    (combined / "blobs" / "sha256" / digest).write_bytes(index)
+    (combined / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (combined / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": "sha256:" + digest, "size": len(index),
+         "annotations": {"org.opencontainers.image.ref.name": "t"}}]}))
+    out = subprocess.run(["skopeo", "copy", "--quiet", "--all", "--preserve-digests", "--dest-cert-dir",
+                          str(env["certs"]), f"oci:{combined}:t", f"docker://{pull_from(source, remap)}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    digests["all"] = "sha256:" + digest
+    assert _raw_digest(pull_from(source, remap), env["certs"]) == digests["all"]
+    return digests
+
+
+def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    multi = next(i for i in images if i.component == "operator")
+    for img in images:
+        if img is not multi:
+            _seed(env, img.source)
+    digests = _seed_index(env, multi.source)
+    auth = env["root"] / "verify-auth2.json"
+    token = base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode()
+    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
+
+    def lock_of(bundle: Path) -> dict:
+        return json.loads((bundle / "bundle.lock.json").read_text())
+
+    def digest_in(bundle: Path) -> str:
+        return next(e["digest"] for e in lock_of(bundle)["images"] if e["source"] == multi.source)
+
+    # default: the linux/amd64 instance, its own digest, pushed as such
+    one = env["root"] / "bundle-amd64"
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "-q")
+    assert rc == 0, err
+    assert lock_of(one)["platform"] == "linux/amd64" and digest_in(one) == digests["linux/amd64"]
+    # another platform into the same bundle: the lock's platform differs, so everything is copied again
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "--platform", "linux/arm64")
+    assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
+    assert lock_of(one)["platform"] == "linux/arm64" and digest_in(one) == digests["linux/arm64"]
+
+    # --all-platforms: the index as published, every instance in the layout; pushed whole with the same digest
+    every = env["root"] / "bundle-all"
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", every, "--all-platforms", "-q")
+    assert rc == 0, err
+    assert lock_of(every)["platform"] == "all" and digest_in(every) == digests["all"]
+    blobs = {p.name for p in (every / "images" / "blobs" / "sha256").iterdir()}
+    assert {digests["linux/amd64"].split(":")[1], digests["linux/arm64"].split(":")[1]} <= blobs
+    rc, _, err = cli("mirror", "push", every, "-s", env["site"], "-q")
+    assert rc == 0, err
+    assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["all"]
+    rc, _, err = cli("mirror", "push", one, "-s", env["site"])
+    assert rc == 0, err
+    assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
+
+
+def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monkeypatch):
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    multi = next(i for i in images if i.component == "operator")
+    for img in images:
+        if img is not multi:
+            _seed(env, img.source)
+    digests = _seed_index(env, multi.source)
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["components"]["operator"] = {"version": digests["all"]}
+    pinned_site = env["root"] / "pinned-site.yaml"
+    pinned_site.write_text(yaml.safe_dump(doc))
+    source = multi.source.rsplit(":", 1)[0] + "@" + digests["all"]
+    bundle = env["root"] / "bundle-pinned"
+    rc, _, err = cli("mirror", "pull", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "-q")
+    assert rc == 4 and f"{source}: pinned by digest to {digests['all']}" in err and "--all-platforms" in err, err
+    rc, _, err = cli("mirror", "pull", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "--all-platforms", "-q")
+    assert rc == 0, err
+    rc, _, err = cli("mirror", "push", bundle, "-s", pinned_site, "-q")
+    assert rc == 0, err
+    entry = next(e for e in json.loads((bundle / "bundle.lock.json").read_text())["images"] if e["source"] == source)
+    assert entry["digest"] == digests["all"] and entry["destination"].endswith("@" + digests["all"])

@@ -1,0 +1,142 @@
+"""The pure parts of `mirror pull`/`push` (installer/mirror/images.py): upstream remap, the lock and its checksum, the
+layout checks, the temporary authfile. The transfers themselves: tests/integration/test_mirror_images.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from installer.errors import ConfigError
+from installer.mirror import images as m
+
+
+@pytest.mark.parametrize("source,upstream,expected", [
+    ("nvcr.io/nvidia/gpu-operator:v24.9.2", {"nvcr.io": "mirror.internal:5000"},
+     "mirror.internal:5000/nvidia/gpu-operator:v24.9.2"),
+    ("nvcr.io/nvidia/gpu-operator:v24.9.2", {"nvcr.io": "mirror.internal/nv"}, "mirror.internal/nv/nvidia/gpu-operator:v24.9.2"),
+    ("registry.k8s.io/nfd/node-feature-discovery:v0.16.6", {"nvcr.io": "m.lab"},
+     "registry.k8s.io/nfd/node-feature-discovery:v0.16.6"),
+    ("nvcr.io/nvidia/x@sha256:" + "a" * 64, {"nvcr.io": "m.lab"}, "m.lab/nvidia/x@sha256:" + "a" * 64),
+    ("busybox:1", {"docker.io": "m.lab"}, "m.lab/library/busybox:1"),
+    ("nvidia/cuda:12", {"docker.io": "m.lab"}, "m.lab/nvidia/cuda:12"),
+    ("localhost:5000/a:1", {"localhost:5000": "m.lab"}, "m.lab/a:1"),
+])
+def test_pull_from_remaps_the_registry_only(source, upstream, expected):
+    assert m.pull_from(source, upstream) == expected
+
+
+def test_ref_name_is_the_source_with_a_digest_as_tag_separator():
+    assert m.ref_name("nvcr.io/nvidia/x:1") == "nvcr.io/nvidia/x:1"
+    assert m.ref_name("nvcr.io/nvidia/x@sha256:" + "b" * 64) == "nvcr.io/nvidia/x:sha256:" + "b" * 64
+
+
+def test_the_authfile_is_private_and_removed():
+    with m.authfile(b'{"auths": {"r.lab": {"auth": "eDp5"}}}') as path:
+        assert path is not None
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert json.loads(Path(path).read_text())["auths"]["r.lab"]["auth"] == "eDp5"
+    assert not os.path.exists(path)
+    with m.authfile(None) as none:
+        assert none is None
+
+
+def test_credentials_are_redacted_from_skopeo_messages():
+    config = json.dumps({"auths": {"r.lab": {"username": "u", "password": "s3cret-pw", "auth": "dTpzM2NyZXQtcHc="}}})
+    secrets = m.secrets_of(config.encode())
+    assert "s3cret-pw" in secrets and "u" not in secrets  # the user name is no secret (and would redact too much)
+    stderr = 'time="x" level=fatal msg="auth s3cret-pw dTpzM2NyZXQtcHc= refused: \\"unauthorized\\""\n'
+    assert m._skopeo_message(stderr, secrets) == 'auth *** *** refused: "unauthorized"'
+
+
+def _layout(tmp_path: Path) -> tuple[Path, str]:
+    """A bundle with one tiny image in its layout; the image's manifest digest."""
+    from gpu_install_lab.images import write_layout
+
+    bundle = tmp_path / "bundle"
+    write_layout(bundle / "images", "nvcr.io/nvidia/x:1", ["/bin/sh"], busybox=b"stand-in" * 10)
+    digest = json.loads((bundle / "images" / "index.json").read_text())["manifests"][0]["digest"]
+    lock = {"schema": m.SCHEMA, "complete": True, "release": "v24.9.2", "registry": "r.lab:5000",
+            "platform": "linux/amd64", "layout": "images", "failed": [],
+            "images": [{"source": "nvcr.io/nvidia/x:1", "destination": "r.lab:5000/nvidia/x:1", "digest": digest,
+                        "refName": "nvcr.io/nvidia/x:1", "component": "operator", "size": 1}]}
+    m.write_lock(bundle, lock)
+    return bundle, digest
+
+
+def test_the_lock_checksum_is_sha256sum_format_and_checked(tmp_path):
+    bundle, _ = _layout(tmp_path)
+    line = (bundle / m.CHECKSUM).read_text()
+    assert line == f"{hashlib.sha256((bundle / m.LOCK).read_bytes()).hexdigest()}  {m.LOCK}\n"
+    assert m.bundle_for_push(bundle)["complete"] is True
+    text = (bundle / m.LOCK).read_text()
+    (bundle / m.LOCK).write_text(text.replace("r.lab:5000/nvidia", "evil.lab/nvidia"))
+    with pytest.raises(ConfigError, match="checksum mismatch"):
+        m.bundle_for_push(bundle)
+    (bundle / m.LOCK).write_text(text)
+    (bundle / m.CHECKSUM).unlink()
+    with pytest.raises(ConfigError, match="checksum file is missing"):
+        m.bundle_for_push(bundle)
+
+
+def test_an_incomplete_bundle_is_refused_naming_what_failed(tmp_path):
+    bundle, _ = _layout(tmp_path)
+    lock = m.read_lock(bundle)
+    m.write_lock(bundle, {**lock, "complete": False, "failed": [{"source": "nvcr.io/nvidia/y:2", "error": "x"}]})
+    with pytest.raises(ConfigError, match=r"incomplete \(failed: nvcr.io/nvidia/y:2\)"):
+        m.bundle_for_push(bundle)
+    m.write_lock(bundle, {**lock, "schema": "something/v9"})
+    with pytest.raises(ConfigError, match="not a gpu-install.bundle-lock/v1 lock"):
+        m.bundle_for_push(bundle)
+
+
+def test_layout_checks_find_a_missing_or_changed_blob(tmp_path):
+    bundle, digest = _layout(tmp_path)
+    layout = m.Layout(bundle / "images")
+    assert layout.complete("nvcr.io/nvidia/x:1", digest) and layout.verify(digest) is None
+    assert not layout.complete("nvcr.io/nvidia/x:2", digest)
+    doc = json.loads(layout.blob(digest).read_bytes())
+    blob = layout.blob(doc["layers"][0]["digest"])
+    blob.write_bytes(blob.read_bytes() + b"!")
+    assert "does not match its digest" in (layout.verify(digest) or "")
+    blob.unlink()
+    assert not layout.complete("nvcr.io/nvidia/x:1", digest)
+    assert "missing" in (layout.verify(digest) or "")
+
+
+def test_push_refuses_a_damaged_bundle_or_another_registry_before_contacting_anything(tmp_path, monkeypatch):
+    from installer.config import parse_site
+
+    monkeypatch.setattr(m, "skopeo", lambda: pytest.fail("skopeo must not run"))
+    bundle, digest = _layout(tmp_path)
+    other = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "other.lab"}})
+    with pytest.raises(ConfigError, match="pulled for registry r.lab:5000, the site file names other.lab"):
+        m.push(other, bundle, config_json=None)
+    site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.lab:5000"}})
+    layout = m.Layout(bundle / "images")
+    config = json.loads(layout.blob(digest).read_bytes())["config"]["digest"]
+    layout.blob(config).write_bytes(b"{}")
+    with pytest.raises(ConfigError, match="image nvcr.io/nvidia/x:1: blob .* does not match its digest"):
+        m.push(site, bundle, config_json=None)
+
+
+def test_pull_refuses_a_bundle_path_with_a_colon(tmp_path):
+    with pytest.raises(ConfigError, match="has a ':'"):
+        m.pull(object(), [], tmp_path / "a:b")
+
+
+def test_the_mirror_plan_says_what_the_bundle_does_not_carry_yet(site_data):
+    from installer.config import parse_site
+    from tests.conftest import plan_of
+
+    plan = plan_of(parse_site(site_data), os_tags=("ubuntu22.04",))
+    assert "mirror pull/push carry the images; the chart is not in the bundle yet: carry it as docs/airgap.md says" \
+        in plan.artifacts().notes
+    site_data["driver"] = {"mode": "host"}
+    plan = plan_of(parse_site(site_data), os_tags=("ubuntu22.04",))
+    assert any(n.startswith("mirror pull/push carry the images; the chart and the OS packages are not in the bundle")
+               for n in plan.artifacts().notes)
