@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from installer.errors import ConfigError
+from installer.errors import ClusterUnreachable, ConfigError
 from installer.validate.report import LAYERS, Check, Report
 
 if TYPE_CHECKING:
@@ -99,18 +99,27 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
     if not kube_layers:
         report.seconds = time.monotonic() - t0
         return report
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
     core = k.CoreV1Api(client)
-    objs = {n.metadata.name: n for n in kube._call("list the nodes", lambda: core.list_node().items)}
-    node_checks = cluster.node_checks(objs, nodes)
-    ns = plan.site.operator.namespace
-    secret = plan.pull_secret.name if plan.pull_secret else None
-    if "cluster" in layers:
-        if progress:
-            progress(f"cluster: {len(nodes)} GPU node(s)")
-        report.add(*node_checks)
-        report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
-    if "smoke" in layers:
-        report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))
+    try:
+        objs = {n.metadata.name: n for n in kube._call("list the nodes", lambda: core.list_node().items)}
+        node_checks = cluster.node_checks(objs, nodes)
+        ns = plan.site.operator.namespace
+        secret = plan.pull_secret.name if plan.pull_secret else None
+        if "cluster" in layers:
+            if progress:
+                progress(f"cluster: {len(nodes)} GPU node(s)")
+            report.add(*node_checks)
+            report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
+        if "smoke" in layers:
+            report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))
+    except ApiException as exc:  # refused (RBAC, admission) or gone: the API server's message, exit 7
+        raise kube._api_error("validate", exc) from None
+    except HTTPError as exc:  # the API server went away mid-run
+        raise ClusterUnreachable(f"validate: the Kubernetes API server stopped answering ({type(exc).__name__})",
+                                 hint="check the kubeconfig's server and that the cluster is up") from None
     report.seconds = time.monotonic() - t0
     return report
 

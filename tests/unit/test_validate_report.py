@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from kubernetes.client import (
@@ -167,3 +168,26 @@ def test_smoke_pod_body():
     assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["runtimeClassName"] == "nvidia"
     assert body["metadata"]["labels"][smoke.RUN_LABEL] == "abc"
     assert CLUSTER == "(cluster)"
+
+
+def test_an_api_refusal_is_a_cluster_error_naming_the_apiserver_message():
+    """A 403 (the kubeconfig's user may not list nodes) is exit 7 with the API server's message, not a traceback."""
+    from kubernetes.client import ApiClient
+    from kubernetes.client.exceptions import ApiException
+
+    from installer import validate
+    from installer.config import load_site
+    from installer.errors import ClusterError
+    from installer.plan import Options, resolve
+
+    root = Path(__file__).resolve().parents[2]
+    plan = resolve(load_site(root / "inventories/sample/site.yaml"),
+                   Options(inventory=str(root / "inventories/sample/hosts.yml")))
+
+    class Refusing(ApiClient):
+        def call_api(self, *a, **kw):
+            raise ApiException(status=403, reason="Forbidden")
+
+    with pytest.raises(ClusterError) as err:
+        validate.run(plan, None, ("cluster",), client=Refusing())
+    assert err.value.exit_code == 7 and "HTTP 403 Forbidden" in err.value.message
