@@ -68,8 +68,9 @@ def _ours(lab_dir: Path, lid: str, kube_netns: str, entry: str) -> bool:
             or any(k in entry for k in ("KUBE-", "CNI-", "10.244.", "cni0")))
 
 
-@pytest.fixture(scope="module")
-def rl(tmp_path_factory):
+def real_lab(tmp_path_factory, name: str, count: int, runtime: str = "containerd"):
+    """A module's lab of real-kubelet nodes (a generator for a module-scoped fixture): up, then down at the end.
+    Yields the dict the tests take: handle, work dir, the leak snapshot taken before up, lab id, kube netns."""
     lab_prerequisites()
     from gpu_install_lab import kube, net
     from gpu_install_lab.lab import Lab
@@ -79,23 +80,27 @@ def rl(tmp_path_factory):
         kube.ensure_binaries(progress=lambda m: print(m, flush=True))
     except GpuInstallError as exc:
         _skip_or_fail(f"kubernetes binaries (with the kubelet) cannot be built: {exc}")
-    lab_dir = tmp_path_factory.mktemp("reallab") / "lab"
+    lab_dir = tmp_path_factory.mktemp(f"{name}lab") / "lab"
     before = _snapshot(lab_dir)
     the_lab = Lab(lab_dir, progress=lambda m: print(m, flush=True))
     try:
         t0 = time.monotonic()
-        status = the_lab.up(count=2, flavours=["debian12"], kubernetes=True, kubelet="real")
+        status = the_lab.up(count=count, flavours=["debian12"], kubernetes=True, kubelet="real", runtime=runtime)
         took = time.monotonic() - t0
-        print(f"BENCHMARK lab up --kubernetes --kubelet real, 2 nodes: {took:.1f}s (target 90s after the first build)",
-              flush=True)
-        handle = LabHandle(the_lab, lab_dir, status)
-        work = tmp_path_factory.mktemp("realwork")
+        print(f"BENCHMARK lab up --kubernetes --kubelet real --runtime {runtime}, {count} node(s): {took:.1f}s "
+              "(target 90s for 2 nodes after the first build)", flush=True)
         from gpu_install_lab.kube.controlplane import ControlPlane
 
-        yield {"h": handle, "work": work, "before": before, "lid": net.lab_id(lab_dir),
-               "kube_netns": ControlPlane(lab_dir).netns, "up_seconds": took}
+        yield {"h": LabHandle(the_lab, lab_dir, status), "work": tmp_path_factory.mktemp(f"{name}work"),
+               "before": before, "lid": net.lab_id(lab_dir), "kube_netns": ControlPlane(lab_dir).netns,
+               "up_seconds": took}
     finally:
         the_lab.down()
+
+
+@pytest.fixture(scope="module")
+def rl(tmp_path_factory):
+    yield from real_lab(tmp_path_factory, "real", len(NODES))
 
 
 def kubectl(rl, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:

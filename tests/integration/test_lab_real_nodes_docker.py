@@ -17,16 +17,16 @@ import time
 
 import pytest
 
-from tests.integration.conftest import VENV_BIN, LabHandle, _skip_or_fail, lab_prerequisites
+from tests.integration.conftest import VENV_BIN
 from tests.integration.test_lab_real_nodes import (
     POD,
     _events,
     _gpu_pod,
     _pod_manifest,
-    _snapshot,
     _wait_phase,
     down_leaves_nothing,
     kubectl,
+    real_lab,
 )
 from tests.integration.test_runtime_roles import Applier, _ok, apply_inventory, root, write_site
 
@@ -36,31 +36,7 @@ NODES = ("node1",)
 
 @pytest.fixture(scope="module")
 def rl(tmp_path_factory):
-    lab_prerequisites()
-    from gpu_install_lab import kube, net
-    from gpu_install_lab.lab import Lab
-    from installer.errors import GpuInstallError
-
-    try:
-        kube.ensure_binaries(progress=lambda m: print(m, flush=True))
-    except GpuInstallError as exc:
-        _skip_or_fail(f"kubernetes binaries (with the kubelet) cannot be built: {exc}")
-    lab_dir = tmp_path_factory.mktemp("dockerlab") / "lab"
-    before = _snapshot(lab_dir)
-    the_lab = Lab(lab_dir, progress=lambda m: print(m, flush=True))
-    try:
-        t0 = time.monotonic()
-        status = the_lab.up(count=len(NODES), flavours=["debian12"], kubernetes=True, kubelet="real", runtime="docker")
-        took = time.monotonic() - t0
-        print(f"BENCHMARK lab up --kubernetes --kubelet real --runtime docker, {len(NODES)} node: {took:.1f}s",
-              flush=True)
-        from gpu_install_lab.kube.controlplane import ControlPlane
-
-        yield {"h": LabHandle(the_lab, lab_dir, status), "work": tmp_path_factory.mktemp("dockerwork"),
-               "before": before, "lid": net.lab_id(lab_dir), "kube_netns": ControlPlane(lab_dir).netns,
-               "up_seconds": took}
-    finally:
-        the_lab.down()
+    yield from real_lab(tmp_path_factory, "docker", len(NODES), runtime="docker")
 
 
 def test_node_ready_on_docker_through_dockershim(rl):
