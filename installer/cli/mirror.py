@@ -163,10 +163,11 @@ def cmd_push(args: argparse.Namespace) -> int:
     from installer.config import load_site
     from installer.kube import docker_config_json
     from installer.mirror import images
+    from installer.mirror.bundle import bundle_for_push
 
     site = load_site(args.site, args.set)
     bundle = Path(args.bundle)
-    images.bundle_for_push(bundle)  # checksum and completeness before any credential is read
+    bundle_for_push(bundle)  # checksum and completeness before any credential is read
     creds = docker_config_json(site.registry) if site.registry.pullSecret and (
         site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
     report = _Report(args.quiet, "pushing")

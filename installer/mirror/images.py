@@ -33,12 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from installer.errors import ConfigError, EnvironmentProblem, GpuInstallError, HostFailures
-from installer.util import atomic_write
+from installer.errors import ConfigError, EnvironmentProblem, HostFailures
+from installer.mirror.bundle import IMAGE, SCHEMA, bundle_for_push, catalog_record, load_for_update, write_lock
 
-SCHEMA = "gpu-install.bundle-lock/v1"
-LOCK = "bundle.lock.json"
-CHECKSUM = LOCK + ".sha256"
 LAYOUT = "images"
 DEFAULT_PLATFORM = "linux/amd64"
 ALL_PLATFORMS = "all"
@@ -315,62 +312,14 @@ class Layout:
             yield root
 
 
-# ---------------------------------------------------------------- the lock
-
-
-def lock_text(lock: Mapping[str, Any]) -> str:
-    return json.dumps(lock, indent=2, sort_keys=False) + "\n"
-
-
-def write_lock(bundle: Path, lock: Mapping[str, Any]) -> None:
-    """The lock and its checksum file (sha256sum format), each written atomically; checksum last."""
-    text = lock_text(lock)
-    atomic_write(bundle / LOCK, text)
-    atomic_write(bundle / CHECKSUM, f"{hashlib.sha256(text.encode()).hexdigest()}  {LOCK}\n")
-
-
-def read_lock(bundle: Path, *, verify: bool = True) -> dict[str, Any]:
-    """The bundle's lock; with verify its checksum must match (ConfigError, exit 2, naming the problem)."""
-    lock_path, sum_path = bundle / LOCK, bundle / CHECKSUM
-    hint = "pull the bundle again (gpu-install mirror pull) and carry the whole directory across"
-    try:
-        raw = lock_path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{lock_path}: cannot read the bundle lock ({exc.strerror})", hint=hint) from None
-    if verify:
-        try:
-            want = sum_path.read_text().split()[0].lower()
-        except (OSError, IndexError):
-            raise ConfigError(f"{sum_path}: the lock's checksum file is missing or empty", hint=hint) from None
-        got = hashlib.sha256(raw).hexdigest()
-        if got != want:
-            raise ConfigError(f"{lock_path}: checksum mismatch (sha256 {got}, {CHECKSUM} says {want}): the lock was "
-                              "changed after pull", hint=hint)
-    try:
-        lock = json.loads(raw)
-    except ValueError:
-        raise ConfigError(f"{lock_path}: not valid JSON", hint=hint) from None
-    if not isinstance(lock, dict) or lock.get("schema") != SCHEMA:
-        raise ConfigError(f"{lock_path}: not a {SCHEMA} lock", hint=hint)
-    return lock
-
-
-def catalog_record(plan: Any) -> dict[str, Any]:
-    """The catalog file the release was resolved from: name and sha256 (which pins every image of the release)."""
-    path = Path(plan.release.catalog_dir) / f"{plan.release.version}.yaml"
-    record: dict[str, Any] = {"release": plan.release.version, "file": path.name}
-    with contextlib.suppress(OSError):
-        record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return record
-
-
 # ---------------------------------------------------------------- pull
 
 
 def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFAULT_PLATFORM,
-         progress: Progress = lambda e: None) -> Outcome:
+         progress: Progress = lambda e: None, finish: bool = True) -> Outcome:
     """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json.
-    Raises TransferFailures (exit 4) naming every image that failed, after trying all of them."""
+    Raises TransferFailures (exit 4) naming every image that failed, after trying all of them. finish=False leaves
+    the bundle incomplete for the other kinds' pulls (the caller ends with bundle.finish)."""
     if ":" in str(bundle.resolve()):
         raise ConfigError(f"-o {bundle}: skopeo's oci: references cannot name a directory whose path has a ':'",
                           hint="choose another directory")
@@ -379,13 +328,18 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
     layout = Layout(bundle / LAYOUT)
     layout.path.mkdir(exist_ok=True)
     old: dict[str, Any] = {}
-    with contextlib.suppress(GpuInstallError):
-        prev = read_lock(bundle, verify=True)
-        if prev.get("platform") == platform:
-            old = {str(i["source"]): i for i in prev.get("images") or [] if isinstance(i, dict) and "source" in i}
+    prev = load_for_update(bundle)
+    if prev.get("platform") == platform:
+        old = {str(i["source"]): i for i in prev.get("images") or [] if isinstance(i, dict) and "source" in i}
+    # the other kinds' sections (charts, files, packages) stay for their own pull to complete; images start afresh
+    kept = {k: v for k, v in prev.items() if k not in ("schema", "complete", "release", "catalog", "registry",
+                                                         "platform", "layout", "images", "failed")} \
+        if prev.get("release") == plan.release.version and prev.get("registry") == site.registry.host else {}
     lock: dict[str, Any] = {
         "schema": SCHEMA, "complete": False, "release": plan.release.version, "catalog": catalog_record(plan),
-        "registry": site.registry.host, "platform": platform, "layout": LAYOUT, "images": [], "failed": []}
+        "registry": site.registry.host, "platform": platform, "layout": LAYOUT, "images": [],
+        "failed": [f for f in prev.get("failed") or [] if kept and isinstance(f, dict)
+                   and f.get("kind", IMAGE) != IMAGE], **kept}
     outcome = Outcome()
     total = len(images)
     upstream = dict(site.mirror.upstream)
@@ -447,7 +401,7 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
             outcome.copied.append(img.source)
             progress(Event("copied", n, total, img.source, f"{digest} {size}"))
             write_lock(bundle, lock)
-    lock["complete"] = not outcome.failed
+    lock["complete"] = finish and not lock["failed"]
     write_lock(bundle, lock)
     if outcome.failed:
         raise TransferFailures(
@@ -459,19 +413,6 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
 
 
 # ---------------------------------------------------------------- push
-
-
-def bundle_for_push(bundle: Path) -> dict[str, Any]:
-    """The verified lock of a complete bundle (exit 2 naming the problem otherwise)."""
-    lock = read_lock(bundle, verify=True)
-    if lock.get("complete") is not True:
-        failed = [str(f.get("source")) for f in lock.get("failed") or [] if isinstance(f, dict)]
-        raise ConfigError(f"{bundle}: the bundle is incomplete" + (f" (failed: {', '.join(failed)})" if failed else ""),
-                          hint="run gpu-install mirror pull again on the connected side until it exits 0")
-    images = lock.get("images")
-    if not isinstance(images, list):
-        raise ConfigError(f"{bundle / LOCK}: no image list")
-    return lock
 
 
 def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None) -> Outcome:

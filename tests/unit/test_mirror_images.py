@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from installer.errors import ConfigError
+from installer.mirror import bundle as b
 from installer.mirror import images as m
 
 
@@ -60,38 +61,38 @@ def _layout(tmp_path: Path) -> tuple[Path, str]:
     bundle = tmp_path / "bundle"
     write_layout(bundle / "images", "nvcr.io/nvidia/x:1", ["/bin/sh"], busybox=b"stand-in" * 10)
     digest = json.loads((bundle / "images" / "index.json").read_text())["manifests"][0]["digest"]
-    lock = {"schema": m.SCHEMA, "complete": True, "release": "v24.9.2", "registry": "r.lab:5000",
+    lock = {"schema": b.SCHEMA, "complete": True, "release": "v24.9.2", "registry": "r.lab:5000",
             "platform": "linux/amd64", "layout": "images", "failed": [],
             "images": [{"source": "nvcr.io/nvidia/x:1", "destination": "r.lab:5000/nvidia/x:1", "digest": digest,
                         "refName": "nvcr.io/nvidia/x:1", "component": "operator", "size": 1}]}
-    m.write_lock(bundle, lock)
+    b.write_lock(bundle, lock)
     return bundle, digest
 
 
 def test_the_lock_checksum_is_sha256sum_format_and_checked(tmp_path):
     bundle, _ = _layout(tmp_path)
-    line = (bundle / m.CHECKSUM).read_text()
-    assert line == f"{hashlib.sha256((bundle / m.LOCK).read_bytes()).hexdigest()}  {m.LOCK}\n"
-    assert m.bundle_for_push(bundle)["complete"] is True
-    text = (bundle / m.LOCK).read_text()
-    (bundle / m.LOCK).write_text(text.replace("r.lab:5000/nvidia", "evil.lab/nvidia"))
+    line = (bundle / b.CHECKSUM).read_text()
+    assert line == f"{hashlib.sha256((bundle / b.LOCK).read_bytes()).hexdigest()}  {b.LOCK}\n"
+    assert b.bundle_for_push(bundle)["complete"] is True
+    text = (bundle / b.LOCK).read_text()
+    (bundle / b.LOCK).write_text(text.replace("r.lab:5000/nvidia", "evil.lab/nvidia"))
     with pytest.raises(ConfigError, match="checksum mismatch"):
-        m.bundle_for_push(bundle)
-    (bundle / m.LOCK).write_text(text)
-    (bundle / m.CHECKSUM).unlink()
+        b.bundle_for_push(bundle)
+    (bundle / b.LOCK).write_text(text)
+    (bundle / b.CHECKSUM).unlink()
     with pytest.raises(ConfigError, match="checksum file is missing"):
-        m.bundle_for_push(bundle)
+        b.bundle_for_push(bundle)
 
 
 def test_an_incomplete_bundle_is_refused_naming_what_failed(tmp_path):
     bundle, _ = _layout(tmp_path)
-    lock = m.read_lock(bundle)
-    m.write_lock(bundle, {**lock, "complete": False, "failed": [{"source": "nvcr.io/nvidia/y:2", "error": "x"}]})
+    lock = b.read_lock(bundle)
+    b.write_lock(bundle, {**lock, "complete": False, "failed": [{"source": "nvcr.io/nvidia/y:2", "error": "x"}]})
     with pytest.raises(ConfigError, match=r"incomplete \(failed: nvcr.io/nvidia/y:2\)"):
-        m.bundle_for_push(bundle)
-    m.write_lock(bundle, {**lock, "schema": "something/v9"})
+        b.bundle_for_push(bundle)
+    b.write_lock(bundle, {**lock, "schema": "something/v9"})
     with pytest.raises(ConfigError, match="not a gpu-install.bundle-lock/v1 lock"):
-        m.bundle_for_push(bundle)
+        b.bundle_for_push(bundle)
 
 
 def test_layout_checks_find_a_missing_or_changed_blob(tmp_path):
