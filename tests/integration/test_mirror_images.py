@@ -13,59 +13,22 @@ import base64
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.integration.conftest import _skip_or_fail
+from tests.integration.registries import raw_digest as _raw_digest
+from tests.integration.registries import serve as _serve
 
 CANARY_USER = "mirror-canary-user"
 CANARY = "Canary-Pw-7f3e9c1d"  # the site registry's password: must never show up in output, lock or bundle
 LAYER = b"gpu-install STAND-IN layer content\n" * 64
 MISSING = "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v24.9.2"  # seeded late: the resume case
 V2S2 = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(root: Path, name: str, cert: Path, key: Path, htpasswd: Path | None = None) -> tuple[subprocess.Popen, str]:
-    port = _port()
-    config: dict = {"version": 0.1, "log": {"level": "error", "accesslog": {"disabled": True}},
-                    "storage": {"filesystem": {"rootdirectory": str(root / f"{name}-data")}},
-                    "http": {"addr": f"127.0.0.1:{port}", "secret": "test-" + name,
-                             "tls": {"certificate": str(cert), "key": str(key)}}}
-    if htpasswd:
-        config["auth"] = {"htpasswd": {"realm": "test", "path": str(htpasswd)}}
-    (root / f"{name}.yml").write_text(yaml.safe_dump(config))
-    log = open(root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(["docker-registry", "serve", str(root / f"{name}.yml")], stdout=log, stderr=log)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.terminate()
-                raise AssertionError(f"{name} registry did not start: {(root / f'{name}.log').read_text()}") from None
-            time.sleep(0.05)
-    return proc, f"127.0.0.1:{port}"
-
-
-def _raw_digest(ref: str, certs: Path, *extra: str) -> str:
-    out = subprocess.run(["skopeo", "inspect", "--raw", "--cert-dir", str(certs), *extra, f"docker://{ref}"],
-                         capture_output=True, timeout=60)
-    assert out.returncode == 0, out.stderr.decode()
-    return "sha256:" + hashlib.sha256(out.stdout).hexdigest()
 
 
 @pytest.fixture(scope="module")
