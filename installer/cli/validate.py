@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
-from installer.cli.common import (
-    command,
-    inventory_arg,
-    kubeconfig_arg,
-    quiet_arg,
-    resolve_plan,
-    say,
-    seconds,
-    site_args,
-)
+from installer.cli.common import command, kubeconfig_arg, quiet_arg, resolve_plan, say, seconds
+
+if TYPE_CHECKING:
+    from installer.validate.report import Report
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -24,12 +19,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from installer import validate
+    from installer.errors import ConfigError
     from installer.util import atomic_write
 
-    layers = validate.parse_only(args.only)
-    plan = resolve_plan(args, need_inventory=True)
-    report = validate.run(plan, args.kubeconfig, layers, keep_failed=args.keep_failed, timeout=args.timeout,
-                          node_timeout=args.ssh_timeout, progress=say(args))
+    layers = validate.parse_only(args.only, local=args.local)
+    if args.local:
+        report = _local(args, layers)
+    else:
+        if not args.site or not args.inventory:
+            raise ConfigError("validate needs the site file (-s) and the inventory (-i) of the nodes to check",
+                              hint="give -s site.yaml -i inventory, or --local to check this machine")
+        plan = resolve_plan(args, need_inventory=True)
+        report = validate.run(plan, args.kubeconfig, layers, keep_failed=args.keep_failed, timeout=args.timeout,
+                              node_timeout=args.ssh_timeout, progress=say(args))
     report.render(Console(file=sys.stdout, soft_wrap=True))
     if args.json:
         atomic_write(args.json, json.dumps(report.to_json(), indent=2) + "\n")
@@ -38,16 +40,54 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+def _local(args: argparse.Namespace, layers: tuple[str, ...]) -> Report:
+    """validate --local: this machine, NVML in-process; the site file (optional) gives the driver pin and runtime."""
+    import socket
+    import time
+
+    from installer import validate
+    from installer.errors import ConfigError
+    from installer.validate import local
+    from installer.validate.node import Expectations
+    from installer.validate.report import Report
+
+    if args.inventory:
+        raise ConfigError("--local checks this machine: leave out -i", hint="or leave out --local to check the nodes")
+    plan = resolve_plan(args) if args.site else None
+    if plan is None and "runtime" in layers and args.only:
+        raise ConfigError("--local --only runtime needs the site file (-s): its `runtime` says which one to check")
+    host = socket.gethostname()
+    expect = validate.expectations(plan, host) if plan else Expectations()
+    rt = validate.runtime_expectations(plan, {}) if plan else None
+    if plan is None:
+        layers = tuple(layer for layer in layers if layer != "runtime")
+    report = Report(plan.release.version if plan else "no site file", layers)
+    t0 = time.monotonic()
+    report.add(*local.run(expect, rt, layers, timeout=args.ssh_timeout))
+    report.seconds = time.monotonic() - t0
+    return report
+
+
 def register(sub: Any) -> None:
-    from installer.validate import AVAILABLE
+    from installer.cli.common import ENV_INVENTORY, ENV_SITE
+    from installer.validate import AVAILABLE, LOCAL
 
     q = command(sub, "validate", "check the GPU nodes and the cluster after an install: a report per node x layer "
                                  "(exit 0 all passed, 6 a check failed, 5 a node unreachable)")
-    site_args(q)
-    inventory_arg(q, required=True)
+    q.add_argument("-s", "--site", default=os.environ.get(ENV_SITE),
+                   help=f"site file (site.yaml); env {ENV_SITE}; required unless --local")
+    q.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a site field, e.g. --set driver.version=550.144.03 (repeatable; value is YAML)")
+    q.add_argument("-i", "--inventory", default=os.environ.get(ENV_INVENTORY),
+                   help=f"Ansible inventory of the GPU nodes (file or directory); env {ENV_INVENTORY}; required unless "
+                        "--local")
     kubeconfig_arg(q)
+    q.add_argument("--local", action="store_true",
+                   help="check THIS machine instead (node layer through NVML in-process, and the runtime layer with "
+                        "-s); no inventory, no cluster")
     q.add_argument("--only", metavar="LAYERS",
-                   help=f"comma-separated layers to run (default and available: {','.join(AVAILABLE)})")
+                   help=f"comma-separated layers to run (default and available: {','.join(AVAILABLE)}; --local: "
+                        f"{','.join(LOCAL)})")
     q.add_argument("--json", metavar="FILE", help="also write the report as JSON (schema gpu-install.validate/v1)")
     q.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML (one testcase per node x check)")
     q.add_argument("--keep-failed", action="store_true", help="keep the smoke pods that failed, for kubectl describe/logs")

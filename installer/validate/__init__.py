@@ -1,7 +1,8 @@
 """`gpu-install validate`: the post-install verdict, layer by layer, as a report (installer/validate/report.py).
 
 Layers in this version: node (installer/validate/probe.py: SSH with paramiko; nvsmi.py parses `nvidia-smi -q -x`,
-node.py turns the facts and the site's expectations into findings), cluster (cluster.py) and smoke (smoke.py). Each GPU
+node.py turns the facts and the site's expectations into findings), runtime (the same SSH session; runtime.py),
+cluster (cluster.py) and smoke (smoke.py). Each GPU
 node of the plan (inventory group gpu_nodes, Kubernetes name gpu_install_node_name or the host name) gets its
 checks; checks about the cluster as a whole have the node '(cluster)'. See docs/validate.md.
 """
@@ -18,13 +19,15 @@ from installer.validate.report import LAYERS, Check, Report
 if TYPE_CHECKING:
     from installer.plan import Plan
 
-AVAILABLE = ("node", "cluster", "smoke")  # the layers this version runs (runtime and mig: see docs/validate.md)
+AVAILABLE = ("node", "runtime", "cluster", "smoke")  # the layers this version runs (mig: see docs/validate.md)
+LOCAL = ("node", "runtime")  # validate --local: this machine
 
 
-def parse_only(text: str | None) -> tuple[str, ...]:
-    """--only node,cluster -> the layers in report order; None/empty: every available layer."""
+def parse_only(text: str | None, local: bool = False) -> tuple[str, ...]:
+    """--only node,cluster -> the layers in report order; None/empty: every available layer (--local: LOCAL)."""
+    available = LOCAL if local else AVAILABLE
     if not text:
-        return AVAILABLE
+        return available
     asked = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in asked if p not in LAYERS]
     if unknown:
@@ -33,6 +36,10 @@ def parse_only(text: str | None) -> tuple[str, ...]:
     if missing:
         raise ConfigError(f"--only {text}: the {', '.join(missing)} layer(s) are not in this version",
                           hint=f"available: {', '.join(AVAILABLE)}")
+    remote = [p for p in asked if p not in available]
+    if remote:
+        raise ConfigError(f"--only {text}: --local checks this machine: the {', '.join(remote)} layer(s) need the "
+                          "cluster", hint=f"with --local: {', '.join(LOCAL)}; leave out --local for the others")
     return tuple(layer for layer in LAYERS if layer in asked)
 
 
@@ -67,6 +74,21 @@ def expectations(plan: Plan, node: str) -> Any:
     return Expectations(driver_version=pin, mig_config=mig)
 
 
+def runtime_expectations(plan: Plan, host_vars: dict[str, Any]) -> Any:
+    """What the runtime layer expects on a node: the site's runtime with the nvidia runtime (the inventory may rename
+    it: containerd_runtime_name), the default runtime when gpu-install's role set it (toolkit.mode host, CDI off), and
+    CDI specs when CDI is on."""
+    from installer.validate.runtime import RuntimeExpect
+
+    site = plan.site
+    host_toolkit = site.toolkit.mode == "host"
+    cdi = plan.effective("cdi.enabled") is True if site.cdi.enabled is None else site.cdi.enabled
+    name = str(host_vars.get("containerd_runtime_name") or "nvidia") if site.runtime == "containerd" else "nvidia"
+    return RuntimeExpect(runtime=site.runtime, name=name, default=(True if host_toolkit and not cdi else None),
+                         cdi=bool(cdi), by="gpu-install apply" if host_toolkit else
+                         "the GPU Operator's toolkit daemonset (toolkit.mode operator)")
+
+
 def node_targets(plan: Plan) -> list[Any]:
     from installer.plan import gpu_host_vars
     from installer.validate.probe import Target
@@ -91,11 +113,13 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
     kube_layers = bool({"cluster", "smoke"} & set(layers))
     if kube_layers and client is None:  # a bad kubeconfig is exit 2 before any node is contacted
         client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
-    if "node" in layers:
+    ssh_layers = tuple(layer for layer in ("node", "runtime") if layer in layers)
+    if ssh_layers:
         targets = node_targets(plan)
         if progress:
-            progress(f"node: {len(targets)} GPU node(s) over SSH")
-        report.add(*probe.run(targets, lambda t: expectations(plan, t.node), node_timeout, progress))
+            progress(f"{'+'.join(ssh_layers)}: {len(targets)} GPU node(s) over SSH")
+        report.add(*probe.run(targets, lambda t: expectations(plan, t.node), node_timeout, progress, layers=ssh_layers,
+                              runtime_expect=lambda t: runtime_expectations(plan, dict(t.vars))))
     if not kube_layers:
         report.seconds = time.monotonic() - t0
         return report
@@ -156,4 +180,4 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
     return out
 
 
-__all__ = ["AVAILABLE", "Check", "Report", "parse_only", "run"]
+__all__ = ["AVAILABLE", "LOCAL", "Check", "Report", "parse_only", "run"]

@@ -120,8 +120,9 @@ def driver_not_loaded(host: str, result: DriverNotLoaded, *, pci_gpus: int | Non
                "the running kernel's headers must be installed for DKMS to rebuild the module")
     gpus = f" ({pci_gpus} NVIDIA GPU(s) on PCI)" if pci_gpus else ""
     first = result.message.splitlines()[0] if result.message else "no output"
+    how = first if first.startswith("NVML") else f"nvidia-smi exited {result.exit_code}: {first}"
     return Finding("node.driver.not-loaded", "error", host,
-                   f"{host}: the NVIDIA driver is not loaded{gpus}: nvidia-smi exited {result.exit_code}: {first}",
+                   f"{host}: the NVIDIA driver is not loaded{gpus}: {how}",
                    "; ".join(causes) + ("; otherwise " if causes else "") + generic)
 
 

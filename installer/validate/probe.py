@@ -17,11 +17,11 @@ import shlex
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from installer.validate.report import Check
+from installer.validate.report import Check, Status
 
 LAYER = "node"
 MARK = "__gpu_install_probe__"
@@ -49,6 +49,27 @@ echo "$M secureboot"
 mokutil --sb-state 2>/dev/null || true
 echo "$M reboot"
 [ -e /var/run/reboot-required ] && echo required || true
+""" + r"""
+bins=nvidia-container-runtime
+asroot() { if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n "$@" 2>&1; else "$@" 2>&1; fi; }
+echo "$M containerd"
+if command -v containerd >/dev/null 2>&1; then
+  out=$(asroot containerd config dump); s=$?; printf '%s\n' "$out"; echo "$M status containerd $s"
+  bins="$bins $(printf '%s\n' "$out" | sed -n 's/^ *BinaryName *= *"\([^"]*\)".*/\1/p' | tr '\n' ' ')"
+else echo "$M status containerd 127"; fi
+echo "$M docker"
+if command -v docker >/dev/null 2>&1; then
+  out=$(asroot docker info --format '{{json .}}'); s=$?; printf '%s\n' "$out"; echo "$M status docker $s"
+  bins="$bins $(printf '%s\n' "$out" | grep -o '"path":"[^"]*"' | sed 's/"path":"\(.*\)"/\1/' | tr '\n' ' ')"
+else echo "$M status docker 127"; fi
+echo "$M binaries"
+for b in $bins; do p=$(command -v "$b" 2>/dev/null) && echo "ok $b $p" || echo "missing $b"; done
+echo "$M cdi"
+for d in /etc/cdi /var/run/cdi; do
+  for f in "$d"/*.yaml "$d"/*.yml "$d"/*.json; do
+    [ -f "$f" ] && echo "$f $(grep -o -m1 'nvidia.com/gpu' "$f" 2>/dev/null)"
+  done
+done
 echo "$M end"
 """
 
@@ -64,6 +85,7 @@ class Target:
 class Probe:
     sections: dict[str, str]
     nvidia_smi_rc: int
+    statuses: dict[str, int] = field(default_factory=dict)  # `$M status NAME N` lines: exit statuses by name
 
 
 def ssh_options(common_args: str | None) -> dict[str, str]:
@@ -160,11 +182,15 @@ def parse_probe(text: str) -> Probe:
     sections: dict[str, list[str]] = {}
     current = None
     rc = None
+    statuses: dict[str, int] = {}
     for line in text.splitlines():
         if line.startswith(MARK + " "):
             word = line[len(MARK) + 1:].split()
             if word and word[0] == "rc" and len(word) > 1:
                 rc = int(word[1])
+                continue
+            if word and word[0] == "status" and len(word) > 2:
+                statuses[word[1]] = int(word[2])
                 continue
             current = word[0] if word else None
             if current:
@@ -174,38 +200,45 @@ def parse_probe(text: str) -> Probe:
             sections[current].append(line)
     if "end" not in sections or rc is None:
         raise ValueError("the probe's output is incomplete (the session ended early)")
-    return Probe({k: "\n".join(v) for k, v in sections.items()}, rc)
+    return Probe({k: "\n".join(v) for k, v in sections.items()}, rc, statuses)
 
 
-def checks_for(t: Target, probe: Probe, expect: Any, seconds: float) -> list[Check]:
-    """The node's Checks: one per node check id (pass when it found nothing), one per finding."""
+def checks_for(t: Target, probe: Probe, expect: Any, seconds: float, *, result: Any = None,
+               via: str = "nvidia-smi") -> list[Check]:
+    """The node's Checks: one per node check id (pass when it found nothing), one per finding. result: the GPU facts
+    when they were read another way (validate --local: NVML; an NvidiaSmi, DriverNotLoaded or NvidiaSmiError), else
+    the probe's `nvidia-smi -q -x` is parsed."""
     from installer.validate import node as nodecheck
     from installer.validate.nvsmi import DriverNotLoaded, NvidiaSmiError, parse_output
 
     def check(check_id: str, status: Any, message: str, fix: str = "", gpu: str | None = None) -> Check:
         return Check(LAYER, check_id, t.node, status, message, fix, gpu, seconds)
 
-    if probe.nvidia_smi_rc == 127:
+    if result is None and probe.nvidia_smi_rc == 127:
         return [check("node.nvidia-smi", "fail", f"{t.host}: nvidia-smi not found (not on the PATH, no "
                       "/run/nvidia/driver from the operator's driver container)",
                       "install the driver (driver.mode host/runfile: gpu-install apply) or, in operator driver mode, "
                       "check the nvidia-driver-daemonset pod on this node")]
     pci = nodecheck.nvidia_pci_devices(probe.sections.get("lspci", ""))
     modules = probe.sections.get("modules", "").split()
-    try:
-        result = parse_output(probe.sections.get("nvidia-smi", ""), probe.nvidia_smi_rc)
-    except NvidiaSmiError as exc:
-        return [check("node.nvidia-smi", "fail", f"{t.host}: {exc.message}", exc.hint or "")]
+    if result is None:
+        try:
+            result = parse_output(probe.sections.get("nvidia-smi", ""), probe.nvidia_smi_rc)
+        except NvidiaSmiError as exc:
+            result = exc
+    if isinstance(result, NvidiaSmiError):
+        return [check("node.nvidia-smi", "fail", f"{t.host}: {result.message}", result.hint or "")]
     findings = nodecheck.check_node(
         t.host, result, expect, pci_devices=pci if probe.sections.get("lspci", "").strip() else None,
         nouveau_loaded="nouveau" in modules, secure_boot="SecureBoot enabled" in probe.sections.get("secureboot", ""),
         reboot_required="required" in probe.sections.get("reboot", ""))
     out: list[Check] = []
     if isinstance(result, DriverNotLoaded):
-        out.append(check("node.nvidia-smi", "fail", f"{t.host}: nvidia-smi ran, the driver is not loaded"))
+        out.append(check("node.nvidia-smi", "fail", f"{t.host}: {via} ran, the driver is not loaded"))
     else:
         out.append(check("node.nvidia-smi", "pass", f"{len(result.gpus)} GPU(s), driver {result.driver_version}, "
-                                                    f"CUDA {result.cuda_version}"))
+                                                    f"CUDA {result.cuda_version}" + (f" ({via})" if via != "nvidia-smi"
+                                                                                      else "")))
         found = {f.check for f in findings}
         out += [check(c, "pass", "ok") for c in nodecheck.CHECKS if c not in found and c != "node.driver.not-loaded"]
     status = {"error": "fail", "warning": "warn", "info": "pass"}
@@ -215,34 +248,65 @@ def checks_for(t: Target, probe: Probe, expect: Any, seconds: float) -> list[Che
     return out
 
 
+def runtime_checks_for(t: Target, probe: Probe, expect: Any, seconds: float) -> list[Check]:
+    """The runtime layer's Checks for one node (installer/validate/runtime.py): one per check id."""
+    from installer.validate import runtime
+
+    findings = runtime.check_runtime(t.host, probe.sections, probe.statuses, expect)
+    found = {f.check for f in findings}
+    status: dict[str, Status] = {"error": "fail", "warning": "warn", "info": "pass"}
+    skipped = {"runtime.nvidia", "runtime.binary", "runtime.default", "runtime.cdi"} if "runtime.present" in found \
+        else {"runtime.binary"} if "runtime.nvidia" in found else set()
+    out = [Check("runtime", c, t.node, "pass", _passed(c, expect), seconds=seconds) for c in runtime.CHECKS
+           if c not in found and c not in skipped and (c != "runtime.default" or expect.default)
+           and (c != "runtime.cdi" or expect.cdi)]
+    out += [Check("runtime", f.check, t.node, status[f.severity], f.message, f.fix, seconds=seconds) for f in findings]
+    return out
+
+
+def _passed(check: str, expect: Any) -> str:
+    return {"runtime.present": f"{expect.runtime} answers",
+            "runtime.nvidia": f"runtime {expect.name} configured",
+            "runtime.binary": "its binary is on the node",
+            "runtime.default": f"{expect.name} is the default runtime",
+            "runtime.cdi": "a CDI spec declares nvidia.com/gpu"}.get(check, "ok")
+
+
 def run(targets: list[Target], expectations: Callable[[Target], Any], timeout: float = 60.0,
-        progress: Callable[[str], None] | None = None) -> list[Check]:
-    """Probe every target at once; an unreachable one is a Check with status 'unreachable' (exit 5)."""
+        progress: Callable[[str], None] | None = None, *, layers: tuple[str, ...] = ("node",),
+        runtime_expect: Callable[[Target], Any] | None = None) -> list[Check]:
+    """Probe every target at once (one SSH session each, for the node and the runtime layer); an unreachable one is
+    a Check with status 'unreachable' (exit 5)."""
     import paramiko
+
+    layer = "node" if "node" in layers else "runtime"
 
     def one(t: Target) -> list[Check]:
         t0 = time.monotonic()
         try:
             probe = run_probe(t, timeout)
         except paramiko.BadHostKeyException as exc:
-            return [Check(LAYER, "node.reachable", t.node, "unreachable",
+            return [Check(layer, "node.reachable", t.node, "unreachable",
                           f"{t.host}: host key mismatch for {exc.hostname}",
                           "the node was reinstalled? check its key and update known_hosts", seconds=time.monotonic() - t0)]
         except paramiko.SSHException as exc:
             hint = ("the host key is not known: add it to known_hosts (ssh-keyscan) or the inventory's "
                     "UserKnownHostsFile" if "not found in known_hosts" in str(exc) else
                     "check ansible_user / ansible_ssh_private_key_file / ansible_password in the inventory")
-            return [Check(LAYER, "node.reachable", t.node, "unreachable", f"{t.host}: SSH: {exc}", hint,
+            return [Check(layer, "node.reachable", t.node, "unreachable", f"{t.host}: SSH: {exc}", hint,
                           seconds=time.monotonic() - t0)]
         except (OSError, ValueError) as exc:  # TimeoutError, refused, no route, DNS, a bad port
-            return [Check(LAYER, "node.reachable", t.node, "unreachable",
+            return [Check(layer, "node.reachable", t.node, "unreachable",
                           f"{t.host} ({t.vars.get('ansible_host') or t.host}): {type(exc).__name__}: {exc}",
                           "is the node up and its sshd reachable from here (ansible_host, ansible_port, jump host)?",
                           seconds=time.monotonic() - t0)]
         seconds = time.monotonic() - t0
-        out = [Check(LAYER, "node.reachable", t.node, "pass", f"SSH to {t.vars.get('ansible_host') or t.host}",
+        out = [Check(layer, "node.reachable", t.node, "pass", f"SSH to {t.vars.get('ansible_host') or t.host}",
                      seconds=seconds)]
-        out += checks_for(t, probe, expectations(t), seconds)
+        if "node" in layers:
+            out += checks_for(t, probe, expectations(t), seconds)
+        if "runtime" in layers and runtime_expect is not None:
+            out += runtime_checks_for(t, probe, runtime_expect(t), seconds)
         if progress:
             bad = sum(c.status in ("fail", "unreachable") for c in out)
             progress(f"node: {t.node}: {'ok' if not bad else f'{bad} failed check(s)'} ({seconds:.1f}s)")

@@ -424,7 +424,9 @@ def test_validate_passes_on_the_real_nodes(rl):
 
     kubectl(rl, "create", "namespace", "gpu-operator")
     # the STAND-IN GPUs report driver 535.54.03; the site's release (v24.9.2) pins 550.144.03 for the driver image
-    proc, report = _validate(rl, "--set", "driver.version=535.54.03")
+    # the runtime layer is left out: with toolkit.mode operator the operator's toolkit configures the nvidia runtime,
+    # and the operator is not on the lab (test_validate_runtime_layer_without_the_operators_toolkit_is_exit_6)
+    proc, report = _validate(rl, "--set", "driver.version=535.54.03", "--only", "node,cluster,smoke")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report["schema"] == "gpu-install.validate/v1" and report["exitCode"] == 0
     assert report["layers"] == ["node", "cluster", "smoke"]
@@ -510,6 +512,24 @@ def test_validate_unhealthy_gpu_is_exit_6_on_that_node_only(rl):
     finally:
         root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}", input=old)
         _wait_alloc(rl, "node2", {"nvidia.com/gpu": "1"})
+
+
+def test_validate_runtime_layer_without_the_operators_toolkit_is_exit_6(rl):
+    """A node without the nvidia runtime, for real: the site's toolkit.mode is operator, so no gpu-install role
+    configured containerd and the operator's toolkit daemonset (which would) is not installed on the lab. The runtime
+    layer reads containerd's effective config (`containerd config dump` on the node): exit 6 on both nodes, the
+    runtimes named and the operator's toolkit as the fix; the default runtime is not judged (the operator's to set)."""
+    proc, report = _validate(rl, "--only", "runtime")
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert report["layers"] == ["runtime"]
+    nvidia = _by(report, "runtime.nvidia")
+    for node in NODES:
+        assert nvidia[node]["status"] == "fail", nvidia
+        assert nvidia[node]["message"] == f"{node}: containerd has no runtime named 'nvidia' (runtimes: runc)", nvidia
+        assert "toolkit daemonset (toolkit.mode operator)" in nvidia[node]["fix"], nvidia
+    assert _by(report, "runtime.present")["node1"]["message"] == "containerd answers"
+    assert not _by(report, "runtime.default") and not _by(report, "runtime.binary")
+    assert not any(c["layer"] in ("node", "cluster", "smoke") for c in report["checks"])
 
 
 def _free_slash30() -> tuple[str, str]:

@@ -164,5 +164,43 @@ def test_gpu_pod_on_docker_sees_exactly_its_gpu(rl):
     assert f"{RESULT_PREFIX} PASSED: 1 GPU(s) visible" in log, log
 
 
+def test_validate_runtime_layer_reads_dockers_own_view(rl):
+    """`validate --only runtime` on the docker node after apply: `docker info` (the running daemon, not daemon.json)
+    has the nvidia runtime as default and its binary is on the node. dockerd stopped (socket too, so `docker info`
+    cannot start it): runtime.present fails with the docker client's own message, exit 6; started again, the node is
+    Ready again."""
+    h, work = rl["h"], rl["work"]
+    site = work / "site-docker.yaml"
+
+    def validate(*extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+        out = work / "validate-runtime.json"
+        out.unlink(missing_ok=True)
+        proc = subprocess.run([str(VENV_BIN / "gpu-install"), "validate", "-s", str(site), "-i",
+                               str(work / "inventory"), "--only", "runtime", "--json", str(out), *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc, json.loads(out.read_text()) if out.exists() else {}
+
+    proc, report = validate()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    by = {c["check"]: c for c in report["checks"]}
+    assert by["runtime.present"]["message"] == "docker answers" and by["runtime.default"]["status"] == "pass", by
+    assert {c["status"] for c in report["checks"]} == {"pass"}, report
+    # dockerd stopped: the daemon's own error, exit 6
+    root(h, "node1", "systemctl stop docker.socket docker")
+    try:
+        proc, report = validate()
+        assert proc.returncode == 6, proc.stdout + proc.stderr
+        present = {c["check"]: c for c in report["checks"]}["runtime.present"]
+        assert present["status"] == "fail" and "Cannot connect to the Docker daemon" in present["message"], present
+    finally:
+        root(h, "node1", "systemctl start docker")
+        deadline = time.monotonic() + 90
+        while kubectl(rl, "get", "node", "node1", "-o",
+                      "jsonpath={.status.conditions[?(@.type=='Ready')].status}").stdout != "True":
+            assert time.monotonic() < deadline
+            time.sleep(1)
+
+
 def test_zz_down_leaves_nothing(rl):
     down_leaves_nothing(rl)
