@@ -2,7 +2,7 @@
 
 Layers in this version: node (installer/validate/probe.py: SSH with paramiko; nvsmi.py parses `nvidia-smi -q -x`,
 node.py turns the facts and the site's expectations into findings), runtime (the same SSH session; runtime.py),
-cluster (cluster.py) and smoke (smoke.py). Each GPU
+cluster (cluster.py), smoke (smoke.py) and mig (mig.py, on the Node objects the cluster layer lists). Each GPU
 node of the plan (inventory group gpu_nodes, Kubernetes name gpu_install_node_name or the host name) gets its
 checks; checks about the cluster as a whole have the node '(cluster)'. See docs/validate.md.
 """
@@ -19,7 +19,7 @@ from installer.validate.report import LAYERS, Check, Report
 if TYPE_CHECKING:
     from installer.plan import Plan
 
-AVAILABLE = ("node", "runtime", "cluster", "smoke")  # the layers this version runs (mig: see docs/validate.md)
+AVAILABLE = ("node", "runtime", "cluster", "smoke", "mig")  # the layers this version runs
 LOCAL = ("node", "runtime")  # validate --local: this machine
 
 
@@ -110,7 +110,7 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
     nodes = [n.node_name for n in plan.nodes]
     if not nodes:
         raise ConfigError("no GPU nodes to validate", hint="pass -i with an inventory whose group gpu_nodes has hosts")
-    kube_layers = bool({"cluster", "smoke"} & set(layers))
+    kube_layers = bool({"cluster", "smoke", "mig"} & set(layers))
     if kube_layers and client is None:  # a bad kubeconfig is exit 2 before any node is contacted
         client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
     ssh_layers = tuple(layer for layer in ("node", "runtime") if layer in layers)
@@ -139,6 +139,12 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
             report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
         if "smoke" in layers:
             report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))
+        if "mig" in layers:
+            from installer.validate import mig
+
+            if progress:
+                progress(f"mig: {len(plan.mig)} node(s) with a MIG layout")
+            report.add(*mig.checks([(a.node, a.config) for a in plan.mig], plan.site.mig.strategy, objs))
     except ApiException as exc:  # refused (RBAC, admission) or gone: the API server's message, exit 7
         raise kube._api_error("validate", exc) from None
     except HTTPError as exc:  # the API server went away mid-run

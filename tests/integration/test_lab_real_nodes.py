@@ -532,6 +532,59 @@ def test_validate_runtime_layer_without_the_operators_toolkit_is_exit_6(rl):
     assert not any(c["layer"] in ("node", "cluster", "smoke") for c in report["checks"])
 
 
+def test_validate_mig_layer_after_mig_label_and_its_failure(rl):
+    """The MIG layer on node2 with a MIG layout: its lab GPU (A100-SXM4-80GB) carved as all-1g.10gb does (7 x
+    1g.10gb), the inventory giving node2 `gpu_install_mig_config: all-1g.10gb`, `gpu-install mig label` setting
+    nvidia.com/mig.config. The labels mig-manager and GFD would add are set by the test (STAND-INs for them: the
+    operator is not on the lab): mig.config.state, gpu.count, gpu.product. Then `validate --only mig,smoke` (mixed
+    strategy) passes with the exact count and node2's smoke pod runs on a MIG device; mig-manager reporting failed
+    is exit 6 naming its log."""
+    import yaml as _yaml
+
+    from gpu_install_lab import gpus
+
+    h, work = rl["h"], rl["work"]
+    inv = work / "inventory-mig"
+    inv.mkdir(exist_ok=True)
+    for f in (work / "inventory").iterdir():
+        (inv / f.name).write_text(f.read_text())
+    (inv / "zz-mig.yml").write_text(_yaml.safe_dump(
+        {"all": {"children": {"gpu_nodes": {"hosts": {"node2": {"gpu_install_mig_config": "all-1g.10gb"}}}}}}))
+    old = root(h, "node2", f"cat {gpus.CONFIG_PATH}").stdout
+    cfg = gpus.node_config(rl["lid"], "node2", 1, mig={"1g.10gb": 7})
+    root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}",
+         input=_yaml.safe_dump(cfg))
+    standin = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    try:
+        _wait_alloc(rl, "node2", {"nvidia.com/mig-1g.10gb": "7", "nvidia.com/gpu": "0"})
+        kubectl(rl, "label", "--overwrite", "node", "node2", *[f"{k}={v}" for k, v in standin.items()])
+        kube = ["--kubeconfig", str(h.dir / "kube" / "kubeconfig")]
+        label = subprocess.run([str(VENV_BIN / "gpu-install"), "mig", "label", "-s", str(work / "site-containerd.yaml"),
+                                "-i", str(inv), *kube], capture_output=True, text=True, timeout=120)
+        assert label.returncode == 0, label.stdout + label.stderr
+        kubectl(rl, "label", "--overwrite", "node", "node2", "nvidia.com/mig.config.state=success")
+        kubectl(rl, "create", "namespace", "gpu-operator", check=False)
+        proc, report = _validate(rl, "--only", "mig,smoke", "--set", "mig.strategy=mixed", inventory=inv)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        mig = {(c["node"], c["check"]): c for c in report["checks"] if c["layer"] == "mig"}
+        assert sorted(mig) == [("node2", "mig.allocatable"), ("node2", "mig.config-label"),
+                               ("node2", "mig.config-state")], mig
+        assert all(c["status"] == "pass" for c in mig.values()), mig
+        assert mig[("node2", "mig.allocatable")]["message"] == "7 x nvidia.com/mig-1g.10gb (1 GPU(s) x 7)"
+        smoke = _by(report, "smoke.gpu-pod")
+        assert smoke["node2"]["status"] == "pass" and "nvidia.com/mig-1g.10gb" in smoke["node2"]["message"], smoke
+        kubectl(rl, "label", "--overwrite", "node", "node2", "nvidia.com/mig.config.state=failed")
+        proc, report = _validate(rl, "--only", "mig", "--set", "mig.strategy=mixed", inventory=inv)
+        assert proc.returncode == 6, proc.stdout + proc.stderr
+        state = _by(report, "mig.config-state")["node2"]
+        assert state["status"] == "fail" and "nvidia-mig-manager pod's log" in state["fix"], state
+    finally:
+        kubectl(rl, "label", "node", "node2", "nvidia.com/mig.config-", "nvidia.com/mig.config.state-",
+                *[f"{k}-" for k in standin], check=False)
+        root(h, "node2", f"cat > {gpus.CONFIG_PATH}.tmp && mv {gpus.CONFIG_PATH}.tmp {gpus.CONFIG_PATH}", input=old)
+        _wait_alloc(rl, "node2", {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "0"})
+
+
 def _free_slash30() -> tuple[str, str]:
     """(host side, listener) of a /30 in 198.18.0.0/15 (RFC 2544 benchmarking) that nothing here uses."""
     import ipaddress

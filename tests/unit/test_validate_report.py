@@ -72,12 +72,12 @@ def test_table_lists_each_finding_with_its_fix():
 
 
 def test_only_parses_and_refuses():
-    assert parse_only(None) == ("node", "runtime", "cluster", "smoke")
-    assert parse_only("smoke,cluster,runtime") == ("runtime", "cluster", "smoke")
+    assert parse_only(None) == ("node", "runtime", "cluster", "smoke", "mig")
+    assert parse_only("mig,smoke,cluster,runtime") == ("runtime", "cluster", "smoke", "mig")
     with pytest.raises(ConfigError, match="unknown layer"):
         parse_only("cluster,gpus")
-    with pytest.raises(ConfigError, match="not in this version"):
-        parse_only("node,mig")
+    with pytest.raises(ConfigError, match="need the cluster"):
+        parse_only("node,mig", local=True)
 
 
 def _node(name, ready="True", alloc=None, cap=None, cordoned=False):
