@@ -114,12 +114,13 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
     if kube_layers and client is None:  # a bad kubeconfig is exit 2 before any node is contacted
         client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
     ssh_layers = tuple(layer for layer in ("node", "runtime") if layer in layers)
+    facts: dict[str, Any] = {}  # node -> NvidiaSmi from the node layer, for the cluster layer's counts
     if ssh_layers:
         targets = node_targets(plan)
         if progress:
             progress(f"{'+'.join(ssh_layers)}: {len(targets)} GPU node(s) over SSH")
         report.add(*probe.run(targets, lambda t: expectations(plan, t.node), node_timeout, progress, layers=ssh_layers,
-                              runtime_expect=lambda t: runtime_expectations(plan, dict(t.vars))))
+                              runtime_expect=lambda t: runtime_expectations(plan, dict(t.vars)), facts=facts))
     if not kube_layers:
         report.seconds = time.monotonic() - t0
         return report
@@ -136,6 +137,8 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
             if progress:
                 progress(f"cluster: {len(nodes)} GPU node(s)")
             report.add(*node_checks)
+            ts = plan.site.devicePlugin.timeSlicing
+            report.add(*cluster.count_checks(objs, facts, ts.replicas, ts.renameByDefault))
             report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
         if "smoke" in layers:
             report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))

@@ -141,3 +141,46 @@ def operator_checks(core: Any, custom: Any, namespace: str, registry_host: str,
             out.append(_check("cluster.pull-secret", CLUSTER, False, f"Secret {namespace}/{pull_secret} missing",
                               "gpu-install operator install creates it from the site's registry credentials"))
     return out
+
+
+def count_checks(node_objs: dict[str, Any], facts: dict[str, Any], replicas: int = 0, rename: bool = False) -> list[Check]:
+    """Per GPU node the node layer read (facts: node -> NvidiaSmi): the device plugin advertises as many GPUs as
+    nvidia-smi counted (x the time-slicing replicas; nvidia.com/gpu.shared when renamed), and GFD's labels, where
+    present, agree (nvidia.com/gpu.count, nvidia.com/gpu.product). Nodes with MIG on are the MIG layer's."""
+    out = []
+    shared = replicas > 1
+    resource = f"{GPU}.shared" if shared and rename else GPU
+    for name, smi in sorted(facts.items()):
+        node = node_objs.get(name)
+        if node is None or not smi.gpus:
+            continue
+        if any(g.mig_current for g in smi.gpus):
+            continue
+        n = len(smi.gpus)
+        want = n * (replicas if shared else 1)
+        try:
+            have = int((node.status.capacity or {}).get(resource, "0"))
+        except ValueError:
+            have = 0
+        times = f" x {replicas} time-slicing replicas" if shared else ""
+        out.append(_check("cluster.gpu-count", name, have == want,
+                          f"{have} {resource} in capacity, nvidia-smi counts {n} GPU(s){times}" if have != want else
+                          f"{have} {resource} = {n} GPU(s){times}",
+                          "the device plugin sees other GPUs than the driver: restart its pod on the node; with "
+                          "time-slicing, check devicePlugin.timeSlicing in the site file against the plugin's config"))
+        labels = node.metadata.labels or {}
+        problems = []
+        if labels.get("nvidia.com/gpu.count") not in (None, str(n)):
+            problems.append(f"nvidia.com/gpu.count={labels['nvidia.com/gpu.count']}")
+        product = smi.gpus[0].product_name
+        label = labels.get("nvidia.com/gpu.product")
+        if label and product:
+            base = label.removesuffix("-SHARED").split("-MIG-")[0]
+            if base != product.replace(" ", "-"):
+                problems.append(f"nvidia.com/gpu.product={label}")
+        if problems:
+            out.append(_check("cluster.gfd-labels", name, False,
+                              f"GFD labels disagree with nvidia-smi ({n} x {product}): {', '.join(problems)}",
+                              "restart the gpu-feature-discovery pod on the node; labels from another GPU mean the "
+                              "node was re-imaged or its GPUs swapped", warn=True))
+    return out

@@ -274,9 +274,10 @@ def _passed(check: str, expect: Any) -> str:
 
 def run(targets: list[Target], expectations: Callable[[Target], Any], timeout: float = 60.0,
         progress: Callable[[str], None] | None = None, *, layers: tuple[str, ...] = ("node",),
-        runtime_expect: Callable[[Target], Any] | None = None) -> list[Check]:
+        runtime_expect: Callable[[Target], Any] | None = None, facts: dict[str, Any] | None = None) -> list[Check]:
     """Probe every target at once (one SSH session each, for the node and the runtime layer); an unreachable one is
-    a Check with status 'unreachable' (exit 5)."""
+    a Check with status 'unreachable' (exit 5). facts, when given, collects node -> NvidiaSmi of every node whose
+    nvidia-smi could be read (for the cluster layer's counts)."""
     import paramiko
 
     layer = "node" if "node" in layers else "runtime"
@@ -305,6 +306,15 @@ def run(targets: list[Target], expectations: Callable[[Target], Any], timeout: f
                      seconds=seconds)]
         if "node" in layers:
             out += checks_for(t, probe, expectations(t), seconds)
+            if facts is not None:
+                from installer.validate.nvsmi import NvidiaSmi, NvidiaSmiError, parse_output
+
+                try:
+                    result = parse_output(probe.sections.get("nvidia-smi", ""), probe.nvidia_smi_rc)
+                except NvidiaSmiError:
+                    result = None
+                if isinstance(result, NvidiaSmi):
+                    facts[t.node] = result
         if "runtime" in layers and runtime_expect is not None:
             out += runtime_checks_for(t, probe, runtime_expect(t), seconds)
         if progress:

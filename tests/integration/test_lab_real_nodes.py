@@ -433,7 +433,7 @@ def test_validate_passes_on_the_real_nodes(rl):
     smi = _by(report, "node.nvidia-smi")
     assert smi["node1"]["message"] == "1 GPU(s), driver 535.54.03, CUDA 12.2", smi
     for check in ("node.reachable", "node.nvidia-smi", "node.driver.version", "node.gpu.ecc-dbe",
-                  "cluster.node-ready", "cluster.gpu-allocatable", "smoke.gpu-pod"):
+                  "cluster.node-ready", "cluster.gpu-allocatable", "cluster.gpu-count", "smoke.gpu-pod"):
         by = _by(report, check)
         assert sorted(by) == list(NODES) and all(c["status"] == "pass" for c in by.values()), by
     assert "vectorAdd: Test PASSED" in _by(report, "smoke.gpu-pod")["node1"]["message"]

@@ -191,3 +191,37 @@ def test_an_api_refusal_is_a_cluster_error_naming_the_apiserver_message():
     with pytest.raises(ClusterError) as err:
         validate.run(plan, None, ("cluster",), client=Refusing())
     assert err.value.exit_code == 7 and "HTTP 403 Forbidden" in err.value.message
+
+
+# ---------------------------------------------------------------- node layer x cluster layer: counts and GFD labels
+
+CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi" / "corpus"
+
+
+def _gfd_node(name, capacity, labels=None):
+    return V1Node(metadata=V1ObjectMeta(name=name, labels=labels or {}), spec=V1NodeSpec(),
+                  status=V1NodeStatus(capacity=capacity, allocatable=capacity))
+
+
+def test_gpu_count_and_gfd_labels_against_real_nvidia_smi_documents():
+    from installer.validate.cluster import count_checks
+    from installer.validate.nvsmi import parse_xml
+
+    a10g = parse_xml((CORPUS / "a10g-v11.xml").read_text())  # one NVIDIA A10G
+    mig = parse_xml((CORPUS / "a100-sxm4-40gb-mig-v11.xml").read_text())  # MIG on: the MIG layer's
+    n = len(a10g.gpus)
+    good = _gfd_node("g1", {"nvidia.com/gpu": str(n)},
+                     {"nvidia.com/gpu.count": str(n), "nvidia.com/gpu.product": "NVIDIA-A10G"})
+    (ok,) = count_checks({"g1": good}, {"g1": a10g})
+    assert ok.check == "cluster.gpu-count" and ok.status == "pass", ok
+    short = _gfd_node("g1", {"nvidia.com/gpu": str(n + 1)}, {"nvidia.com/gpu.product": "Tesla-T4"})
+    count, gfd = count_checks({"g1": short}, {"g1": a10g})
+    assert count.status == "fail" and f"{n + 1} nvidia.com/gpu in capacity, nvidia-smi counts {n}" in count.message
+    assert gfd.check == "cluster.gfd-labels" and gfd.status == "warn" and "nvidia.com/gpu.product=Tesla-T4" in \
+        gfd.message
+    # time-slicing: replicas x GPUs, renamed to nvidia.com/gpu.shared
+    shared = _gfd_node("g1", {"nvidia.com/gpu.shared": str(4 * n)}, {"nvidia.com/gpu.product": "NVIDIA-A10G-SHARED"})
+    (ts,) = count_checks({"g1": shared}, {"g1": a10g}, replicas=4, rename=True)
+    assert ts.status == "pass" and "x 4 time-slicing replicas" in ts.message
+    assert count_checks({"m1": _gfd_node("m1", {"nvidia.com/mig-1g.5gb": "7"})}, {"m1": mig}) == []
+    assert count_checks({}, {"gone": a10g}) == []
