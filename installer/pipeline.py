@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from installer import apply as nodes
-from installer.errors import ConfigError, GpuInstallError
+from installer.errors import ConfigError, GpuInstallError, HostsUnreachable, ValidationFindings
 
 if TYPE_CHECKING:
     from installer.ansible import RunResult
@@ -44,6 +44,7 @@ class OperatorOptions:
     delete_namespace: bool = False  # uninstall only
     purge_crds: bool = False  # uninstall only: delete the chart's CRDs once no custom resource of theirs is left
     with_limit: bool = False  # --include-operator: run the cluster-wide operator stage also with --limit
+    validate: bool = True  # apply only: `gpu-install validate` as the last stage (--skip-validate turns it off)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Summary:
     check: bool = False
     stages: list[Stage] = field(default_factory=list)
     nodes_changed: int | None = None  # sum of per-host changed counts of the node playbook
+    report: Any = None  # apply's validate stage: its installer.validate.Report (printed with the stage table)
 
     def add(self, name: str, outcome: str, detail: str = "") -> Stage:
         st = Stage(name, outcome, detail)
@@ -150,6 +152,8 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
     if skip_reason or prepared is None:
         summary.add("operator", "skipped", skip_reason or "")
         summary.add("mig", "skipped", "runs with the operator stage")
+        summary.add("validate", "skipped", "runs after the operator stage: run `gpu-install validate` once the "
+                                           "operator is up" if op.validate else "--skip-validate")
         return summary
     name = f"release {site.operator.releaseName} in namespace {site.operator.namespace}"
     try:
@@ -167,12 +171,51 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
     except GpuInstallError as exc:
         summary.add("operator", "FAILED", exc.message[:300])
         summary.add("mig", "not run")
+        summary.add("validate", "not run")
         raise
     if not plan.mig:
         summary.add("mig", "skipped", "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)")
-        return summary
-    run_mig(plan, run.check, str(prepared.kubeconfig), summary, say)
+    else:
+        try:
+            run_mig(plan, run.check, str(prepared.kubeconfig), summary, say)
+        except GpuInstallError:
+            summary.add("validate", "not run")
+            raise
+    run_validate(plan, run, op, str(prepared.kubeconfig), summary, say)
     return summary
+
+
+def run_validate(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, kubeconfig: str, summary: Summary,
+                 say: Progress) -> None:
+    """apply's last stage: `gpu-install validate` (every layer) on what apply just installed; its report goes into
+    summary.report. Findings raise ValidationFindings (exit 6), an unreachable node HostsUnreachable (exit 5)."""
+    from installer import validate
+
+    why = ("--skip-validate" if not op.validate else "check mode" if run.check else
+           "--no-wait: the operator's pods may not be up yet; run `gpu-install validate` when they are"
+           if not op.wait else f"no GPU node in this run (--limit {plan.limit})" if not plan.nodes else "")
+    if why:
+        summary.add("validate", "skipped", why)
+        return
+    say("stage validate: " + ", ".join(validate.AVAILABLE))
+    try:
+        report = validate.run(plan, kubeconfig, validate.AVAILABLE, timeout=op.timeout, progress=say)
+    except GpuInstallError as exc:
+        summary.add("validate", "FAILED", exc.message[:300])
+        raise
+    summary.report = report
+    counts = report.counts()
+    detail = ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" ({report.seconds:.1f}s)"
+    code = report.exit_code()
+    summary.add("validate", "passed" if code == 0 else "FAILED", detail)
+    if code == HostsUnreachable.exit_code:
+        raise HostsUnreachable(f"validate: {counts['unreachable']} node(s) unreachable (the report above names them)",
+                               hint="check the nodes' SSH (the inventory's connection settings), then run "
+                                    "`gpu-install validate`")
+    if code:
+        raise ValidationFindings(f"validate: {counts['fail']} check(s) failed after the install (the report above "
+                                 "gives the fix for each)",
+                                 hint="fix them and run `gpu-install validate` (apply again where the fix says so)")
 
 
 def run_mig(plan: Plan, check: bool, kubeconfig: str, summary: Summary, say: Progress) -> None:

@@ -44,7 +44,8 @@ def _operator_options(args: argparse.Namespace) -> Any:
                            timeout=args.operator_timeout, wait=not getattr(args, "no_wait", False),
                            delete_namespace=getattr(args, "delete_namespace", False),
                            purge_crds=getattr(args, "purge_crds", False),
-                           with_limit=getattr(args, "include_operator", False))
+                           with_limit=getattr(args, "include_operator", False),
+                           validate=not getattr(args, "skip_validate", False))
 
 
 def _finish(disp: Any) -> None:
@@ -92,6 +93,12 @@ def _staged(args: argparse.Namespace, command_name: str) -> int:
         ok = True
     finally:
         _finish(disp)
+        if summary.report is not None:
+            import sys
+
+            from rich.console import Console
+
+            summary.report.render(Console(file=sys.stdout, soft_wrap=True))
         if summary.stages:
             print(summary.table(), flush=True)
     if ok:
@@ -123,7 +130,11 @@ def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
         p.add_argument("--chart", default=os.environ.get(ENV_CHART),
                        help=f"GPU Operator chart: directory, .tgz or oci://…; env {ENV_CHART}; else the site's "
                             "operator.chart; its CRDs are applied server-side before helm upgrade --install")
-        p.add_argument("--no-wait", action="store_true", help="do not wait for the operator's workloads")
+        p.add_argument("--no-wait", action="store_true", help="do not wait for the operator's workloads (and so no "
+                                                                  "validate stage)")
+        p.add_argument("--skip-validate", action="store_true",
+                       help="no validate stage: by default apply ends with `gpu-install validate` (every layer) once "
+                            "the operator stage has run and waited")
     else:
         purge_args(p)
 

@@ -316,6 +316,9 @@ def test_apply_skip_operator_summary_then_uninstall(local_setup, cli):
     assert re.search(r"preflight +ok", out) and re.search(r"nodes +changed", out), out
     assert re.search(r"operator +skipped +--skip-operator", out), out
     assert re.search(r"mig +skipped", out), out
+    assert re.search(r"validate +skipped +runs after the operator stage", out), out
+    rc, out, err = cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator", "--skip-validate")
+    assert rc == 0 and re.search(r"validate +skipped +--skip-validate", out), out
     rc, out, err = cli("apply", "-s", site, "-i", inv, *NODES_ONLY, "--skip-operator")
     assert rc == 0 and re.search(r"nodes +unchanged +changed=0", out) and "apply ok: nodes changed=0" in out, out
 
