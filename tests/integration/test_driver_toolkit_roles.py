@@ -153,6 +153,32 @@ def test_host_driver_and_toolkit_pinned_then_changed_0(drv):
     assert stats[NODE]["changed"] == 0 and stats[NODE]["ok"] > 10, stats
 
 
+def test_validate_reads_the_real_nvidia_smi_exit_9_and_the_configured_runtime(drv):
+    """`gpu-install validate --only node,runtime` after the host-mode apply: the node's REAL Debian nvidia-smi (535)
+    exits 9 without a kernel module, which the node layer reports as the driver not loaded -- with the pending
+    reboot first when the node says one is pending -- never as a crash; the runtime layer reads containerd's
+    effective config with the role's drop-in (nvidia runtime, its binary from the toolkit STAND-IN, the default)."""
+    handle, apply, work = drv
+    site = write_site(work, "host", {"mode": "host", "version": DRIVER}, {"mode": "host", "version": "1.17.4"})
+    out = work / "validate.json"
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "validate", "-s", str(site), "-i", str(apply.inventory),
+                           "--only", "node,runtime", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    by = {c["check"]: c for c in json.loads(out.read_text())["checks"]}
+    assert by["node.reachable"]["status"] == "pass"
+    assert by["node.nvidia-smi"]["status"] == "fail" and "nvidia-smi ran, the driver is not loaded" in \
+        by["node.nvidia-smi"]["message"]
+    nl = by["node.driver.not-loaded"]
+    assert nl["status"] == "fail" and "nvidia-smi exited 9" in nl["message"], nl
+    assert "couldn't communicate with the NVIDIA driver" in nl["message"], nl
+    pending = root(handle, NODE, "test -e /var/run/reboot-required", check=False).returncode == 0
+    assert nl["fix"].startswith("a reboot is pending") == pending, nl
+    for check in ("runtime.present", "runtime.nvidia", "runtime.binary", "runtime.default"):
+        assert by[check]["status"] == "pass", by[check]
+    assert by["runtime.binary"]["message"] == "its binary is on the node"
+
+
 def test_missing_kernel_headers_fail_with_the_fix(drv):
     """Without the lab's override the driver role refuses: the running kernel's headers are not in the repo."""
     handle, _, work = drv
