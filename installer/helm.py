@@ -13,6 +13,24 @@ from installer.errors import ClusterError, ClusterUnreachable, GpuInstallError
 T = TypeVar("T")
 
 
+def oci_version(chart_ref: str | Path) -> tuple[str, str | None]:
+    """(reference, version) of a chart reference: an oci:// reference may carry the chart version as its tag
+    (oci://registry/path/gpu-operator:v24.9.2, what `gpu-install mirror push` prints), which helm takes as --version;
+    anything else is returned as it is, with no version."""
+    ref = str(chart_ref)
+    if ref.startswith("oci://"):
+        head, _, last = ref.rpartition("/")
+        name, colon, tag = last.partition(":")
+        if colon and tag and head != "oci:/":
+            return f"{head}/{name}", tag
+    return ref, None
+
+
+async def _get_chart(c: Any, chart_ref: str | Path) -> Any:
+    ref, version = oci_version(chart_ref)
+    return await c.get_chart(ref, version=version) if version else await c.get_chart(chart_ref)
+
+
 def client(kubeconfig: Path | None = None) -> Any:
     import logging
 
@@ -32,7 +50,7 @@ def template(chart_ref: str | Path, values: dict[str, Any], release_name: str = 
 
     async def run() -> list[dict[str, Any]]:
         c = client()
-        chart = await c.get_chart(chart_ref)
+        chart = await _get_chart(c, chart_ref)
         return list(await c.template_resources(chart, release_name, values, namespace=namespace))
 
     return _run(run(), f"helm template {chart_ref}", "check the chart reference and the rendered values")
@@ -83,8 +101,9 @@ def chart_crds(chart_ref: str | Path, values: dict[str, Any], release_name: str 
 
     async def run() -> list[dict[str, Any]]:
         cmd = Command(executable=str(ensure_helm()))
-        raw = await cmd.run(["template", release_name, str(chart_ref), "--include-crds", "--namespace", namespace,
-                             "--values", "-"], json.dumps(values).encode())
+        ref, version = oci_version(chart_ref)
+        raw = await cmd.run(["template", release_name, ref, *(["--version", version] if version else []),
+                             "--include-crds", "--namespace", namespace, "--values", "-"], json.dumps(values).encode())
         return split_crds(raw.decode())
 
     return _run(run(), f"helm template --include-crds {chart_ref}",
@@ -153,7 +172,7 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
     async def run() -> ReleaseState:
         c = client(kubeconfig)
         try:
-            chart = await c.get_chart(chart_ref)
+            chart = await _get_chart(c, chart_ref)
         except herr.Error as exc:
             raise _helm_error(f"helm show chart {chart_ref}", exc,
                               "give a chart directory, a .tgz or an oci:// reference helm can reach") from None
@@ -229,7 +248,7 @@ def plan_release(chart_ref: str | Path, release_name: str, namespace: str, value
 
     async def run() -> ReleasePlan:
         c = client(kubeconfig)
-        chart = await c.get_chart(chart_ref)
+        chart = await _get_chart(c, chart_ref)
         name = f"{chart.metadata.name}-{chart.metadata.version}"
         try:
             rev = await c.get_current_revision(release_name, namespace=namespace)

@@ -6,7 +6,17 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from installer.cli.common import command, group, inventory_arg, output, output_arg, quiet_arg, resolve_plan, site_args
+from installer.cli.common import (
+    command,
+    group,
+    inventory_arg,
+    output,
+    output_arg,
+    quiet_arg,
+    resolve_plan,
+    say,
+    site_args,
+)
 
 if TYPE_CHECKING:
     from installer.mirror.images import Event
@@ -143,17 +153,35 @@ def _summary(what: str, outcome: Any, quiet: bool) -> None:
 def cmd_pull(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from installer.mirror import images
+    from installer.errors import HostFailures
+    from installer.mirror import bundle, charts, images
 
     plan = resolve_plan(args)
     artifacts = plan.artifacts(())
     platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
+    out = Path(args.output)
     report = _Report(args.quiet, "pulling")
+    failures: list[HostFailures] = []
+    outcome = None
     try:
-        outcome = images.pull(plan, artifacts.images, Path(args.output), platform=platform, progress=report)
+        outcome = images.pull(plan, artifacts.images, out, platform=platform, progress=report, finish=False)
+    except images.TransferFailures as exc:  # the chart and files are still pulled: one run says all that is wrong
+        failures.append(exc)
     finally:
         report.close()
-    _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform})", outcome, args.quiet)
+    try:
+        charts.pull(plan, artifacts.charts, artifacts.files, out, say=say(args) or (lambda m: None))
+    except charts.ChartFailures as exc:
+        failures.append(exc)
+    lock = bundle.finish(out)
+    if failures:
+        if len(failures) == 1:
+            raise failures[0]
+        raise HostFailures("\n".join(f.message for f in failures), hint=failures[0].hint)
+    if outcome is not None:
+        _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform}; "
+                 f"{len(lock.get('charts') or [])} chart(s), {len(lock.get('files') or [])} file(s))", outcome,
+                 args.quiet)
     return 0
 
 
@@ -162,12 +190,13 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     from installer.config import load_site
     from installer.kube import docker_config_json
-    from installer.mirror import images
+    from installer.mirror import charts, images
     from installer.mirror.bundle import bundle_for_push
 
     site = load_site(args.site, args.set)
     bundle = Path(args.bundle)
-    bundle_for_push(bundle)  # checksum and completeness before any credential is read
+    lock = bundle_for_push(bundle)  # checksum and completeness before any credential is read
+    charts.verify(bundle, lock)  # every chart and file by sha256, before anything is pushed
     creds = docker_config_json(site.registry) if site.registry.pullSecret and (
         site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
     report = _Report(args.quiet, "pushing")
@@ -175,7 +204,18 @@ def cmd_push(args: argparse.Namespace) -> int:
         outcome = images.push(site, bundle, config_json=creds, progress=report)
     finally:
         report.close()
+    done = charts.push(site, bundle, lock, config_json=creds, repo_dir=Path(args.repo_dir) if args.repo_dir else None,
+                       say=say(args) or (lambda m: None))
     _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet)
+    if not args.quiet:
+        import sys
+
+        for line in done:
+            print(f"  {line}", file=sys.stderr)
+        for c in lock.get("charts") or []:
+            print(f"operator.chart for apply: {(bundle / str(c['file'])).resolve()} (this bundle's copy), or "
+                  f"{charts.oci_ref(site, str(c['name']))}:{c['version']} (needs helm on this machine to trust and be "
+                  "logged in to the registry)", file=sys.stderr)
     return 0
 
 
@@ -206,8 +246,8 @@ def register(sub: Any) -> None:
     output_arg(p)
     p.set_defaults(func=cmd_plan)
 
-    p = command(msub, "pull", "copy every image of the mirror plan into a bundle directory (one OCI image layout + "
-                              "bundle.lock.json); connected side; resumable")
+    p = command(msub, "pull", "copy every image, the chart and the files of the mirror plan into a bundle directory "
+                              "(one OCI image layout, charts/, files/, bundle.lock.json); connected side; resumable")
     site_args(p)
     inventory_arg(p)
     p.add_argument("--os", action="append", default=[], metavar="OSTAG",
@@ -225,9 +265,13 @@ def register(sub: Any) -> None:
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
 
-    p = command(msub, "push", "copy a bundle's images into the site registry (registry.host), digests preserved and "
-                              "verified; air-gapped side; idempotent")
+    p = command(msub, "push", "copy a bundle's images and chart into the site registry (registry.host), digests and "
+                              "checksums verified first and after; --repo-dir: chart repo + files; air-gapped side; "
+                              "idempotent")
     p.add_argument("bundle", metavar="DIR", help="bundle directory written by `gpu-install mirror pull`")
     site_args(p)
+    p.add_argument("--repo-dir", metavar="DIR",
+                   help="also publish the chart as a static chart repository DIR/charts (index.yaml) and the files "
+                        "into DIR/files (SHA256SUMS), for a web server of the site")
     quiet_arg(p)
     p.set_defaults(func=cmd_push)

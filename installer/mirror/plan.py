@@ -214,11 +214,9 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
     if extra and not any(p.name.endswith(tuple(extra)) for o in packages for p in o.packages):
         notes.append(f"--kernel {' '.join(extra)}: no kernel headers are installed by the roles with driver.mode "
                      f"{site.driver.mode}; nothing was listed for it")
-    by_hand = ["the chart", *(["the runfile"] if files else []), *(["the OS packages"] if packages else [])]
-    several = len(by_hand) > 1
-    notes.append("mirror pull/push carry the images; " + (", ".join(by_hand[:-1]) + " and " if several else "")
-                 + f"{by_hand[-1]} {'are' if several else 'is'} not in the bundle yet: carry "
-                 + f"{'them' if several else 'it'} as docs/airgap.md says")
+    carried = "mirror pull/push carry the images, the chart" + (" and the runfile" if files else "")
+    notes.append(carried + ("; the OS packages are not in the bundle yet: carry them as docs/airgap.md says"
+                            if packages else ""))
     return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=(chart,),
                         files=files, packages=packages, kernels=extra, notes=tuple(notes))
 

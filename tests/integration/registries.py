@@ -4,6 +4,7 @@ htpasswd auth; and the digest of a manifest as a registry serves it (skopeo insp
 from __future__ import annotations
 
 import hashlib
+import http.server
 import socket
 import subprocess
 import time
@@ -49,3 +50,41 @@ def raw_digest(ref: str, certs: Path, *extra: str) -> str:
                          capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr.decode()
     return "sha256:" + hashlib.sha256(out.stdout).hexdigest()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def serve_https(directory: Path, cert: Path, key: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """A static HTTPS file server of directory on a loopback port, in a thread: (server, "https://127.0.0.1:PORT").
+    The caller shuts it down."""
+    import functools
+    import ssl
+    import threading
+
+    handler = functools.partial(_Quiet, directory=str(directory))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"https://127.0.0.1:{httpd.server_address[1]}"
+
+
+def standin_chart_repo(directory: Path, url: str, version: str) -> Path:
+    """A chart repository in directory (served at url) holding a STAND-IN gpu-operator chart at version (`helm
+    create` + `helm package`: a chart, not the GPU Operator's), with the index.yaml `helm repo index` writes."""
+    from installer.tools import ensure_helm
+
+    helm = str(ensure_helm(progress=lambda m: None))
+    import tempfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="standin-chart-") as src:
+        subprocess.run([helm, "create", f"{src}/gpu-operator"], check=True, capture_output=True, timeout=60)
+        subprocess.run([helm, "package", f"{src}/gpu-operator", "--version", version, "-d", str(directory)],
+                       check=True, capture_output=True, timeout=60)
+    subprocess.run([helm, "repo", "index", str(directory), "--url", url], check=True, capture_output=True, timeout=60)
+    return directory / f"gpu-operator-{version}.tgz"

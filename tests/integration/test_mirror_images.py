@@ -23,6 +23,7 @@ import yaml
 from tests.integration.conftest import _skip_or_fail
 from tests.integration.registries import raw_digest as _raw_digest
 from tests.integration.registries import serve as _serve
+from tests.integration.registries import serve_https, standin_chart_repo
 
 CANARY_USER = "mirror-canary-user"
 CANARY = "Canary-Pw-7f3e9c1d"  # the site registry's password: must never show up in output, lock or bundle
@@ -52,6 +53,10 @@ def env(tmp_path_factory):
     htpasswd.write_text(f"{CANARY_USER}:{bcrypt.hashpw(CANARY.encode(), bcrypt.gensalt(4)).decode()}\n")
     up_proc, upstream = _serve(root, "upstream", cert, key)
     site_proc, site_reg = _serve(root, "site", cert, key, htpasswd)
+    # the chart travels in the same bundle: a STAND-IN gpu-operator chart in an HTTPS chart repository of its own
+    # (tests/integration/test_mirror_charts.py carries the real chart)
+    httpd, www = serve_https(root / "www", cert, key)
+    standin_chart_repo(root / "www" / "charts", f"{www}/charts", "v24.9.2")
     try:
         site = {
             "operator": {"version": "v24.9.2"},
@@ -61,13 +66,14 @@ def env(tmp_path_factory):
             "driver": {"mode": "preinstalled"}, "toolkit": {"mode": "host"},
             "components": {"dcgmExporter": {"enabled": False}, "migManager": {"enabled": False}},
             "mirror": {"upstream": {"nvcr.io": f"{upstream}/nv", "registry.k8s.io": f"{upstream}/k8s"},
-                       "upstreamCa": str(ca)},
+                       "upstreamCa": str(ca), "chartRepository": f"{www}/charts"},
         }
         site_file = root / "site.yaml"
         site_file.write_text(yaml.safe_dump(site))
         yield {"root": root, "site": site_file, "certs": certs, "upstream": upstream, "site_reg": site_reg,
                "layouts": root / "layouts", "write_layout": write_layout}
     finally:
+        httpd.shutdown()
         for proc in (up_proc, site_proc):
             proc.terminate()
             proc.wait(timeout=10)
@@ -112,7 +118,7 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     assert rc == 4, err
     assert MISSING in err.split("could not be pulled", 1)[1] and "manifest unknown" in err, err
     lock = json.loads((bundle / "bundle.lock.json").read_text())
-    assert lock["complete"] is False and [f["source"] for f in lock["failed"]] == [MISSING]
+    assert lock["complete"] is False and [f.get("source") for f in lock["failed"]] == [MISSING]
     rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
     outputs += [out, err]
     assert rc == 2 and "incomplete" in err and MISSING in err, err
@@ -173,7 +179,9 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs += [out, err]
     assert rc == 0, err
     monkeypatch.setattr(engine.subprocess, "run", real_run)
-    assert argvs and all("--dest-authfile" in a or "--authfile" in a for a in argvs)
+    skopeo_argvs = [a for a in argvs if a[0].endswith("/skopeo")]
+    assert skopeo_argvs and all("--dest-authfile" in a or "--authfile" in a for a in skopeo_argvs)
+    assert any(a[0].endswith("/helm") and a[1] == "push" for a in argvs), argvs  # the chart, through helm
     assert not any(CANARY in " ".join(a) or CANARY_USER in " ".join(a) for a in argvs)
     assert set(Path(tempfile.gettempdir()).glob("gpu-install-auth-*")) == leftovers
     assert f"{len(sources)} copied, 0 already there" in err, err

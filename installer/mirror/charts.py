@@ -1,0 +1,351 @@
+"""`mirror pull` / `mirror push` for the chart and the files (the driver runfile): helm and HTTP do the transfers,
+this module verifies and records.
+
+pull: the plan's GPU Operator chart with `helm pull` (an http(s) chart repository or oci://, site
+`mirror.chartRepository`; `mirror.upstreamCa` as helm's --ca-file) into BUNDLE/charts/<name>-<version>.tgz -- checked
+to BE that chart (Chart.yaml name and version inside the archive) -- and the plan's files (an http(s) URL or a path on
+this machine; `mirror.upstreamCa` trusted for https) into BUNDLE/files/<name>, checked against the site's sha256 where
+it gives one. Each is recorded in the lock (sections "charts" and "files") with its sha256 and size; a re-run skips
+what the bundle already holds with that sha256. helm runs with its config, cache and data in a temporary directory:
+the user's repositories and registry logins are neither used nor changed.
+
+push: before anything is pushed, every chart and file of the lock is checked against its sha256 (a damaged or
+tampered one is refused, naming it). Then the chart goes into registry.host as an OCI artifact,
+oci://<registry.host>/<registry.prefix>/charts/<name>:<version> (registry.ca as --ca-file; the site credentials in
+a temporary 0600 registry config, never on a command line), verified by pulling it back (same sha256); one already
+there with the same sha256 is not pushed again. With --repo-dir DIR the chart also goes into a static chart
+repository DIR/charts/ (the .tgz + index.yaml from `helm repo index`) any web server can serve, and the files into
+DIR/files/ with DIR/files/SHA256SUMS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import ssl
+import subprocess
+import tarfile
+import tempfile
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from installer.errors import ConfigError, EnvironmentProblem, HostFailures
+from installer.mirror import bundle as lockfile
+
+CHARTS, FILES = "charts", "files"
+HELM_TIMEOUT = 600.0
+Say = Callable[[str], None]
+
+
+class ChartFailures(HostFailures):
+    """A chart or file could not be pulled or pushed (each named with the reason); exit 4."""
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _safe_name(name: str, what: str) -> str:
+    """A file name from the plan or a lock: one path component, no traversal."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+        raise ConfigError(f"{what} {name!r} is not a plain file name", hint="check the site file / the bundle lock")
+    return name
+
+
+# ---------------------------------------------------------------- helm
+
+
+@contextlib.contextmanager
+def helm_env() -> Iterator[dict[str, str]]:
+    """helm's environment with its own config/cache/data directories (the user's are left alone)."""
+    with tempfile.TemporaryDirectory(prefix="gpu-install-helm-") as tmp:
+        env = {**os.environ, "HELM_CONFIG_HOME": f"{tmp}/config", "HELM_CACHE_HOME": f"{tmp}/cache",
+               "HELM_DATA_HOME": f"{tmp}/data", "HELM_REGISTRY_CONFIG": f"{tmp}/config/registry/config.json"}
+        yield env
+
+
+def _helm(argv: Sequence[str], env: Mapping[str, str], secrets: Sequence[str] = ()) -> tuple[int, str]:
+    from installer.tools import ensure_helm
+
+    try:
+        proc = subprocess.run([str(ensure_helm()), *argv], capture_output=True, text=True, env=dict(env),
+                              timeout=HELM_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return 124, f"helm {argv[0]} did not finish in {HELM_TIMEOUT:.0f}s"
+    text = (proc.stderr or proc.stdout).strip().splitlines()
+    msg = text[-1] if text else "(no message)"
+    for s in secrets:
+        if s:
+            msg = msg.replace(s, "***")
+    return proc.returncode, msg.removeprefix("Error: ")[:2000]
+
+
+def chart_identity(tgz: Path) -> tuple[str, str]:
+    """(name, version) from the Chart.yaml at the top of a chart archive; ValueError when it is not a chart."""
+    try:
+        with tarfile.open(tgz, "r:gz") as tar:
+            for member in tar.getmembers():
+                parts = member.name.split("/")
+                if len(parts) == 2 and parts[1] == "Chart.yaml" and member.isfile():
+                    fh = tar.extractfile(member)
+                    doc = yaml.safe_load(fh.read() if fh else b"")
+                    if isinstance(doc, dict) and doc.get("name") and doc.get("version"):
+                        return str(doc["name"]), str(doc["version"])
+    except (tarfile.TarError, OSError, yaml.YAMLError, EOFError) as exc:
+        raise ValueError(f"not a chart archive ({exc})") from None
+    raise ValueError("no Chart.yaml with a name and version at the top of the archive")
+
+
+def oci_ref(site: Any, name: str) -> str:
+    """Where push puts the chart in the site registry: oci://<host>/<prefix>/charts/<name> (the tag is the chart's
+    version). This is what `operator.chart` can name on the air-gapped side."""
+    prefix = site.registry.prefix.strip("/") if getattr(site.registry, "prefix", None) else ""
+    return f"oci://{site.registry.host}/{prefix + '/' if prefix else ''}{CHARTS}/{name}"
+
+
+# ---------------------------------------------------------------- pull
+
+
+def _pull_chart(c: Any, dest: Path, ca: Path | None, env: Mapping[str, str]) -> str | None:
+    """helm pull c into dest; None when done, else why not."""
+    with tempfile.TemporaryDirectory(prefix="gpu-install-chart-", dir=dest.parent) as tmp:
+        argv = ["pull", f"{c.repository}/{c.name}" if c.oci else c.name, "--version", c.version, "--destination", tmp]
+        if not c.oci:
+            argv += ["--repo", c.repository]
+        if ca:
+            argv += ["--ca-file", str(ca)]
+        rc, msg = _helm(argv, env)
+        if rc != 0:
+            return msg
+        got = list(Path(tmp).glob("*.tgz"))
+        if len(got) != 1:
+            return f"helm pull wrote {len(got)} archives"
+        try:
+            name, version = chart_identity(got[0])
+        except ValueError as exc:
+            return f"what the repository served is {exc}"
+        if (name, version) != (c.name, c.version):
+            return f"the repository served chart {name} {version}, not {c.name} {c.version}"
+        os.replace(got[0], dest)
+    return None
+
+
+def _fetch(source: str, dest: Path, ca: Path | None) -> None:
+    """A file from an http(s) URL (the system CAs and ca trusted) or a path on this machine, into dest atomically."""
+    tmp = dest.with_name(f".{dest.name}.part")
+    if source.startswith(("http://", "https://")):
+        ctx = ssl.create_default_context()
+        if ca:
+            ctx.load_verify_locations(cafile=str(ca))
+        with urllib.request.urlopen(source, timeout=120, context=ctx) as resp, open(tmp, "wb") as out:  # noqa: S310
+            shutil.copyfileobj(resp, out, 1 << 20)
+    else:
+        shutil.copyfile(Path(source).expanduser(), tmp)
+    os.replace(tmp, dest)
+
+
+def pull(plan: Any, charts: Sequence[Any], files: Sequence[Any], bundle: Path, say: Say = lambda m: None) -> None:
+    """The plan's charts and files into the bundle and its lock (sections charts, files). Raises ChartFailures
+    (exit 4) naming what failed, after trying everything; the bundle stays incomplete then."""
+    site = plan.site
+    ca = site.mirror.upstreamCa
+    lock = lockfile.read_lock(bundle)
+    old = {str(e.get("file")): e for e in [*(lock.get(CHARTS) or []), *(lock.get(FILES) or [])] if isinstance(e, dict)}
+    (bundle / CHARTS).mkdir(exist_ok=True)
+    failed: dict[str, list[dict[str, str]]] = {"chart": [], "file": []}
+    entries: dict[str, list[dict[str, Any]]] = {"chart": [], "file": []}
+    with helm_env() as env:
+        for c in charts:
+            rel = f"{CHARTS}/{_safe_name(c.file, 'chart file')}"
+            dest = bundle / rel
+            prev = old.get(rel)
+            if prev and dest.is_file() and sha256_of(dest) == prev.get("sha256"):
+                entries["chart"].append(prev)
+                say(f"chart {c.name} {c.version}: already in the bundle")
+                continue
+            say(f"chart {c.name} {c.version}: helm pull from {c.repository}")
+            why = _pull_chart(c, dest, ca, env)
+            if why:
+                failed["chart"].append({"ref": c.ref, "error": why})
+                say(f"chart {c.name} {c.version}: FAILED: {why}")
+                continue
+            entries["chart"].append({"name": c.name, "version": c.version, "repository": c.repository, "file": rel,
+                                     "sha256": sha256_of(dest), "size": dest.stat().st_size})
+    for f in files:
+        rel = f"{FILES}/{_safe_name(f.name, 'file name')}"
+        dest = bundle / rel
+        prev = old.get(rel)
+        if prev and dest.is_file() and sha256_of(dest) == prev.get("sha256"):
+            entries["file"].append(prev)
+            say(f"file {f.name}: already in the bundle")
+            continue
+        dest.parent.mkdir(exist_ok=True)
+        say(f"file {f.name}: from {f.source}")
+        try:
+            _fetch(f.source, dest, ca)
+        except (OSError, ValueError, ssl.SSLError) as exc:
+            failed["file"].append({"ref": f.source, "error": str(getattr(exc, "reason", None) or exc)})
+            say(f"file {f.name}: FAILED: {exc}")
+            continue
+        digest = sha256_of(dest)
+        if f.sha256 and digest != f.sha256.lower():
+            dest.unlink()
+            failed["file"].append({"ref": f.source, "error": f"sha256 {digest}, the site file says {f.sha256}"})
+            say(f"file {f.name}: FAILED: sha256 mismatch")
+            continue
+        entries["file"].append({"name": f.name, "source": f.source, "file": rel, "sha256": digest,
+                                "size": dest.stat().st_size})
+    lockfile.put_section(bundle, "chart", CHARTS, entries["chart"], failed["chart"])
+    lockfile.put_section(bundle, "file", FILES, entries["file"], failed["file"])
+    bad = failed["chart"] + failed["file"]
+    if bad:
+        raise ChartFailures(f"{len(bad)} chart(s)/file(s) could not be pulled; the bundle is incomplete:\n"
+                            + "\n".join(f"  {b['ref']}: {b['error']}" for b in bad),
+                            hint="check mirror.chartRepository (and that the release's chart version is there), "
+                                 "the runfile URL and mirror.upstreamCa; run pull again: what the bundle holds is "
+                                 "not fetched again")
+
+
+# ---------------------------------------------------------------- push
+
+
+def verify(bundle: Path, lock: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every chart and file of the lock is in the bundle with its sha256 (ConfigError naming the first that is not);
+    the entries, checked."""
+    out = []
+    for section in (CHARTS, FILES):
+        for e in lock.get(section) or []:
+            if not isinstance(e, dict):
+                raise ConfigError(f"{bundle / lockfile.LOCK}: a {section} entry is not an object")
+            rel = str(e.get("file") or "")
+            kind, _, name = rel.partition("/")
+            if kind != section:
+                raise ConfigError(f"{bundle / lockfile.LOCK}: {section} entry names {rel!r}")
+            path = bundle / section / _safe_name(name, f"{section} entry")
+            hint = "the bundle was damaged in transit: pull it again and carry the whole directory"
+            if not path.is_file():
+                raise ConfigError(f"{bundle}: {rel} is missing", hint=hint)
+            got = sha256_of(path)
+            if got != e.get("sha256"):
+                raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {e.get('sha256')}", hint=hint)
+            out.append({**e, "kind": section})
+    return out
+
+
+@contextlib.contextmanager
+def _registry_config(config_json: bytes | None, env: Mapping[str, str]) -> Iterator[None]:
+    """The site credentials as helm's registry config (docker config.json format), 0600, in helm's temp dir."""
+    if config_json:
+        path = Path(env["HELM_REGISTRY_CONFIG"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(config_json)
+    yield
+
+
+def push(site: Any, bundle: Path, lock: Mapping[str, Any], *, config_json: bytes | None, repo_dir: Path | None,
+         say: Say = lambda m: None) -> list[str]:
+    """The verified charts into the site registry (and repo_dir), the files into repo_dir; what was done, as lines.
+    Raises ChartFailures (exit 4)."""
+    from installer.mirror.images import secrets_of
+
+    entries = verify(bundle, lock)
+    charts = [e for e in entries if e["kind"] == CHARTS]
+    files = [e for e in entries if e["kind"] == FILES]
+    reg = site.registry
+    secrets = secrets_of(config_json)
+    done: list[str] = []
+    failed: list[str] = []
+    with helm_env() as env, _registry_config(config_json, env):
+        tls = ["--ca-file", str(reg.ca)] if reg.ca else []
+        if reg.insecure:
+            tls = ["--insecure-skip-tls-verify"]
+        for e in charts:
+            tgz = bundle / str(e["file"])
+            ref = oci_ref(site, str(e["name"]))
+            with tempfile.TemporaryDirectory(prefix="gpu-install-chart-") as tmp:
+                rc, _ = _helm(["pull", ref, "--version", str(e["version"]), "--destination", tmp, *tls], env, secrets)
+                there = next(iter(Path(tmp).glob("*.tgz")), None) if rc == 0 else None
+                if there is not None and sha256_of(there) == e["sha256"]:
+                    say(f"chart {ref}:{e['version']}: already there")
+                    done.append(f"chart {ref}:{e['version']} already there")
+                    continue
+                say(f"chart {ref}:{e['version']}: helm push")
+                rc, msg = _helm(["push", str(tgz), ref.rsplit("/", 1)[0], *tls], env, secrets)
+                if rc != 0:
+                    failed.append(f"chart {e['name']} {e['version']} to {ref}: {msg}")
+                    continue
+                check = Path(tmp) / "check"
+                check.mkdir()
+                rc, msg = _helm(["pull", ref, "--version", str(e["version"]), "--destination", str(check), *tls], env,
+                                secrets)
+                back = next(iter(check.glob("*.tgz")), None) if rc == 0 else None
+                if back is None or sha256_of(back) != e["sha256"]:
+                    failed.append(f"chart {ref}:{e['version']}: pulled back " + (
+                        f"with sha256 {sha256_of(back)}" if back else f"nothing ({msg})") + f", the bundle has "
+                        f"{e['sha256']}")
+                    continue
+                done.append(f"chart {ref}:{e['version']} pushed")
+    if repo_dir is not None:
+        done += publish(bundle, charts, files, repo_dir, say)
+    if failed:
+        raise ChartFailures(f"{len(failed)} chart(s) could not be pushed to {reg.host}:\n"
+                            + "\n".join(f"  {f}" for f in failed),
+                            hint="check registry.host, the credentials registry.pullSecret names (they need push "
+                                 "rights) and registry.ca; run push again")
+    return done
+
+
+def publish(bundle: Path, charts: Sequence[Mapping[str, Any]], files: Sequence[Mapping[str, Any]], repo_dir: Path,
+            say: Say = lambda m: None) -> list[str]:
+    """Charts into repo_dir/charts (+ index.yaml), files into repo_dir/files (+ SHA256SUMS); unchanged ones stay."""
+    done: list[str] = []
+    changed_charts = False
+    for section, items in ((CHARTS, charts), (FILES, files)):
+        if not items:
+            continue
+        out = repo_dir / section
+        out.mkdir(parents=True, exist_ok=True)
+        for e in items:
+            name = str(e["file"]).split("/", 1)[1]
+            dest = out / name
+            if dest.is_file() and sha256_of(dest) == e["sha256"]:
+                continue
+            tmp = out / f".{name}.part"
+            shutil.copyfile(bundle / str(e["file"]), tmp)
+            os.replace(tmp, dest)
+            changed_charts |= section == CHARTS
+            done.append(f"{section[:-1]} {dest}")
+            say(f"{section[:-1]} {name}: into {out}")
+    if charts and (changed_charts or not (repo_dir / CHARTS / "index.yaml").is_file()):
+        with helm_env() as env:
+            rc, msg = _helm(["repo", "index", str(repo_dir / CHARTS)], env)
+        if rc != 0:
+            raise EnvironmentProblem(f"helm repo index {repo_dir / CHARTS}: {msg}")
+        done.append(f"index {repo_dir / CHARTS / 'index.yaml'}")
+    if files:
+        sums = repo_dir / FILES / "SHA256SUMS"
+        known = {}
+        if sums.is_file():
+            for line in sums.read_text().splitlines():
+                digest, _, name = line.partition("  ")
+                if name:
+                    known[name] = digest
+        known.update({str(e["file"]).split("/", 1)[1]: str(e["sha256"]) for e in files})
+        text = "".join(f"{d}  {n}\n" for n, d in sorted(known.items()))
+        if not sums.is_file() or sums.read_text() != text:
+            from installer.util import atomic_write
+
+            atomic_write(sums, text)
+    return done
