@@ -45,6 +45,7 @@ class OperatorOptions:
     purge_crds: bool = False  # uninstall only: delete the chart's CRDs once no custom resource of theirs is left
     with_limit: bool = False  # --include-operator: run the cluster-wide operator stage also with --limit
     validate: bool = True  # apply only: `gpu-install validate` as the last stage (--skip-validate turns it off)
+    mirror_check: bool = True  # apply only: the operator's images in registry.host before any host (--skip-mirror-check)
 
 
 @dataclass
@@ -134,6 +135,10 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
             note = operator.check_cluster(plan, prepared.kubeconfig)
             if note:
                 say(f"note: {note}")
+            if op.mirror_check:  # every image the operator stage deploys is in the site registry (read-only)
+                from installer.mirror import verify
+
+                verify.check_plan(plan, say)
         pre = nodes.preflight(plan, run, display)
         summary.add("preflight", "ok", f"{len(pre.hosts)} host(s) checked, read-only")
         stage = "nodes"

@@ -109,34 +109,34 @@ def plan_text(p: ArtifactPlan) -> str:
 
 
 class _Report:
-    """Progress of mirror pull/push, one line per image (rich bars on a terminal, plain lines elsewhere; -q: none)."""
+    """Progress of mirror pull/push/sync, one line per image (rich bars on a terminal, plain lines elsewhere; -q:
+    none); several images may be in flight at once (push and sync copy --jobs at a time)."""
 
     def __init__(self, quiet: bool, verb: str):
         from installer.ui import TransferProgress
 
         self.verb = verb
         self.progress: TransferProgress | None = None if quiet else TransferProgress(unit="images")
-        self.current: Transfer | None = None
+        self.current: dict[str, Transfer] = {}
 
     def __call__(self, e: Event) -> None:
         if self.progress is None:
             return
         label = f"[{e.index}/{e.total}] {e.ref}"
         if e.kind == "start":
-            self.current = self.progress.add(f"{label}: {self.verb}" + (f" from {e.detail}" if e.detail else ""),
-                                             total=1)
+            self.current[e.ref] = self.progress.add(f"{label}: {self.verb}" + (f" from {e.detail}" if e.detail else ""),
+                                                    total=1)
         elif e.kind == "skipped":
             with self.progress.add(f"{label}: already there ({e.detail})", total=1) as t:
                 t.advance()
-        elif e.kind == "copied" and self.current is not None:
-            self.current.advance()
-            self.current.done()
-            self.current = None
+        elif e.kind == "copied" and e.ref in self.current:
+            t = self.current.pop(e.ref)
+            t.advance()
+            t.done()
         elif e.kind == "failed":
-            if self.current is None:
-                self.current = self.progress.add(f"{label}: {self.verb}", total=1)
-            self.current.stop()
-            self.current = None
+            failed = self.current.pop(e.ref) if e.ref in self.current else \
+                self.progress.add(f"{label}: {self.verb}", total=1)
+            failed.stop()
 
     def close(self) -> None:
         if self.progress is not None:
@@ -201,7 +201,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
     report = _Report(args.quiet, "pushing")
     try:
-        outcome = images.push(site, bundle, config_json=creds, progress=report)
+        outcome = images.push(site, bundle, config_json=creds, progress=report, jobs=args.jobs)
     finally:
         report.close()
     done = charts.push(site, bundle, lock, config_json=creds, repo_dir=Path(args.repo_dir) if args.repo_dir else None,
@@ -216,6 +216,55 @@ def cmd_push(args: argparse.Namespace) -> int:
             print(f"operator.chart for apply: {(bundle / str(c['file'])).resolve()} (this bundle's copy), or "
                   f"{charts.oci_ref(site, str(c['name']))}:{c['version']} (needs helm on this machine to trust and be "
                   "logged in to the registry)", file=sys.stderr)
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from installer.kube import docker_config_json
+    from installer.mirror import images
+
+    plan = resolve_plan(args)
+    site = plan.site
+    creds = docker_config_json(site.registry) if site.registry.pullSecret and (
+        site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
+    platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
+    report = _Report(args.quiet, "syncing")
+    try:
+        outcome = images.sync(plan, plan.artifacts(()).images, config_json=creds, platform=platform, progress=report,
+                              jobs=args.jobs)
+    finally:
+        report.close()
+    _summary(f"synced {len(plan.images)} images to {site.registry.host} (platform {platform})", outcome, args.quiet)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from installer.config import load_site
+    from installer.mirror import verify
+    from installer.mirror.bundle import read_lock
+
+    progress = say(args)
+    if args.bundle:
+        site = load_site(args.site, args.set)
+        bundle = Path(args.bundle)
+        lock = read_lock(bundle, verify=True)
+        wanted: list[tuple[str, str | None]] = [(str(e["destination"]), str(e["digest"]))
+                                                for e in lock.get("images") or [] if isinstance(e, dict)]
+        found = verify.images(site, wanted, progress, jobs=args.jobs) + verify.chart(site, bundle, lock)
+        what = f"bundle {bundle}: {len(wanted)} image(s), {len(lock.get('charts') or [])} chart(s)"
+    else:
+        plan = resolve_plan(args)
+        site = plan.site
+        wanted = [(i.destination, None) for i in plan.images]
+        found = verify.images(site, wanted, progress, jobs=args.jobs)
+        what = f"{len(wanted)} image(s) of the plan"
+    if found:
+        raise verify.report(found, site.registry.host, "mirror verify")
+    print(f"mirror verify: {what}: all in {site.registry.host}" + (" with the bundle's digests" if args.bundle else ""),
+          file=sys.stdout)
     return 0
 
 
@@ -265,11 +314,41 @@ def register(sub: Any) -> None:
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
 
+    p = command(msub, "sync", "copy every image of the plan from its upstream straight into registry.host, for a "
+                              "machine that reaches both; digests preserved and checked; what is there is skipped")
+    site_args(p)
+    inventory_arg(p)
+    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
+                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
+                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    plat = p.add_mutually_exclusive_group()
+    plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
+                      help="copy this platform's manifest of a multi-platform image (default linux/amd64)")
+    plat.add_argument("--all-platforms", action="store_true", help="copy manifest lists / indexes whole")
+    p.add_argument("--jobs", type=int, default=4, metavar="N", help="images copied at a time (default 4)")
+    quiet_arg(p)
+    p.set_defaults(func=cmd_sync)
+
+    p = command(msub, "verify", "check that every image of the plan (or, with --bundle, every image and chart of a "
+                                "bundle, by digest / sha256) is in registry.host; exit 3 naming what is missing")
+    site_args(p)
+    inventory_arg(p)
+    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
+                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
+                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    p.add_argument("--bundle", metavar="DIR", help="check what this bundle holds, by digest (images) and sha256 (chart)")
+    p.add_argument("--jobs", type=int, default=8, metavar="N", help="registry lookups at a time (default 8)")
+    quiet_arg(p)
+    p.set_defaults(func=cmd_verify)
+
     p = command(msub, "push", "copy a bundle's images and chart into the site registry (registry.host), digests and "
                               "checksums verified first and after; --repo-dir: chart repo + files; air-gapped side; "
                               "idempotent")
     p.add_argument("bundle", metavar="DIR", help="bundle directory written by `gpu-install mirror pull`")
     site_args(p)
+    p.add_argument("--jobs", type=int, default=4, metavar="N", help="images copied at a time (default 4)")
     p.add_argument("--repo-dir", metavar="DIR",
                    help="also publish the chart as a static chart repository DIR/charts (index.yaml) and the files "
                         "into DIR/files (SHA256SUMS), for a web server of the site")

@@ -45,7 +45,8 @@ def _operator_options(args: argparse.Namespace) -> Any:
                            delete_namespace=getattr(args, "delete_namespace", False),
                            purge_crds=getattr(args, "purge_crds", False),
                            with_limit=getattr(args, "include_operator", False),
-                           validate=not getattr(args, "skip_validate", False))
+                           validate=not getattr(args, "skip_validate", False),
+                           mirror_check=not getattr(args, "skip_mirror_check", False))
 
 
 def _finish(disp: Any) -> None:
@@ -132,6 +133,9 @@ def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
                             "operator.chart; its CRDs are applied server-side before helm upgrade --install")
         p.add_argument("--no-wait", action="store_true", help="do not wait for the operator's workloads (and so no "
                                                                   "validate stage)")
+        p.add_argument("--skip-mirror-check", action="store_true",
+                       help="do not check, before any host is touched, that every image the operator stage deploys "
+                            "is in registry.host (e.g. a pull-through registry that fetches on demand)")
         p.add_argument("--skip-validate", action="store_true",
                        help="no validate stage: by default apply ends with `gpu-install validate` (every layer) once "
                             "the operator stage has run and waited")

@@ -28,7 +28,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,9 +417,54 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
 # ---------------------------------------------------------------- push
 
 
-def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None) -> Outcome:
+JOBS = 4  # images copied at a time by push and sync (--jobs)
+
+
+def _locked(progress: Progress) -> Progress:
+    """progress made safe to call from the copying threads (one event at a time, in the order they happen)."""
+    lock = threading.Lock()
+
+    def call(e: Event) -> None:
+        with lock:
+            progress(e)
+
+    return call
+
+
+def _copy_to(dest: str, digest: str, n: int, total: int, argv_src: list[str], src_ref: str, *, certs: str | None,
+             auth: str | None, tls: bool, secrets: Sequence[str], progress: Progress, extra: Sequence[str] = (),
+             source: str = "") -> tuple[str, str | None]:
+    """One image to dest unless dest already has digest; (outcome, message): copied | skipped | failed."""
+    have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+    if have == digest:
+        progress(Event("skipped", n, total, dest, digest))
+        return "skipped", None
+    progress(Event("start", n, total, dest, source))
+    argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", *extra, *argv_src]
+    if certs:
+        argv += ["--dest-cert-dir", certs]
+    if auth:
+        argv += ["--dest-authfile", auth]
+    if not tls:
+        argv += ["--dest-tls-verify=false"]
+    rc, _, err = _run([*argv, src_ref, f"docker://{dest}"], secrets)
+    if rc != 0:
+        progress(Event("failed", n, total, dest, err))
+        return "failed", err
+    got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+    if got != digest:
+        msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
+            f"after the copy the registry has {got}, the source {digest}"
+        progress(Event("failed", n, total, dest, msg))
+        return "failed", msg
+    progress(Event("copied", n, total, dest, digest))
+    return "copied", None
+
+
+def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
+         jobs: int = JOBS) -> Outcome:
     """Every image of a complete, verified bundle to its destination in registry.host (as the plan computed it at
-    pull), digests preserved and checked. Raises TransferFailures (exit 4)."""
+    pull), digests preserved and checked, jobs images at a time. Raises TransferFailures (exit 4)."""
     lock = bundle_for_push(bundle)
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
@@ -436,45 +483,116 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
     secrets = secrets_of(config_json)
     outcome = Outcome()
     total = len(entries)
-    tls = not reg.insecure
+    events = _locked(progress)
+    extra = ["--all"] if lock.get("platform") == ALL_PLATFORMS else []
     with cert_dir(reg.ca) as certs, authfile(config_json) as auth:
-        for n, e in enumerate(entries, 1):
-            source, digest = str(e["source"]), str(e["digest"])
-            dest = str(e["destination"])
-            have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-            if have == digest:
-                outcome.skipped.append(source)
-                progress(Event("skipped", n, total, dest, digest))
-                continue
-            progress(Event("start", n, total, dest, ""))
+        def one(item: tuple[int, dict[str, Any]]) -> tuple[str, str, str | None]:
+            n, e = item
+            digest, dest = str(e["digest"]), str(e["destination"])
             with layout.as_dir(digest) as d:
-                argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
-                if lock.get("platform") == ALL_PLATFORMS:
-                    argv += ["--all"]
-                if certs:
-                    argv += ["--dest-cert-dir", certs]
-                if auth:
-                    argv += ["--dest-authfile", auth]
-                if not tls:
-                    argv += ["--dest-tls-verify=false"]
-                rc, _, err = _run([*argv, f"dir:{d}", f"docker://{dest}"], secrets)
-            if rc != 0:
-                outcome.failed[dest] = err
-                progress(Event("failed", n, total, dest, err))
-                continue
-            got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-            if got != digest:
-                msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
-                    f"after the copy the registry has {got}, the bundle {digest}"
-                outcome.failed[dest] = msg
-                progress(Event("failed", n, total, dest, msg))
-                continue
-            outcome.copied.append(source)
-            progress(Event("copied", n, total, dest, digest))
+                result, msg = _copy_to(dest, digest, n, total, [], f"dir:{d}", certs=certs, auth=auth,
+                                       tls=not reg.insecure, secrets=secrets, progress=events, extra=extra)
+            return result, str(e["source"]), msg
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for (result, source, msg), e in zip(pool.map(one, enumerate(entries, 1)), entries, strict=True):
+                if result == "failed":
+                    outcome.failed[str(e["destination"])] = msg or ""
+                else:
+                    (outcome.copied if result == "copied" else outcome.skipped).append(source)
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be pushed to {reg.host}:\n"
             + "\n".join(f"  {d}: {m}" for d, m in outcome.failed.items()),
             hint="check registry.host, the credentials registry.pullSecret names (they need push rights) and "
                  "registry.ca; run push again: images already there with the bundle's digest are skipped")
+    return outcome
+
+
+# ---------------------------------------------------------------- sync (registry to registry)
+
+
+def _platform_match(entry: Mapping[str, Any], platform: str) -> bool:
+    want_os, _, arch = platform.partition("/")
+    want_arch, _, variant = arch.partition("/")
+    p = entry.get("platform") or {}
+    return bool(p.get("os") == want_os and p.get("architecture") == want_arch
+                and (not variant or p.get("variant") == variant))
+
+
+def source_digest(ref: str, platform: str, *, cert: str | None) -> tuple[str | None, str]:
+    """The digest a copy of ref would land with: the manifest's own (--all-platforms, or a single-platform image),
+    else the platform's instance of a manifest list / index. (None, skopeo's message) when it cannot be read."""
+    argv = [skopeo(), "inspect", "--raw", "--retry-times", "2", *(["--cert-dir", cert] if cert else [])]
+    try:
+        proc = subprocess.run([*argv, f"docker://{ref}"], capture_output=True, timeout=INSPECT_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"skopeo inspect did not finish in {INSPECT_TIMEOUT:.0f}s"
+    if proc.returncode != 0:
+        return None, _skopeo_message(proc.stderr.decode(errors="replace"), ())
+    raw = proc.stdout
+    if platform != ALL_PLATFORMS:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = {}
+        if isinstance(doc, dict) and (doc.get("mediaType") in INDEX_TYPES or "manifests" in doc):
+            for m in doc.get("manifests") or []:
+                if isinstance(m, dict) and _platform_match(m, platform):
+                    return str(m.get("digest")), ""
+            return None, f"no {platform} image in its manifest list"
+    return "sha256:" + hashlib.sha256(raw).hexdigest(), ""
+
+
+def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platform: str = DEFAULT_PLATFORM,
+         progress: Progress = lambda e: None, jobs: int = JOBS) -> Outcome:
+    """Every image from its upstream (or the mirror `mirror.upstream` names) straight to its destination in
+    registry.host, for a machine that reaches both: digests preserved and checked, an image whose destination already
+    has the digest the copy would give is skipped. Raises TransferFailures (exit 4)."""
+    site = plan.site
+    reg = site.registry
+    secrets = secrets_of(config_json)
+    upstream = dict(site.mirror.upstream)
+    outcome = Outcome()
+    total = len(images)
+    events = _locked(progress)
+    if platform == ALL_PLATFORMS:
+        extra = ["--all"]
+    else:
+        os_, _, arch = platform.partition("/")
+        arch, _, variant = arch.partition("/")
+        extra = ["--override-os", os_, "--override-arch", arch, *(["--override-variant", variant] if variant else [])]
+    with cert_dir(site.mirror.upstreamCa) as src_certs, cert_dir(reg.ca) as certs, authfile(config_json) as auth:
+        def one(item: tuple[int, Any]) -> tuple[str, str | None]:
+            n, img = item
+            src = pull_from(img.source, upstream)
+            digest, err = source_digest(src, platform, cert=src_certs)
+            if digest is None:
+                where = f" (read from {src})" if src != img.source else ""
+                events(Event("failed", n, total, img.destination, err + where))
+                return "failed", err + where
+            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
+            if pinned and pinned != digest:
+                msg = (f"pinned by digest to {pinned}, a multi-platform image of which --platform {platform} would "
+                       f"copy the instance {digest}: sync with --all-platforms")
+                events(Event("failed", n, total, img.destination, msg))
+                return "failed", msg
+            src_args = ["--src-cert-dir", src_certs] if src_certs else []
+            return _copy_to(img.destination, digest, n, total, src_args, f"docker://{src}", certs=certs, auth=auth,
+                            tls=not reg.insecure, secrets=secrets, progress=events, extra=extra,
+                            source=src if src != img.destination else "")
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for (result, msg), img in zip(pool.map(one, enumerate(images, 1)), images, strict=True):
+                if result == "failed":
+                    outcome.failed[img.source] = msg or ""
+                else:
+                    (outcome.copied if result == "copied" else outcome.skipped).append(img.source)
+    if outcome.failed:
+        raise TransferFailures(
+            f"{len(outcome.failed)} of {total} images could not be synced to {reg.host}:\n"
+            + "\n".join(f"  {s}: {m}" for s, m in outcome.failed.items()),
+            hint="fix the cause (tag missing upstream, auth, TLS: mirror.upstreamCa, registry.ca, the push "
+                 "credentials) and run sync again: images already there are skipped")
     return outcome

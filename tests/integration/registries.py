@@ -24,7 +24,8 @@ def serve(root: Path, name: str, cert: Path, key: Path, htpasswd: Path | None = 
     The caller terminates the process."""
     port = free_port()
     config: dict = {"version": 0.1, "log": {"level": "error", "accesslog": {"disabled": True}},
-                    "storage": {"filesystem": {"rootdirectory": str(root / f"{name}-data")}},
+                    "storage": {"filesystem": {"rootdirectory": str(root / f"{name}-data")},
+                                "delete": {"enabled": True}},
                     "http": {"addr": f"127.0.0.1:{port}", "secret": "test-" + name,
                              "tls": {"certificate": str(cert), "key": str(key)}}}
     if htpasswd:

@@ -158,8 +158,13 @@ def test_demo_apply_twice_then_uninstall(demo):
     assert again.returncode == 0 and "uninstall ok: nodes changed=0" in again.stdout, again.stdout + again.stderr
 
     # apply --check on the uninstalled lab: says what it would do for the nodes and the release, changes nothing
+    # (the lab registry holds none of the release's images: the mirror check stops apply before any host, exit 3)
     check = subprocess.run([str(GI), "apply", "-s", str(site), "-i", status["inventory"], "-q", "--check"], env=env,
                            capture_output=True, text=True, timeout=900)
+    assert check.returncode == 3 and "mirror check:" in check.stderr, check.stdout + check.stderr[-3000:]
+    assert "the registry has no such tag (manifest unknown)" in check.stderr, check.stderr[-3000:]
+    check = subprocess.run([str(GI), "apply", "-s", str(site), "-i", status["inventory"], "-q", "--check",
+                            "--skip-mirror-check"], env=env, capture_output=True, text=True, timeout=900)
     assert check.returncode == 0, check.stdout + check.stderr[-3000:]
     assert re.search(r"nodes +would change", check.stdout), check.stdout
     assert re.search(rf"operator +would change +release gpu-operator: would install chart {re.escape(chart)}",

@@ -196,6 +196,26 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs += [out, err]
     assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
 
+    # 4b. verify: the plan's images resolve, the bundle's digests match; a deleted tag is found (exit 3, named)
+    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--os", "ubuntu22.04")
+    outputs += [out, err]
+    assert rc == 0 and f"{len(sources)} image(s) of the plan: all in {env['site_reg']}" in out, out + err
+    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--bundle", bundle)
+    outputs += [out, err]
+    assert rc == 0 and "all in" in out and "with the bundle's digests" in out, out + err
+    gone = next(i for i in images if i.source == V2S2)
+    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
+    out_ = subprocess.run(["skopeo", "delete", "--cert-dir", str(env["certs"]), "--authfile", str(auth),
+                           f"docker://{gone.destination}"], capture_output=True, text=True, timeout=60)
+    auth.unlink()
+    assert out_.returncode == 0, out_.stderr
+    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--bundle", bundle)
+    outputs += [out, err]
+    assert rc == 3 and f"{gone.destination}: missing" in err and "1 artifact(s) not in" in err, err
+    rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])  # push puts it back
+    outputs += [out, err]
+    assert rc == 0 and f"1 copied, {len(sources) - 1} already there" in err, err
+
     # 5. refused credentials: every image named with skopeo's message (exit 4), no password in it
     monkeypatch.setenv("MIRROR_TEST_PASSWORD", "wrong-" + CANARY)
     rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
@@ -211,6 +231,29 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs += [out, err]
     assert rc == 2 and "checksum mismatch" in err, err
     (bundle / "bundle.lock.json").write_text(text)
+
+    # 7. sync: registry to registry under another prefix, concurrently; digests as upstream; a re-sync copies
+    # nothing; verify agrees
+    import time
+
+    t0 = time.monotonic()
+    rc, out, err = cli("mirror", "sync", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=synced",
+                       "--jobs", "3")
+    outputs += [out, err]
+    assert rc == 0 and f"{len(sources)} copied, 0 already there" in err, err
+    print(f"mirror sync of {len(sources)} images: {time.monotonic() - t0:.2f}s")
+    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
+    for img in images:
+        dest = img.destination.replace("/mirror/", "/synced/", 1)
+        assert _raw_digest(dest, env["certs"], "--authfile", str(auth)) == upstream[img.source], dest
+    auth.unlink()
+    t0 = time.monotonic()
+    rc, out, err = cli("mirror", "sync", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=synced")
+    outputs += [out, err]
+    assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
+    print(f"no-op re-sync of {len(sources)} images: {time.monotonic() - t0:.2f}s")
+    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=synced")
+    assert rc == 0, out + err
 
     # no credential anywhere: command output, lock, bundle files
     for text in outputs:
@@ -298,6 +341,20 @@ def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
     rc, _, err = cli("mirror", "push", one, "-s", env["site"])
     assert rc == 0, err
     assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
+
+    # sync follows the same policy: the platform's instance by default (skipped when already there), the index whole
+    # with --all-platforms
+    synced = multi.destination.replace("/mirror/", "/sync-multi/", 1)
+    base = ("mirror", "sync", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=sync-multi")
+    rc, _, err = cli(*base)
+    assert rc == 0, err
+    assert _raw_digest(synced, env["certs"], "--authfile", str(auth)) == digests["linux/amd64"]
+    rc, _, err = cli(*base, "--platform", "linux/arm64")
+    assert rc == 0 and f"1 copied, {len(images) - 1} already there" in err, err
+    assert _raw_digest(synced, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
+    rc, _, err = cli(*base, "--all-platforms")
+    assert rc == 0 and f"1 copied, {len(images) - 1} already there" in err, err
+    assert _raw_digest(synced, env["certs"], "--authfile", str(auth)) == digests["all"]
 
 
 def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monkeypatch):
