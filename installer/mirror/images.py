@@ -431,12 +431,19 @@ def _locked(progress: Progress) -> Progress:
     return call
 
 
-def _copy_to(dest: str, digest: str, n: int, total: int, argv_src: list[str], src_ref: str, *, certs: str | None,
-             auth: str | None, tls: bool, secrets: Sequence[str], progress: Progress, extra: Sequence[str] = (),
-             source: str = "") -> tuple[str, str | None]:
-    """One image to dest unless dest already has digest; (outcome, message): copied | skipped | failed."""
-    have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-    if have == digest:
+_UNKNOWN: Any = object()  # _copy_to: the destination's digest has not been read yet
+
+
+def _copy_to(dest: str, digest: str | None, n: int, total: int, argv_src: list[str], src_ref: str, *,
+             certs: str | None, auth: str | None, tls: bool, secrets: Sequence[str], progress: Progress,
+             extra: Sequence[str] = (), source: str = "", have: Any = _UNKNOWN,
+             verify_after: bool = True) -> tuple[str, str | None]:
+    """One image to dest unless dest already has digest; (outcome, message): copied | skipped | failed. digest None:
+    the caller knows the destination is empty and checks the digest skopeo reports (returned as the message of
+    'copied'); have: the destination's digest when the caller read it already."""
+    if have is _UNKNOWN:
+        have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+    if digest is not None and have == digest:
         progress(Event("skipped", n, total, dest, digest))
         return "skipped", None
     progress(Event("start", n, total, dest, source))
@@ -447,11 +454,18 @@ def _copy_to(dest: str, digest: str, n: int, total: int, argv_src: list[str], sr
         argv += ["--dest-authfile", auth]
     if not tls:
         argv += ["--dest-tls-verify=false"]
-    rc, _, err = _run([*argv, src_ref, f"docker://{dest}"], secrets)
+    with tempfile.TemporaryDirectory(prefix="gpu-install-copy-") as tmp:
+        digestfile = Path(tmp) / "digest"
+        rc, _, err = _run([*argv, "--digestfile", str(digestfile), src_ref, f"docker://{dest}"], secrets)
+        written = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
     if rc != 0:
         progress(Event("failed", n, total, dest, err))
         return "failed", err
-    got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+    if digest is None:  # not known before (the destination was empty): what skopeo wrote, digests preserved
+        return "copied", written
+    # the registry's own answer, not only skopeo's report of what it sent
+    got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets) if verify_after \
+        else (written, "")
     if got != digest:
         msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
             f"after the copy the registry has {got}, the source {digest}"
@@ -567,21 +581,34 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
         def one(item: tuple[int, Any]) -> tuple[str, str | None]:
             n, img = item
             src = pull_from(img.source, upstream)
+            where = f" (read from {src})" if src != img.source else ""
+            src_args = ["--src-cert-dir", src_certs] if src_certs else []
+            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
+            have, _ = manifest_digest(img.destination, cert=certs, auth=auth, tls_verify=not reg.insecure,
+                                      secrets=secrets)
+            if have is None and not pinned:
+                # nothing there yet: no need to read the source first; skopeo reports the digest it wrote
+                events(Event("start", n, total, img.destination, src))
+                result, written = _copy_to(img.destination, None, n, total, src_args, f"docker://{src}", certs=certs,
+                                           auth=auth, tls=not reg.insecure, secrets=secrets,
+                                           progress=lambda e: None, extra=extra, have=None)
+                if result == "failed":
+                    events(Event("failed", n, total, img.destination, (written or "") + where))
+                    return "failed", (written or "") + where
+                events(Event("copied", n, total, img.destination, written or ""))
+                return "copied", None
             digest, err = source_digest(src, platform, cert=src_certs)
             if digest is None:
-                where = f" (read from {src})" if src != img.source else ""
                 events(Event("failed", n, total, img.destination, err + where))
                 return "failed", err + where
-            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
             if pinned and pinned != digest:
                 msg = (f"pinned by digest to {pinned}, a multi-platform image of which --platform {platform} would "
                        f"copy the instance {digest}: sync with --all-platforms")
                 events(Event("failed", n, total, img.destination, msg))
                 return "failed", msg
-            src_args = ["--src-cert-dir", src_certs] if src_certs else []
             return _copy_to(img.destination, digest, n, total, src_args, f"docker://{src}", certs=certs, auth=auth,
                             tls=not reg.insecure, secrets=secrets, progress=events, extra=extra,
-                            source=src if src != img.destination else "")
+                            source=src if src != img.destination else "", have=have)
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             for (result, msg), img in zip(pool.map(one, enumerate(images, 1)), images, strict=True):
