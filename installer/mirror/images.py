@@ -420,6 +420,17 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
 JOBS = 4  # images copied at a time by push and sync (--jobs)
 
 
+def concurrently(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int) -> list[Any]:
+    """fn over items, jobs at a time, results in order. The first item runs alone: the images of a release share
+    their base layers, and once one copy has put them in the destination registry (and skopeo's blob-info cache
+    knows where), the others mount them there instead of each uploading the same layers at once."""
+    if not items:
+        return []
+    first = [fn(items[0])]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return first + list(pool.map(fn, items[1:]))
+
+
 def _locked(progress: Progress) -> Progress:
     """progress made safe to call from the copying threads (one event at a time, in the order they happen)."""
     lock = threading.Lock()
@@ -508,12 +519,12 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
                                        tls=not reg.insecure, secrets=secrets, progress=events, extra=extra)
             return result, str(e["source"]), msg
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for (result, source, msg), e in zip(pool.map(one, enumerate(entries, 1)), entries, strict=True):
-                if result == "failed":
-                    outcome.failed[str(e["destination"])] = msg or ""
-                else:
-                    (outcome.copied if result == "copied" else outcome.skipped).append(source)
+        for (result, source, msg), e in zip(concurrently(one, list(enumerate(entries, 1)), jobs), entries,
+                                            strict=True):
+            if result == "failed":
+                outcome.failed[str(e["destination"])] = msg or ""
+            else:
+                (outcome.copied if result == "copied" else outcome.skipped).append(source)
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be pushed to {reg.host}:\n"
@@ -610,12 +621,11 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
                             tls=not reg.insecure, secrets=secrets, progress=events, extra=extra,
                             source=src if src != img.destination else "", have=have)
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for (result, msg), img in zip(pool.map(one, enumerate(images, 1)), images, strict=True):
-                if result == "failed":
-                    outcome.failed[img.source] = msg or ""
-                else:
-                    (outcome.copied if result == "copied" else outcome.skipped).append(img.source)
+        for (result, msg), img in zip(concurrently(one, list(enumerate(images, 1)), jobs), images, strict=True):
+            if result == "failed":
+                outcome.failed[img.source] = msg or ""
+            else:
+                (outcome.copied if result == "copied" else outcome.skipped).append(img.source)
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be synced to {reg.host}:\n"
