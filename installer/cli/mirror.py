@@ -99,45 +99,69 @@ def plan_text(p: ArtifactPlan) -> str:
 
 
 class _Report:
-    """Progress of mirror pull/push, one line per image (rich bars on a terminal, plain lines elsewhere; -q: none)."""
+    """Progress of mirror pull/push, one line per image (rich bars on a terminal, plain lines elsewhere; -q: none),
+    each finished image with its size, and a summary of images and bytes. Called from several copying threads."""
 
     def __init__(self, quiet: bool, verb: str):
+        import threading
+        import time
+
         from installer.ui import TransferProgress
 
         self.verb = verb
         self.progress: TransferProgress | None = None if quiet else TransferProgress(unit="images")
-        self.current: Transfer | None = None
+        self.current: dict[str, Transfer] = {}
+        self.bytes = 0
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
 
     def __call__(self, e: Event) -> None:
-        if self.progress is None:
-            return
-        label = f"[{e.index}/{e.total}] {e.ref}"
-        if e.kind == "start":
-            self.current = self.progress.add(f"{label}: {self.verb}" + (f" from {e.detail}" if e.detail else ""),
-                                             total=1)
-        elif e.kind == "skipped":
-            with self.progress.add(f"{label}: already there ({e.detail})", total=1) as t:
+        from installer.ui import _size
+
+        with self._lock:
+            size = e.detail.rpartition(" ")[2]
+            if e.kind == "copied" and size.isdigit():
+                self.bytes += int(size)
+            if self.progress is None:
+                return
+            label = f"[{e.index}/{e.total}] {e.ref}"
+            if e.kind == "start":
+                self.current[e.ref] = self.progress.add(
+                    f"{label}: {self.verb}" + (f" from {e.detail}" if e.detail else ""), total=1)
+            elif e.kind == "skipped":
+                with self.progress.add(f"{label}: already there ({e.detail})", total=1) as t:
+                    t.advance()
+            elif e.kind == "copied" and e.ref in self.current:
+                t = self.current.pop(e.ref)
+                if size.isdigit():
+                    t.description += f" ({_size(int(size))})"
                 t.advance()
-        elif e.kind == "copied" and self.current is not None:
-            self.current.advance()
-            self.current.done()
-            self.current = None
-        elif e.kind == "failed":
-            if self.current is None:
-                self.current = self.progress.add(f"{label}: {self.verb}", total=1)
-            self.current.stop()
-            self.current = None
+                t.done()
+            elif e.kind == "failed":
+                failed = self.current.pop(e.ref, None) or self.progress.add(f"{label}: {self.verb}", total=1)
+                failed.stop()
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.close()
 
+    def rate(self) -> str:
+        """'1.2 GB in 0:42 (29.0 MB/s)': the bytes copied so far."""
+        import time
 
-def _summary(what: str, outcome: Any, quiet: bool) -> None:
+        from installer.ui import _clock_text, _size
+
+        elapsed = time.monotonic() - self.started
+        speed = f" ({_size(self.bytes / elapsed)}/s)" if elapsed > 0 and self.bytes else ""
+        return f"{_size(self.bytes)} in {_clock_text(elapsed)}{speed}"
+
+
+def _summary(what: str, outcome: Any, quiet: bool, report: _Report | None = None) -> None:
     import sys
 
     if not quiet:
-        print(f"{what}: {len(outcome.copied)} copied, {len(outcome.skipped)} already there", file=sys.stderr)
+        moved = f"; {report.rate()}" if report is not None else ""
+        print(f"{what}: {len(outcome.copied)} copied, {len(outcome.skipped)} already there{moved}", file=sys.stderr)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -150,10 +174,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
     platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
     report = _Report(args.quiet, "pulling")
     try:
-        outcome = images.pull(plan, artifacts.images, Path(args.output), platform=platform, progress=report)
+        outcome = images.pull(plan, artifacts.images, Path(args.output), platform=platform, progress=report,
+                              jobs=args.jobs)
     finally:
         report.close()
-    _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform})", outcome, args.quiet)
+    _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform})", outcome, args.quiet,
+             report)
     return 0
 
 
@@ -172,10 +198,10 @@ def cmd_push(args: argparse.Namespace) -> int:
         site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
     report = _Report(args.quiet, "pushing")
     try:
-        outcome = images.push(site, bundle, config_json=creds, progress=report)
+        outcome = images.push(site, bundle, config_json=creds, progress=report, jobs=args.jobs)
     finally:
         report.close()
-    _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet)
+    _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet, report)
     return 0
 
 
@@ -185,6 +211,11 @@ def _platform(text: str) -> str:
     if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not OS/ARCH[/VARIANT], e.g. linux/amd64 or linux/arm64")
     return text
+
+
+def _jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-j", "--jobs", type=int, default=4, metavar="N",
+                   help="copy N images at a time, one skopeo process each (default 4)")
 
 
 def register(sub: Any) -> None:
@@ -222,6 +253,7 @@ def register(sub: Any) -> None:
                            "is the one recorded and pushed")
     plat.add_argument("--all-platforms", action="store_true",
                       help="copy manifest lists / indexes whole, every platform (the published digest)")
+    _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
 
@@ -229,5 +261,6 @@ def register(sub: Any) -> None:
                               "verified; air-gapped side; idempotent")
     p.add_argument("bundle", metavar="DIR", help="bundle directory written by `gpu-install mirror pull`")
     site_args(p)
+    _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_push)

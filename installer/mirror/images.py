@@ -7,7 +7,10 @@ stored once), one reference name per image (its canonical source reference). Man
 single-platform manifest an amd64 node pulls), with `--all-platforms` the manifest list / index as published. The
 result is recorded in DIR/bundle.lock.json (SCHEMA) as it goes, with the checksum DIR/bundle.lock.json.sha256 over it.
 A re-run skips what the lock and the layout already hold; a failed image is named with skopeo's message and leaves
-the bundle marked incomplete, which push refuses.
+the bundle marked incomplete, which push refuses. `jobs` images are copied at a time (one skopeo process each); each
+pull writes its own index.json (skopeo's oci: destination does not lock it) next to the shared blob store, and one
+thread merges the entries and writes the lock, after each image: a pull killed mid-way keeps every finished image
+and every complete blob, and the next run copies neither again.
 
 push: the lock's checksum first, then every image from the layout to its destination in registry.host, digests
 preserved and checked after the copy (`skopeo inspect --raw`); an image whose destination already has the lock's
@@ -29,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,18 +319,67 @@ class Layout:
 # ---------------------------------------------------------------- pull
 
 
+DEFAULT_JOBS = 4
+PARTIAL = ".pulling"
+
+
+def _jobs(jobs: int) -> int:
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: at least 1 image at a time", hint="give --jobs 1 or more (default 4)")
+    return jobs
+
+
+def _private_layout(bundle: Path, layout: Layout, name: str) -> Path:
+    """A fresh OCI layout of its own for one image being pulled, whose blobs/ is a link to the bundle layout's blobs/.
+
+    skopeo's oci: destination rewrites index.json read-modify-write with no lock, so concurrent copies into ONE
+    layout lose each other's entries; each copy therefore gets its own index.json, while the blobs go straight into
+    the shared store (skopeo writes a blob to a temporary file and renames it into place: atomic, and a blob another
+    image already brought is found there and not fetched again). Our code merges the index entries, one thread."""
+    root = bundle / PARTIAL / hashlib.sha256(name.encode()).hexdigest()[:16]
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    (root / "blobs").symlink_to(os.path.relpath(layout.path / "blobs", root))
+    return root
+
+
+def _merge_index(layout: Layout, name: str, descriptor: Mapping[str, Any]) -> None:
+    """Name descriptor as name in the bundle layout's index.json (replacing an older entry), written atomically."""
+    from installer.util import atomic_write
+
+    entries = [m for m in layout.index() if (m.get("annotations") or {}).get(REF_NAME) != name]
+    entries.append(dict(descriptor))
+    atomic_write(layout.path / "index.json", json.dumps({"schemaVersion": 2, "manifests": entries}) + "\n")
+
+
+@dataclass(frozen=True)
+class _Pulled:
+    n: int
+    img: Any
+    src: str
+    rc: int
+    err: str
+    digest: str
+    private: Path
+
+
 def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFAULT_PLATFORM,
-         progress: Progress = lambda e: None, finish: bool = True) -> Outcome:
-    """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json.
-    Raises TransferFailures (exit 4) naming every image that failed, after trying all of them. finish=False leaves
-    the bundle incomplete for the other kinds' pulls (the caller ends with bundle.finish)."""
+         progress: Progress = lambda e: None, finish: bool = True, jobs: int = DEFAULT_JOBS) -> Outcome:
+    """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json, jobs
+    images at a time. Raises TransferFailures (exit 4) naming every image that failed, after trying all of them.
+    finish=False leaves the bundle incomplete for the other kinds' pulls (the caller ends with bundle.finish).
+    progress is called from the copying threads (start) and the recording thread (the rest)."""
     if ":" in str(bundle.resolve()):
         raise ConfigError(f"-o {bundle}: skopeo's oci: references cannot name a directory whose path has a ':'",
                           hint="choose another directory")
+    jobs = _jobs(jobs)
     site = plan.site
     bundle.mkdir(parents=True, exist_ok=True)
     layout = Layout(bundle / LAYOUT)
-    layout.path.mkdir(exist_ok=True)
+    (layout.path / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    if not (layout.path / "oci-layout").exists():
+        (layout.path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    shutil.rmtree(bundle / PARTIAL, ignore_errors=True)  # a killed run's private layouts: their blobs are kept
     old: dict[str, Any] = {}
     prev = load_for_update(bundle)
     if prev.get("platform") == platform:
@@ -342,71 +395,87 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
                    and f.get("kind", IMAGE) != IMAGE], **kept}
     outcome = Outcome()
     total = len(images)
+    order = {img.source: n for n, img in enumerate(images)}
     upstream = dict(site.mirror.upstream)
-    with cert_dir(site.mirror.upstreamCa) as certs:
-        for n, img in enumerate(images, 1):
-            name = ref_name(img.source)
-            src = pull_from(img.source, upstream)
-            prev_entry = old.get(img.source)
-            if prev_entry and layout.complete(name, str(prev_entry.get("digest"))):
-                entry = {**prev_entry, "destination": img.destination, "component": img.component}
-                lock["images"].append(entry)
-                outcome.skipped.append(img.source)
-                progress(Event("skipped", n, total, img.source, str(prev_entry.get("digest"))))
-                continue
-            progress(Event("start", n, total, img.source, src if src != img.source else ""))
-            with tempfile.TemporaryDirectory(prefix="gpu-install-pull-") as tmp:
-                digestfile = Path(tmp) / "digest"
-                argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2",
-                        "--digestfile", str(digestfile)]
-                if platform == ALL_PLATFORMS:
-                    argv += ["--all"]
-                else:
-                    os_, _, arch = platform.partition("/")
-                    arch, _, variant = arch.partition("/")
-                    argv += ["--override-os", os_, "--override-arch", arch]
-                    if variant:
-                        argv += ["--override-variant", variant]
-                if certs:
-                    argv += ["--src-cert-dir", certs]
-                argv += [f"docker://{src}", f"oci:{layout.path}:{name}"]
-                rc, _, err = _run(argv)
-                digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
-            if rc != 0 or not digest:
-                msg = err if rc != 0 else "skopeo wrote no digest"
-                where = f" (read from {src})" if src != img.source and src not in msg else ""
-                outcome.failed[img.source] = msg + where
-                lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
-                progress(Event("failed", n, total, img.source, msg + where))
-                write_lock(bundle, lock)
-                continue
-            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
-            if pinned and pinned != digest:
-                msg = (f"pinned by digest to {pinned}, a multi-platform image of which --platform {platform} copied "
-                       f"the instance {digest}: its destination (by digest) could not hold it; pull with "
-                       "--all-platforms")
-            elif layout.digest_of(name) != digest:
-                msg = f"the layout names {layout.digest_of(name)} for it, skopeo copied {digest}"
-            else:
-                msg = ""
-            if msg:
-                outcome.failed[img.source] = msg
-                lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
-                progress(Event("failed", n, total, img.source, msg))
-                write_lock(bundle, lock)
-                continue
+    todo: list[tuple[int, Any]] = []
+    for n, img in enumerate(images, 1):
+        prev_entry = old.get(img.source)
+        if prev_entry and layout.complete(ref_name(img.source), str(prev_entry.get("digest"))):
+            lock["images"].append({**prev_entry, "destination": img.destination, "component": img.component})
+            outcome.skipped.append(img.source)
+            progress(Event("skipped", n, total, img.source, str(prev_entry.get("digest"))))
+        else:
+            todo.append((n, img))
+    write_lock(bundle, lock)
+
+    def copy(n: int, img: Any, certs: str | None) -> _Pulled:
+        name = ref_name(img.source)
+        src = pull_from(img.source, upstream)
+        private = _private_layout(bundle, layout, name)
+        progress(Event("start", n, total, img.source, src if src != img.source else ""))
+        digestfile = private / "digest"
+        argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", "--digestfile",
+                str(digestfile)]
+        if platform == ALL_PLATFORMS:
+            argv += ["--all"]
+        else:
+            os_, _, arch = platform.partition("/")
+            arch, _, variant = arch.partition("/")
+            argv += ["--override-os", os_, "--override-arch", arch]
+            if variant:
+                argv += ["--override-variant", variant]
+        if certs:
+            argv += ["--src-cert-dir", certs]
+        rc, _, err = _run([*argv, f"docker://{src}", f"oci:{private}:{name}"])
+        digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
+        return _Pulled(n, img, src, rc, err, digest, private)
+
+    def record(r: _Pulled) -> None:
+        img, src, digest, name = r.img, r.src, r.digest, ref_name(r.img.source)
+        mine = Layout(r.private)
+        msg = ""
+        if r.rc != 0 or not digest:
+            msg = r.err if r.rc != 0 else "skopeo wrote no digest"
+            msg += f" (read from {src})" if src != img.source and src not in msg else ""
+        elif "@" in img.source and img.source.rpartition("@")[2] != digest:
+            msg = (f"pinned by digest to {img.source.rpartition('@')[2]}, a multi-platform image of which --platform "
+                   f"{platform} copied the instance {digest}: its destination (by digest) could not hold it; pull "
+                   "with --all-platforms")
+        elif mine.digest_of(name) != digest:
+            msg = f"the layout names {mine.digest_of(name)} for it, skopeo copied {digest}"
+        if msg:
+            outcome.failed[img.source] = msg
+            lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
+            progress(Event("failed", r.n, total, img.source, msg))
+        else:
+            descriptor = mine.descriptor(name) or {}
+            _merge_index(layout, name, descriptor)
             size = sum(layout.closure(digest).values())
             lock["images"].append({"source": img.source, "pulledFrom": src, "destination": img.destination,
                                    "component": img.component, "refName": name, "digest": digest, "size": size})
             outcome.copied.append(img.source)
-            progress(Event("copied", n, total, img.source, f"{digest} {size}"))
-            write_lock(bundle, lock)
+            progress(Event("copied", r.n, total, img.source, f"{digest} {size}"))
+        shutil.rmtree(r.private, ignore_errors=True)
+        write_lock(bundle, lock)
+
+    with cert_dir(site.mirror.upstreamCa) as certs, ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(copy, n, img, certs) for n, img in todo]
+        try:
+            for fut in as_completed(futures):
+                record(fut.result())  # this thread alone writes index.json and the lock
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    shutil.rmtree(bundle / PARTIAL, ignore_errors=True)
+    lock["images"].sort(key=lambda e: order.get(str(e.get("source")), total))
     lock["complete"] = finish and not lock["failed"]
     write_lock(bundle, lock)
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be pulled; the bundle is incomplete (push refuses "
-            "it):\n" + "\n".join(f"  {s}: {m}" for s, m in outcome.failed.items()),
+            "it):\n" + "\n".join(f"  {s}: {m}" for s, m in sorted(outcome.failed.items(),
+                                                                  key=lambda kv: order.get(kv[0], total))),
             hint="fix the cause (tag missing upstream, auth, TLS: mirror.upstreamCa, mirror.upstream) and run pull "
                  "again: the images already in the bundle are not copied again")
     return outcome
@@ -415,9 +484,11 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
 # ---------------------------------------------------------------- push
 
 
-def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None) -> Outcome:
+def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
+         jobs: int = DEFAULT_JOBS) -> Outcome:
     """Every image of a complete, verified bundle to its destination in registry.host (as the plan computed it at
-    pull), digests preserved and checked. Raises TransferFailures (exit 4)."""
+    pull), digests preserved and checked, jobs images at a time. Raises TransferFailures (exit 4)."""
+    jobs = _jobs(jobs)
     lock = bundle_for_push(bundle)
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
@@ -437,40 +508,47 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
     outcome = Outcome()
     total = len(entries)
     tls = not reg.insecure
-    with cert_dir(reg.ca) as certs, authfile(config_json) as auth:
-        for n, e in enumerate(entries, 1):
-            source, digest = str(e["source"]), str(e["digest"])
-            dest = str(e["destination"])
-            have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-            if have == digest:
-                outcome.skipped.append(source)
-                progress(Event("skipped", n, total, dest, digest))
-                continue
-            progress(Event("start", n, total, dest, ""))
-            with layout.as_dir(digest) as d:
-                argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
-                if lock.get("platform") == ALL_PLATFORMS:
-                    argv += ["--all"]
-                if certs:
-                    argv += ["--dest-cert-dir", certs]
-                if auth:
-                    argv += ["--dest-authfile", auth]
-                if not tls:
-                    argv += ["--dest-tls-verify=false"]
-                rc, _, err = _run([*argv, f"dir:{d}", f"docker://{dest}"], secrets)
-            if rc != 0:
-                outcome.failed[dest] = err
-                progress(Event("failed", n, total, dest, err))
-                continue
-            got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-            if got != digest:
-                msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
-                    f"after the copy the registry has {got}, the bundle {digest}"
-                outcome.failed[dest] = msg
-                progress(Event("failed", n, total, dest, msg))
-                continue
-            outcome.copied.append(source)
-            progress(Event("copied", n, total, dest, digest))
+
+    def one(n: int, e: Mapping[str, Any], certs: str | None, auth: str | None) -> tuple[str, str, str]:
+        """(outcome kind, destination, message) of one image."""
+        digest, dest = str(e["digest"]), str(e["destination"])
+        have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+        if have == digest:
+            progress(Event("skipped", n, total, dest, digest))
+            return "skipped", dest, ""
+        progress(Event("start", n, total, dest, ""))
+        with layout.as_dir(digest) as d:
+            argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
+            if lock.get("platform") == ALL_PLATFORMS:
+                argv += ["--all"]
+            if certs:
+                argv += ["--dest-cert-dir", certs]
+            if auth:
+                argv += ["--dest-authfile", auth]
+            if not tls:
+                argv += ["--dest-tls-verify=false"]
+            rc, _, err = _run([*argv, f"dir:{d}", f"docker://{dest}"], secrets)
+        if rc != 0:
+            progress(Event("failed", n, total, dest, err))
+            return "failed", dest, err
+        got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+        if got != digest:
+            msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
+                f"after the copy the registry has {got}, the bundle {digest}"
+            progress(Event("failed", n, total, dest, msg))
+            return "failed", dest, msg
+        progress(Event("copied", n, total, dest, f"{digest} {e.get('size') or 0}"))
+        return "copied", dest, ""
+
+    with cert_dir(reg.ca) as certs, authfile(config_json) as auth, ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(one, n, e, certs, auth): e for n, e in enumerate(entries, 1)}
+        results = {id(futures[f]): f.result() for f in as_completed(futures)}
+    for e in entries:
+        kind, dest, msg = results[id(e)]
+        if kind == "failed":
+            outcome.failed[dest] = msg
+        else:
+            (outcome.copied if kind == "copied" else outcome.skipped).append(str(e["source"]))
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be pushed to {reg.host}:\n"

@@ -151,6 +151,9 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     assert len(set(layers)) == 1 and len(layers) == len(sources)  # one layer shared by every image …
     assert blobs == {d.split(":")[1] for d in referenced}  # … stored once, nothing else in the layout
 
+    assert not (bundle / ".pulling").exists()  # the private layouts of the concurrent copies are gone
+    assert "B in " in err and "copied" in err  # the summary says how many bytes were copied
+
     # 3. a re-run copies nothing
     rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
     outputs += [out, err]

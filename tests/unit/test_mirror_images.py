@@ -141,3 +141,9 @@ def test_the_mirror_plan_says_what_the_bundle_does_not_carry_yet(site_data):
     plan = plan_of(parse_site(site_data), os_tags=("ubuntu22.04",))
     assert any(n.startswith("mirror pull/push carry the images; the chart and the OS packages are not in the bundle")
                for n in plan.artifacts().notes)
+
+
+def test_jobs_below_one_is_refused_before_anything_is_copied(tmp_path):
+    with pytest.raises(ConfigError, match="--jobs 0"):
+        m.push(object(), tmp_path, config_json=None, jobs=0)
+    assert list(tmp_path.iterdir()) == []
