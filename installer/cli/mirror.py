@@ -205,6 +205,36 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def _credentials(site: Any) -> bytes | None:
+    """The site registry's docker config.json from registry.pullSecret (env vars or file), or None without one."""
+    from installer.kube import docker_config_json
+
+    ps = site.registry.pullSecret
+    return docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from installer.mirror import verify
+    from installer.mirror.bundle import read_lock
+
+    plan = resolve_plan(args)
+    site = plan.site
+    if args.bundle:
+        bundle = Path(args.bundle)
+        wanted = verify.from_lock(site, read_lock(bundle, verify=True), bundle)
+        how = "by the bundle's digests"
+    else:
+        wanted = verify.from_plan(plan.artifacts(()).images)
+        how = "tags resolve"
+    n = verify.require(site, wanted, config_json=_credentials(site), jobs=args.jobs)
+    if not args.quiet:
+        print(f"all {n} images are in {site.registry.host} ({how})", file=sys.stderr)
+    return 0
+
+
 def _platform(text: str) -> str:
     import re
 
@@ -256,6 +286,21 @@ def register(sub: Any) -> None:
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
+
+    p = command(msub, "verify", "check that every image of the plan (or of a bundle's lock) is in registry.host, by "
+                                "digest; exit 3 naming what is missing")
+    site_args(p)
+    inventory_arg(p)
+    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
+                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
+                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    p.add_argument("--bundle", metavar="DIR",
+                   help="check the images of this bundle's lock, each by its digest (default: the plan's images, "
+                        "their tags must resolve)")
+    _jobs_arg(p)
+    quiet_arg(p)
+    p.set_defaults(func=cmd_verify)
 
     p = command(msub, "push", "copy a bundle's images into the site registry (registry.host), digests preserved and "
                               "verified; air-gapped side; idempotent")

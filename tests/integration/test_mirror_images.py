@@ -191,6 +191,23 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs += [out, err]
     assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
 
+    # verify: by the bundle's digests, and by the plan's tags; a site whose prefix holds nothing: exit 3, each named
+    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--bundle", bundle)
+    outputs += [out, err]
+    assert rc == 0 and f"all {len(sources)} images are in {env['site_reg']} (by the bundle's digests)" in err, err
+    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--os", "ubuntu22.04")
+    outputs += [out, err]
+    assert rc == 0 and "(tags resolve)" in err, err
+    other = env["root"] / "other-prefix.yaml"
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "elsewhere"
+    other.write_text(yaml.safe_dump(doc))
+    rc, out, err = cli("mirror", "verify", "-s", other, "--os", "ubuntu22.04")
+    outputs += [out, err]
+    assert rc == 3 and f"{len(sources)} of {len(sources)} images are not in" in err and "mirror push" in err, err
+    for img in images:
+        assert f"{img.destination.replace('/mirror/', '/elsewhere/')} (from {img.source}): missing (" in err, err
+
     # 5. refused credentials: every image named with skopeo's message (exit 4), no password in it
     monkeypatch.setenv("MIRROR_TEST_PASSWORD", "wrong-" + CANARY)
     rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
@@ -293,6 +310,13 @@ def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
     rc, _, err = cli("mirror", "push", one, "-s", env["site"])
     assert rc == 0, err
     assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
+    # verify by digest: the arm64 bundle is there; the all-platforms bundle's index is not (another digest)
+    rc, _, err = cli("mirror", "verify", "-s", env["site"], "--bundle", one, "-q")
+    assert rc == 0 and err == "", err
+    rc, _, err = cli("mirror", "verify", "-s", env["site"], "--bundle", every)
+    assert rc == 3 and f"1 of {len(images)} images are not in" in err, err
+    assert f"{multi.destination} (from {multi.source}): the registry has {digests['linux/arm64']}, the bundle " \
+           f"{digests['all']}" in err, err
 
 
 def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monkeypatch):
