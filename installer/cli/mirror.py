@@ -213,6 +213,24 @@ def _credentials(site: Any) -> bytes | None:
     return docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    from installer.mirror import images
+
+    plan = resolve_plan(args)
+    artifacts = plan.artifacts(())
+    platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
+    creds = _credentials(plan.site)
+    report = _Report(args.quiet, "syncing")
+    try:
+        outcome = images.sync(plan, artifacts.images, config_json=creds, platform=platform, progress=report,
+                              jobs=args.jobs)
+    finally:
+        report.close()
+    _summary(f"synced {len(artifacts.images)} images to {plan.site.registry.host} (platform {platform})", outcome,
+             args.quiet, report)
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
@@ -286,6 +304,23 @@ def register(sub: Any) -> None:
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
+
+    p = command(msub, "sync", "copy every image of the mirror plan from its upstream straight into registry.host, "
+                              "digests preserved and checked (a host that sees both registries); idempotent")
+    site_args(p)
+    inventory_arg(p)
+    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
+                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
+                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    plat = p.add_mutually_exclusive_group()
+    plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
+                      help="copy this platform's manifest of a multi-platform image (default linux/amd64)")
+    plat.add_argument("--all-platforms", action="store_true",
+                      help="copy manifest lists / indexes whole, every platform (the published digest)")
+    _jobs_arg(p)
+    quiet_arg(p)
+    p.set_defaults(func=cmd_sync)
 
     p = command(msub, "verify", "check that every image of the plan (or of a bundle's lock) is in registry.host, by "
                                 "digest; exit 3 naming what is missing")

@@ -185,9 +185,8 @@ def secrets_of(config_json: bytes | None) -> list[str]:
     return out
 
 
-def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
-    """(sha256:… of the raw manifest at docker://ref, "") or (None, skopeo's message); kw: cert, auth, tls_verify,
-    secrets."""
+def raw_manifest(ref: str, **kw: Any) -> tuple[bytes | None, str]:
+    """(the raw manifest at docker://ref, "") or (None, skopeo's message); kw: cert, auth, tls_verify, secrets."""
     argv = [skopeo(), "inspect", "--raw", "--retry-times", "2"]
     if kw.get("cert"):
         argv += ["--cert-dir", kw["cert"]]
@@ -202,7 +201,33 @@ def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
         return None, f"skopeo inspect did not finish in {INSPECT_TIMEOUT:.0f}s"
     if proc.returncode != 0:
         return None, _skopeo_message(proc.stderr.decode(errors="replace"), kw.get("secrets", ()))
-    return "sha256:" + hashlib.sha256(proc.stdout).hexdigest(), ""
+    return proc.stdout, ""
+
+
+def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
+    """(sha256:… of the raw manifest at docker://ref, "") or (None, skopeo's message); kw as raw_manifest."""
+    raw, err = raw_manifest(ref, **kw)
+    return (None, err) if raw is None else ("sha256:" + hashlib.sha256(raw).hexdigest(), "")
+
+
+def platform_digest(raw: bytes, platform: str) -> tuple[str | None, str]:
+    """The digest skopeo copies of this manifest for platform (ALL_PLATFORMS: the manifest itself; a list/index:
+    its entry for OS/ARCH[/VARIANT]); (None, why) when the list has no such entry."""
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None, "the manifest is not JSON"
+    if platform == ALL_PLATFORMS or not isinstance(doc, dict) or not (
+            doc.get("mediaType") in INDEX_TYPES or "manifests" in doc):
+        return digest, ""
+    os_, _, arch = platform.partition("/")
+    arch, _, variant = arch.partition("/")
+    for m in doc.get("manifests") or []:
+        p = m.get("platform") or {} if isinstance(m, dict) else {}
+        if p.get("os") == os_ and p.get("architecture") == arch and (not variant or p.get("variant") == variant):
+            return str(m.get("digest")), ""
+    return None, f"the manifest list has no {platform} image; pull with --platform of one it has or --all-platforms"
 
 
 # ---------------------------------------------------------------- the layout
@@ -555,4 +580,83 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
             + "\n".join(f"  {d}: {m}" for d, m in outcome.failed.items()),
             hint="check registry.host, the credentials registry.pullSecret names (they need push rights) and "
                  "registry.ca; run push again: images already there with the bundle's digest are skipped")
+    return outcome
+
+
+# ---------------------------------------------------------------- sync
+
+
+def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platform: str = DEFAULT_PLATFORM,
+         progress: Progress = lambda e: None, jobs: int = DEFAULT_JOBS) -> Outcome:
+    """Registry to registry, for a host that sees both: every image from its upstream (through mirror.upstream /
+    mirror.upstreamCa, as pull reads it) straight to its destination in registry.host (credentials and CA as push),
+    digests preserved and checked. An image whose destination already has the upstream's digest (for platform) is
+    skipped after one manifest read on each side, so a re-sync of a mirrored release copies nothing.
+    Raises TransferFailures (exit 4) naming every image that failed, after trying all of them."""
+    jobs = _jobs(jobs)
+    site = plan.site
+    reg = site.registry
+    secrets = secrets_of(config_json)
+    upstream = dict(site.mirror.upstream)
+    tls = not reg.insecure
+    total = len(images)
+    outcome = Outcome()
+
+    def one(n: int, img: Any, up: str | None, certs: str | None, auth: str | None) -> tuple[str, str]:
+        src, dest = pull_from(img.source, upstream), img.destination
+        raw, err = raw_manifest(src, cert=up)
+        want, why = platform_digest(raw, platform) if raw is not None else (None, err)
+        if want is None:
+            msg = why + (f" (read from {src})" if src != img.source and src not in why else "")
+            progress(Event("failed", n, total, img.source, msg))
+            return "failed", msg
+        if "@" in img.source and img.source.rpartition("@")[2] != want:
+            msg = (f"pinned by digest to {img.source.rpartition('@')[2]}, a multi-platform image of which --platform "
+                   f"{platform} is the instance {want}: its destination (by digest) could not hold it; sync with "
+                   "--all-platforms")
+            progress(Event("failed", n, total, img.source, msg))
+            return "failed", msg
+        have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+        if have == want:
+            progress(Event("skipped", n, total, dest, want))
+            return "skipped", ""
+        progress(Event("start", n, total, dest, src))
+        argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
+        if platform == ALL_PLATFORMS:
+            argv += ["--all"]
+        else:
+            os_, _, arch = platform.partition("/")
+            arch, _, variant = arch.partition("/")
+            argv += ["--override-os", os_, "--override-arch", arch] + (["--override-variant", variant] if variant else [])
+        argv += ["--src-cert-dir", up] if up else []
+        argv += ["--dest-cert-dir", certs] if certs else []
+        argv += ["--dest-authfile", auth] if auth else []
+        argv += [] if tls else ["--dest-tls-verify=false"]
+        rc, _, err = _run([*argv, f"docker://{src}", f"docker://{dest}"], secrets)
+        if rc != 0:
+            progress(Event("failed", n, total, dest, err))
+            return "failed", err
+        got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+        if got != want:
+            msg = f"after the copy the registry has {got or 'nothing'}" + (f" ({err})" if err else "") + \
+                f", upstream {want}"
+            progress(Event("failed", n, total, dest, msg))
+            return "failed", msg
+        progress(Event("copied", n, total, dest, want))
+        return "copied", ""
+
+    with cert_dir(site.mirror.upstreamCa) as up, cert_dir(reg.ca) as certs, authfile(config_json) as auth, \
+            ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(lambda a: one(a[0], a[1], up, certs, auth), enumerate(images, 1)))
+    for img, (kind, msg) in zip(images, results, strict=True):
+        if kind == "failed":
+            outcome.failed[img.source] = msg
+        else:
+            (outcome.copied if kind == "copied" else outcome.skipped).append(img.source)
+    if outcome.failed:
+        raise TransferFailures(
+            f"{len(outcome.failed)} of {total} images could not be synced to {reg.host}:\n"
+            + "\n".join(f"  {s}: {m}" for s, m in outcome.failed.items()),
+            hint="fix the cause (tag missing upstream, mirror.upstream / mirror.upstreamCa, the credentials "
+                 "registry.pullSecret names, registry.ca) and run sync again: images already there are skipped")
     return outcome

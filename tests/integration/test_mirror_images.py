@@ -342,3 +342,36 @@ def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monke
     assert rc == 0, err
     entry = next(e for e in json.loads((bundle / "bundle.lock.json").read_text())["images"] if e["source"] == source)
     assert entry["digest"] == digests["all"] and entry["destination"].endswith("@" + digests["all"])
+
+
+def test_sync_registry_to_registry(env, cli, monkeypatch):
+    """sync: upstream (remapped, upstream CA) straight into the site registry (auth, site CA), digests as published;
+    a re-sync copies nothing; what it pushed verifies."""
+    from installer.mirror.images import pull_from
+
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    for img in images:
+        _seed(env, img.source)
+    remap = yaml.safe_load(env["site"].read_text())["mirror"]["upstream"]
+    upstream = {i.source: _raw_digest(pull_from(i.source, remap), env["certs"]) for i in images}
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "synced"
+    site = env["root"] / "synced-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    rc, out, err = cli("mirror", "sync", "-s", site, "--os", "ubuntu22.04", "--all-platforms", "-j", "3")
+    assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
+    auth = env["root"] / "verify-auth3.json"
+    token = base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode()
+    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
+    for img in images:
+        dest = img.destination.replace("/mirror/", "/synced/")
+        assert _raw_digest(dest, env["certs"], "--authfile", str(auth)) == upstream[img.source], dest
+    auth.unlink()
+    rc, out2, err2 = cli("mirror", "sync", "-s", site, "--os", "ubuntu22.04", "--all-platforms")
+    assert rc == 0 and f"0 copied, {len(images)} already there" in err2, err2
+    rc, out3, err3 = cli("mirror", "verify", "-s", site, "--os", "ubuntu22.04")
+    assert rc == 0, err3
+    for text in (out, err, out2, err2, out3, err3):
+        assert CANARY not in text

@@ -147,3 +147,17 @@ def test_jobs_below_one_is_refused_before_anything_is_copied(tmp_path):
     with pytest.raises(ConfigError, match="--jobs 0"):
         m.push(object(), tmp_path, config_json=None, jobs=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_platform_digest_picks_the_instance_sync_copies():
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"digest": "sha256:" + "a" * 64, "platform": {"os": "linux", "architecture": "amd64"}},
+        {"digest": "sha256:" + "b" * 64, "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}}]})
+    raw = index.encode()
+    assert m.platform_digest(raw, "linux/amd64") == ("sha256:" + "a" * 64, "")
+    assert m.platform_digest(raw, "linux/arm64/v8") == ("sha256:" + "b" * 64, "")
+    assert m.platform_digest(raw, m.ALL_PLATFORMS) == ("sha256:" + hashlib.sha256(raw).hexdigest(), "")
+    missing, why = m.platform_digest(raw, "linux/s390x")
+    assert missing is None and "no linux/s390x image" in why
+    single = b'{"schemaVersion": 2, "config": {}, "layers": []}'
+    assert m.platform_digest(single, "linux/arm64") == ("sha256:" + hashlib.sha256(single).hexdigest(), "")
