@@ -586,6 +586,51 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
 # ---------------------------------------------------------------- sync
 
 
+def layer_digests(raw: bytes) -> frozenset[str]:
+    """The layer digests a single-image manifest names (empty for a list/index or anything else)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return frozenset()
+    layers = doc.get("layers") if isinstance(doc, dict) else None
+    return frozenset(str(d["digest"]) for d in layers or [] if isinstance(d, dict) and d.get("digest"))
+
+
+class BlobTurns:
+    """Lets one copy at a time bring a layer that several images share: a copy whose layers another copy in flight
+    is bringing waits for that one to end, then finds them at the destination (skopeo skips or mounts a blob the
+    registry already has) instead of uploading the same bytes concurrently. A copy that holds its turn never waits,
+    so no two copies wait on each other."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._owner: dict[str, threading.Event] = {}
+
+    @contextlib.contextmanager
+    def turn(self, layers: frozenset[str]) -> Iterator[None]:
+        import threading
+
+        mine = threading.Event()
+        while True:
+            with self._lock:
+                busy = next((self._owner[d] for d in layers if d in self._owner), None)
+                if busy is None:
+                    for d in layers:
+                        self._owner[d] = mine
+                    break
+            busy.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                for d in layers:
+                    if self._owner.get(d) is mine:
+                        del self._owner[d]
+            mine.set()
+
+
 def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platform: str = DEFAULT_PLATFORM,
          progress: Progress = lambda e: None, jobs: int = DEFAULT_JOBS) -> Outcome:
     """Registry to registry, for a host that sees both: every image from its upstream (through mirror.upstream /
@@ -601,6 +646,7 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
     tls = not reg.insecure
     total = len(images)
     outcome = Outcome()
+    turns = BlobTurns()
 
     def one(n: int, img: Any, up: str | None, certs: str | None, auth: str | None) -> tuple[str, str]:
         src, dest = pull_from(img.source, upstream), img.destination
@@ -620,6 +666,11 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
         if have == want:
             progress(Event("skipped", n, total, dest, want))
             return "skipped", ""
+        with turns.turn(layer_digests(raw) if raw is not None else frozenset()):
+            return copy(n, img, src, dest, want, up, certs, auth)
+
+    def copy(n: int, img: Any, src: str, dest: str, want: str, up: str | None, certs: str | None,
+             auth: str | None) -> tuple[str, str]:
         progress(Event("start", n, total, dest, src))
         argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
         if platform == ALL_PLATFORMS:

@@ -161,3 +161,31 @@ def test_platform_digest_picks_the_instance_sync_copies():
     assert missing is None and "no linux/s390x image" in why
     single = b'{"schemaVersion": 2, "config": {}, "layers": []}'
     assert m.platform_digest(single, "linux/arm64") == ("sha256:" + hashlib.sha256(single).hexdigest(), "")
+
+
+def test_blob_turns_let_one_copy_bring_a_shared_layer():
+    """Two copies sharing a layer run one after the other; a copy with other layers runs alongside."""
+    import threading
+    import time
+
+    turns = m.BlobTurns()
+    log: list[str] = []
+
+    def copy(name: str, layers: frozenset[str]) -> None:
+        with turns.turn(layers):
+            log.append(f"{name}+")
+            time.sleep(0.05)
+            log.append(f"{name}-")
+
+    a = threading.Thread(target=copy, args=("a", frozenset({"base", "x"})))
+    a.start()
+    time.sleep(0.01)
+    b = threading.Thread(target=copy, args=("b", frozenset({"base", "y"})))
+    c = threading.Thread(target=copy, args=("c", frozenset({"z"})))
+    b.start()
+    c.start()
+    for t in (a, b, c):
+        t.join(5)
+    assert log.index("b+") > log.index("a-")  # b waited for the copy bringing the shared layer
+    assert log.index("c+") < log.index("a-")  # c did not wait
+    assert m.layer_digests(b'{"layers": [{"digest": "sha256:1"}], "config": {"digest": "sha256:2"}}') == {"sha256:1"}
