@@ -121,7 +121,7 @@ def main() -> int:
         unique: dict[str, int] = {}
         t0 = time.perf_counter()
         layouts = []
-        for k, img in enumerate(imgs):
+        for k in range(n):
             layers = [bases[k % 3]] + ([bases[2]] if k % 3 != 2 and k % 2 else [])
             layers += [tar_layer(rng, f"own{k}a", own_each * 2 // 3), tar_layer(rng, f"own{k}b", own_each // 3)]
             out = work / "layouts" / str(k)

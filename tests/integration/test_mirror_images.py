@@ -375,3 +375,102 @@ def test_sync_registry_to_registry(env, cli, monkeypatch):
     assert rc == 0, err3
     for text in (out, err, out2, err2, out3, err3):
         assert CANARY not in text
+
+
+def _kill_when(argv: list[str], env: dict, ready, timeout: float = 60) -> subprocess.CompletedProcess | None:
+    """Run argv; SIGKILL it as soon as ready(stderr so far) holds (polled every 10 ms). None when it was killed,
+    the finished process when it ended first."""
+    import os
+    import signal
+    import time
+
+    err = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        err.seek(0)
+        if ready(err.read().decode(errors="replace")):
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+        time.sleep(0.01)
+    proc.wait(timeout=10)
+    err.seek(0)
+    return subprocess.CompletedProcess(argv, proc.returncode, "", err.read().decode(errors="replace"))
+
+
+def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
+    """A pull and a push killed with SIGKILL once an image is done: the next run copies only what is left, and the
+    result is the bundle (digests) an uninterrupted pull makes; then a flipped byte in a layer is refused before
+    anything is pushed."""
+    import os
+    import sys
+
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    for img in images:
+        _seed(env, img.source)
+    exe = str(Path(sys.executable).parent / "gpu-install")
+    penv = {**os.environ, "MIRROR_TEST_USER": CANARY_USER, "MIRROR_TEST_PASSWORD": CANARY}
+    whole, killed = env["root"] / "bundle-whole", env["root"] / "bundle-killed"
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", whole, "-q")
+    assert rc == 0, err
+
+    def lock_images(bundle: Path) -> list[dict]:
+        try:
+            return json.loads((bundle / "bundle.lock.json").read_text())["images"]
+        except (OSError, ValueError, KeyError):
+            return []
+
+    pull = [exe, "mirror", "pull", "-s", str(env["site"]), "--os", "ubuntu22.04", "-o", str(killed), "-j", "1"]
+    ended = _kill_when(pull, penv, lambda _: len(lock_images(killed)) >= 1)
+    assert ended is None, f"pull finished before it could be killed: {ended}"
+    done = len(lock_images(killed))  # what the lock holds after the kill: the truth
+    assert 1 <= done < len(images) and json.loads((killed / "bundle.lock.json").read_text())["complete"] is False
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", killed)
+    assert rc == 0 and f"{len(images) - done} copied, {done} already there" in err, err
+    digests = {e["source"]: e["digest"] for e in lock_images(killed)}
+    assert digests == {e["source"]: e["digest"] for e in lock_images(whole)}
+    assert not (killed / ".pulling").exists()
+    index = json.loads((killed / "images" / "index.json").read_text())["manifests"]
+    assert sorted(m["digest"] for m in index) == sorted(digests.values())
+    referenced: set[str] = set()
+    for d in digests.values():
+        doc = json.loads((killed / "images" / "blobs" / "sha256" / d.split(":")[1]).read_bytes())
+        referenced |= {d, doc["config"]["digest"], *(x["digest"] for x in doc["layers"])}
+    assert {p.name for p in (killed / "images" / "blobs" / "sha256").iterdir()} == {d.split(":")[1] for d in referenced}
+
+    # push, killed once one image is done; the rerun pushes the rest only, and verify finds every digest there
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "killed"
+    site = env["root"] / "killed-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
+    assert rc == 0, err  # the destinations follow the prefix: the same blobs, a new lock
+    push = [exe, "mirror", "push", str(killed), "-s", str(site), "-j", "1"]
+    ended = _kill_when(push, penv, lambda text: ": done," in text)
+    assert ended is None, f"push finished before it could be killed: {ended}"
+    rc, _, err = cli("mirror", "push", killed, "-s", site)
+    assert rc == 0, err
+    copied = int(err.rsplit(" copied, ", 1)[0].rsplit(": ", 1)[1])
+    assert 1 <= copied < len(images) and f"{len(images) - copied} already there" in err, err
+    rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", killed)
+    assert rc == 0, err
+
+    # a flipped byte in a layer: refused (exit 2, naming the image) before anything is pushed
+    doc["registry"]["prefix"] = "tampered"
+    site.write_text(yaml.safe_dump(doc))
+    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
+    assert rc == 0, err
+    first = lock_images(killed)[0]
+    manifest = json.loads((killed / "images" / "blobs" / "sha256" / first["digest"].split(":")[1]).read_bytes())
+    layer = killed / "images" / "blobs" / "sha256" / manifest["layers"][0]["digest"].split(":")[1]
+    data = bytearray(layer.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    layer.unlink()  # a hard link may share the bytes with another bundle: replace the file, not its content
+    layer.write_bytes(bytes(data))
+    rc, _, err = cli("mirror", "push", killed, "-s", site)
+    assert rc == 2 and "does not match its digest" in err and "image " in err, err
+    rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", killed)
+    assert rc == 3 and f"{len(images)} of {len(images)} images are not in" in err, err
