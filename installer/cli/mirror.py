@@ -175,7 +175,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     report = _Report(args.quiet, "pulling")
     try:
         outcome = images.pull(plan, artifacts.images, Path(args.output), platform=platform, progress=report,
-                              jobs=args.jobs)
+                              jobs=args.jobs, since=Path(args.since) if args.since else None)
     finally:
         report.close()
     _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform})", outcome, args.quiet,
@@ -301,6 +301,9 @@ def register(sub: Any) -> None:
                            "is the one recorded and pushed")
     plat.add_argument("--all-platforms", action="store_true",
                       help="copy manifest lists / indexes whole, every platform (the published digest)")
+    p.add_argument("--since", metavar="OLD.lock.json",
+                   help="incremental bundle: leave out every image whose digest this older bundle's lock already has "
+                        "at the same destination (push then requires the registry to hold those)")
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)

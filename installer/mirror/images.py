@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from installer.errors import ConfigError, EnvironmentProblem, HostFailures
+from installer.errors import ConfigError, EnvironmentProblem, HostFailures, PreflightError
 from installer.mirror.bundle import IMAGE, SCHEMA, bundle_for_push, catalog_record, load_for_update, write_lock
 
 LAYOUT = "images"
@@ -386,12 +386,36 @@ class _Pulled:
     err: str
     digest: str
     private: Path
+    base: bool = False
+
+
+def read_since(path: Path) -> tuple[dict[str, Any], str]:
+    """The lock an incremental pull builds on, and its sha256 (checked against PATH.sha256 when that file is there)."""
+    hint = "give the bundle.lock.json of the bundle last pushed to this site (copied back from the air-gapped side)"
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--since {path}: cannot read it ({exc.strerror})", hint=hint) from None
+    sha = hashlib.sha256(raw).hexdigest()
+    side = Path(f"{path}.sha256")
+    if side.exists() and side.read_text().split()[:1] != [sha]:
+        raise ConfigError(f"--since {path}: checksum mismatch with {side.name}: the lock was changed", hint=hint)
+    try:
+        lock = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"--since {path}: not valid JSON", hint=hint) from None
+    if not isinstance(lock, dict) or lock.get("schema") != SCHEMA or not isinstance(lock.get("images"), list):
+        raise ConfigError(f"--since {path}: not a {SCHEMA} lock", hint=hint)
+    return lock, sha
 
 
 def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFAULT_PLATFORM,
-         progress: Progress = lambda e: None, finish: bool = True, jobs: int = DEFAULT_JOBS) -> Outcome:
+         progress: Progress = lambda e: None, finish: bool = True, jobs: int = DEFAULT_JOBS,
+         since: Path | None = None) -> Outcome:
     """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json, jobs
-    images at a time. Raises TransferFailures (exit 4) naming every image that failed, after trying all of them.
+    images at a time. since: an older bundle's lock; an image whose upstream digest (for platform) that lock already
+    has at the same destination is not copied but listed in the lock's "base" section (an incremental bundle, which
+    push accepts only where the registry holds that base). Raises TransferFailures (exit 4) naming every image that failed, after trying all of them.
     finish=False leaves the bundle incomplete for the other kinds' pulls (the caller ends with bundle.finish).
     progress is called from the copying threads (start) and the recording thread (the rest)."""
     if ":" in str(bundle.resolve()):
@@ -418,6 +442,21 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
         "registry": site.registry.host, "platform": platform, "layout": LAYOUT, "images": [],
         "failed": [f for f in prev.get("failed") or [] if kept and isinstance(f, dict)
                    and f.get("kind", IMAGE) != IMAGE], **kept}
+    base_of: dict[str, str] = {}
+    if since is not None:
+        old_lock, old_sha = read_since(since)
+        if old_lock.get("platform") != platform or old_lock.get("registry") != site.registry.host:
+            raise ConfigError(f"--since {since}: that bundle was pulled for platform {old_lock.get('platform')} and "
+                              f"registry {old_lock.get('registry')}, this pull is for {platform} and "
+                              f"{site.registry.host}", hint="give the lock of this site's last bundle, same platform")
+        base_of = {str(e.get("destination")): str(e.get("digest")) for e in old_lock["images"] if isinstance(e, dict)}
+        base_of |= {str(e.get("destination")): str(e.get("digest")) for e in old_lock.get("base") or []
+                    if isinstance(e, dict)}
+        lock["incremental"] = {"since": old_sha, "release": old_lock.get("release")}
+        lock["base"] = []
+    else:
+        lock.pop("incremental", None)
+        lock.pop("base", None)
     outcome = Outcome()
     total = len(images)
     order = {img.source: n for n, img in enumerate(images)}
@@ -437,6 +476,11 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
         name = ref_name(img.source)
         src = pull_from(img.source, upstream)
         private = _private_layout(bundle, layout, name)
+        if img.destination in base_of:
+            raw, err = raw_manifest(src, cert=certs)
+            have, _ = platform_digest(raw, platform) if raw is not None else (None, err)
+            if have is not None and have == base_of[img.destination]:
+                return _Pulled(n, img, src, 0, "", have, private, base=True)
         progress(Event("start", n, total, img.source, src if src != img.source else ""))
         digestfile = private / "digest"
         argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", "--digestfile",
@@ -459,6 +503,13 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
         img, src, digest, name = r.img, r.src, r.digest, ref_name(r.img.source)
         mine = Layout(r.private)
         msg = ""
+        if r.base:
+            lock["base"].append({"source": img.source, "destination": img.destination, "digest": digest})
+            outcome.skipped.append(img.source)
+            progress(Event("skipped", r.n, total, img.source, f"{digest}, in the base bundle"))
+            shutil.rmtree(r.private, ignore_errors=True)
+            write_lock(bundle, lock)
+            return
         if r.rc != 0 or not digest:
             msg = r.err if r.rc != 0 else "skopeo wrote no digest"
             msg += f" (read from {src})" if src != img.source and src not in msg else ""
@@ -475,9 +526,11 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
         else:
             descriptor = mine.descriptor(name) or {}
             _merge_index(layout, name, descriptor)
-            size = sum(layout.closure(digest).values())
+            blobs = layout.closure(digest)
+            size = sum(blobs.values())
             lock["images"].append({"source": img.source, "pulledFrom": src, "destination": img.destination,
-                                   "component": img.component, "refName": name, "digest": digest, "size": size})
+                                   "component": img.component, "refName": name, "digest": digest, "size": size,
+                                   "blobs": sorted(blobs)})
             outcome.copied.append(img.source)
             progress(Event("copied", r.n, total, img.source, f"{digest} {size}"))
         shutil.rmtree(r.private, ignore_errors=True)
@@ -533,6 +586,19 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
     outcome = Outcome()
     total = len(entries)
     tls = not reg.insecure
+    if lock.get("incremental"):
+        from installer.mirror.verify import Wanted, check
+
+        base = [Wanted(str(e.get("source")), str(e.get("destination")), str(e.get("digest")))
+                for e in lock.get("base") or [] if isinstance(e, dict)]
+        missing = check(site, base, config_json=config_json, jobs=jobs)
+        if missing:
+            inc = lock["incremental"]
+            raise PreflightError(
+                f"{bundle} is an incremental bundle on top of release {inc.get('release')} (lock sha256 "
+                f"{inc.get('since')}); {reg.host} lacks {len(missing)} of the {len(base)} images it builds on:\n"
+                + "\n".join(f.line() for f in missing),
+                hint="push the bundle that lock belongs to first (or pull a full bundle, without --since)")
 
     def one(n: int, e: Mapping[str, Any], certs: str | None, auth: str | None) -> tuple[str, str, str]:
         """(outcome kind, destination, message) of one image."""

@@ -474,3 +474,67 @@ def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
     assert rc == 2 and "does not match its digest" in err and "image " in err, err
     rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", killed)
     assert rc == 3 and f"{len(images)} of {len(images)} images are not in" in err, err
+
+
+def test_incremental_bundle_since_an_older_lock(env, cli, monkeypatch):
+    """--since: only the image whose upstream digest changed is carried; push builds on the registry holding the
+    rest, and refuses (exit 3, naming them) where it does not."""
+    from installer.mirror.images import pull_from
+
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    for img in images:
+        _seed(env, img.source)
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "inc"
+    site = env["root"] / "inc-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    old, new = env["root"] / "bundle-old", env["root"] / "bundle-new"
+    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", old, "-q")
+    assert rc == 0, err
+    rc, _, err = cli("mirror", "push", old, "-s", site, "-q")
+    assert rc == 0, err
+    changed = next(i for i in images if i.component == "validator")
+    remap = doc["mirror"]["upstream"]
+    layout = env["layouts"] / "changed-validator"
+    env["write_layout"](layout, "t", ["/bin/sh", "-c", "echo the next release"], busybox=LAYER + b"next")
+    try:
+        out = subprocess.run(["skopeo", "copy", "--quiet", "--dest-cert-dir", str(env["certs"]), f"oci:{layout}:t",
+                              f"docker://{pull_from(changed.source, remap)}"], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", new, "--since",
+                         old / "bundle.lock.json")
+        assert rc == 0 and f"1 copied, {len(images) - 1} already there" in err, err
+        lock = json.loads((new / "bundle.lock.json").read_text())
+        assert lock["complete"] is True
+        assert lock["incremental"]["since"] == hashlib.sha256((old / "bundle.lock.json").read_bytes()).hexdigest()
+        assert [e["source"] for e in lock["images"]] == [changed.source]
+        assert sorted(e["source"] for e in lock["base"]) == sorted(i.source for i in images if i is not changed)
+        size = {b: sum(p.stat().st_size for p in (b / "images").rglob("*") if p.is_file()) for b in (old, new)}
+        assert size[new] < size[old], size
+
+        # another destination prefix: the old lock has none of its destinations, so every image is carried
+        fresh = env["root"] / "inc-fresh-site.yaml"
+        fresh.write_text(site.read_text().replace("prefix: inc", "prefix: inc-fresh"))
+        rc, _, err = cli("mirror", "pull", "-s", fresh, "--os", "ubuntu22.04", "-o", env["root"] / "bundle-nb",
+                         "--since", old / "bundle.lock.json")
+        assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
+        rc, _, err = cli("mirror", "push", new, "-s", site, "-q")
+        assert rc == 0, err
+        rc, _, err = cli("mirror", "verify", "-s", site, "--os", "ubuntu22.04")
+        assert rc == 0, err
+        rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", new)
+        assert rc == 0, err
+        moved = env["root"] / "bundle-moved"
+        shutil.copytree(new, moved)
+        lock["base"] = [{**e, "destination": e["destination"].replace("/inc/", "/inc-gone/")} for e in lock["base"]]
+        from installer.mirror.bundle import write_lock
+
+        write_lock(moved, lock)  # the base elsewhere: a registry without it refuses before anything is pushed
+        rc, _, err = cli("mirror", "push", moved, "-s", site)
+        assert rc == 3 and "incremental bundle" in err and f"lacks {len(images) - 1} of the {len(images) - 1}" in err
+        assert all(f"{e['destination']} (from {e['source']}): missing" in err for e in lock["base"]), err
+    finally:
+        _seed(env, changed.source)
