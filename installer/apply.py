@@ -27,6 +27,7 @@ class RunOptions:
     diff: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)  # variables for tests/labs, merged over the plan's
     keep_packages: bool = False  # uninstall --keep-packages: the driver and toolkit packages stay
+    mirror_check: bool = False  # apply --mirror-check: registry.host holds every image first (installer.mirror.verify)
 
     def removing(self) -> RunOptions:
         """The same run with the roles' remove action (uninstall)."""

@@ -128,6 +128,10 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
 
     stage = "preflight"
     try:
+        if run.mirror_check:  # every image the release deploys in registry.host, before any host is touched
+            from installer.mirror.verify import for_apply
+
+            say(f"preflight: {for_apply(plan)} images in {site.registry.host}")
         if prepared is not None:  # the cluster's Kubernetes version, before any host is touched (read-only)
             note = operator.check_cluster(plan, prepared.kubeconfig)
             if note:

@@ -34,7 +34,8 @@ def _run_options(args: argparse.Namespace) -> Any:
 
     return RunOptions(tags=getattr(args, "tags", None), skip_tags=getattr(args, "skip_tags", None),
                       check=getattr(args, "check", False), diff=getattr(args, "diff", False),
-                      keep_packages=getattr(args, "keep_packages", False))
+                      keep_packages=getattr(args, "keep_packages", False),
+                      mirror_check=getattr(args, "mirror_check", False))
 
 
 def _operator_options(args: argparse.Namespace) -> Any:
@@ -152,6 +153,9 @@ def register(sub: Any) -> None:
     p.add_argument("--diff", action="store_true", help="show file differences")
     p.add_argument("--tags", help="only tasks with these tags (e.g. runtime; `operator` selects the operator stage)")
     p.add_argument("--skip-tags", dest="skip_tags", help="skip tasks with these tags (`operator`: no operator stage)")
+    p.add_argument("--mirror-check", action="store_true",
+                   help="before any host is touched, check that registry.host holds every image the release deploys "
+                        "(as `mirror verify`); exit 3 naming what is missing")
     _operator_args(p, install=True)
     p.set_defaults(func=cmd_apply)
 

@@ -79,3 +79,14 @@ def require(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, j
             hint="copy them there: gpu-install mirror push BUNDLE -s SITE (air-gapped) or gpu-install mirror sync -s "
                  "SITE (a host that sees both registries); a different digest: push the bundle of this release")
     return len(wanted)
+
+
+def for_apply(plan: Any) -> int:
+    """apply's mirror check: every image the plan deploys is in registry.host (its tag resolves), with the site's CA
+    and pull credentials; PreflightError (exit 3) naming each missing one. The number checked."""
+    from installer.kube import docker_config_json
+
+    site = plan.site
+    ps = site.registry.pullSecret
+    creds = docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
+    return require(site, from_plan(plan.artifacts(()).images), config_json=creds, what="the release deploys ")

@@ -538,3 +538,23 @@ def test_incremental_bundle_since_an_older_lock(env, cli, monkeypatch):
         assert all(f"{e['destination']} (from {e['source']}): missing" in err for e in lock["base"]), err
     finally:
         _seed(env, changed.source)
+
+
+def test_apply_mirror_check_names_what_is_missing_before_any_host(env, cli, monkeypatch):
+    """apply --mirror-check: exit 3 naming each image registry.host lacks, before preflight contacts a node (the
+    inventory's host does not exist: reaching it would be exit 5)."""
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    inv = env["root"] / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": {"gpu1.invalid": {
+        "gpu_install_os": "ubuntu22.04", "ansible_host": "192.0.2.1"}}}}}}))
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "never-pushed"
+    site = env["root"] / "never-pushed-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    images = _plan_images(env)
+    rc, out, err = cli("apply", "-s", site, "-i", inv, "--skip-operator", "--mirror-check")
+    assert rc == 3, (out, err)
+    assert f"{len(images)} of {len(images)} images the release deploys are not in {env['site_reg']}" in err, err
+    assert all(i.destination.replace("/mirror/", "/never-pushed/") in err for i in images), err
+    assert "mirror push" in err and CANARY not in out + err
