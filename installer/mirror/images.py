@@ -701,8 +701,9 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
          progress: Progress = lambda e: None, jobs: int = DEFAULT_JOBS) -> Outcome:
     """Registry to registry, for a host that sees both: every image from its upstream (through mirror.upstream /
     mirror.upstreamCa, as pull reads it) straight to its destination in registry.host (credentials and CA as push),
-    digests preserved and checked. An image whose destination already has the upstream's digest (for platform) is
-    skipped after one manifest read on each side, so a re-sync of a mirrored release copies nothing.
+    digests preserved (the digest skopeo wrote must be the upstream's). An image whose destination already has the
+    upstream's digest (for platform) is skipped after one manifest read on each side, so a re-sync of a mirrored
+    release copies nothing; an image not at its destination yet is copied without reading upstream first.
     Raises TransferFailures (exit 4) naming every image that failed, after trying all of them."""
     jobs = _jobs(jobs)
     site = plan.site
@@ -716,50 +717,57 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
 
     def one(n: int, img: Any, up: str | None, certs: str | None, auth: str | None) -> tuple[str, str]:
         src, dest = pull_from(img.source, upstream), img.destination
-        raw, err = raw_manifest(src, cert=up)
-        want, why = platform_digest(raw, platform) if raw is not None else (None, err)
-        if want is None:
-            msg = why + (f" (read from {src})" if src != img.source and src not in why else "")
-            progress(Event("failed", n, total, img.source, msg))
-            return "failed", msg
-        if "@" in img.source and img.source.rpartition("@")[2] != want:
-            msg = (f"pinned by digest to {img.source.rpartition('@')[2]}, a multi-platform image of which --platform "
-                   f"{platform} is the instance {want}: its destination (by digest) could not hold it; sync with "
-                   "--all-platforms")
-            progress(Event("failed", n, total, img.source, msg))
-            return "failed", msg
         have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-        if have == want:
-            progress(Event("skipped", n, total, dest, want))
-            return "skipped", ""
+        raw: bytes | None = None
+        want: str | None = None
+        if have is not None or "@" in img.source:  # the upstream digest decides (a fresh destination: the copy does)
+            raw, err = raw_manifest(src, cert=up)
+            want, why = platform_digest(raw, platform) if raw is not None else (None, err)
+            if want is None:
+                msg = why + (f" (read from {src})" if src != img.source and src not in why else "")
+                progress(Event("failed", n, total, img.source, msg))
+                return "failed", msg
+            if "@" in img.source and img.source.rpartition("@")[2] != want:
+                msg = (f"pinned by digest to {img.source.rpartition('@')[2]}, a multi-platform image of which "
+                       f"--platform {platform} is the instance {want}: its destination (by digest) could not hold it; "
+                       "sync with --all-platforms")
+                progress(Event("failed", n, total, img.source, msg))
+                return "failed", msg
+            if have == want:
+                progress(Event("skipped", n, total, dest, want))
+                return "skipped", ""
         with turns.turn(layer_digests(raw) if raw is not None else frozenset()):
             return copy(n, img, src, dest, want, up, certs, auth)
 
-    def copy(n: int, img: Any, src: str, dest: str, want: str, up: str | None, certs: str | None,
+    def copy(n: int, img: Any, src: str, dest: str, want: str | None, up: str | None, certs: str | None,
              auth: str | None) -> tuple[str, str]:
+        """skopeo copy; the digest it wrote (--digestfile) must be the upstream's (as read before, when it was)."""
         progress(Event("start", n, total, dest, src))
-        argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
-        if platform == ALL_PLATFORMS:
-            argv += ["--all"]
-        else:
-            os_, _, arch = platform.partition("/")
-            arch, _, variant = arch.partition("/")
-            argv += ["--override-os", os_, "--override-arch", arch] + (["--override-variant", variant] if variant else [])
-        argv += ["--src-cert-dir", up] if up else []
-        argv += ["--dest-cert-dir", certs] if certs else []
-        argv += ["--dest-authfile", auth] if auth else []
-        argv += [] if tls else ["--dest-tls-verify=false"]
-        rc, _, err = _run([*argv, f"docker://{src}", f"docker://{dest}"], secrets)
+        with tempfile.TemporaryDirectory(prefix="gpu-install-sync-") as tmp:
+            digestfile = Path(tmp) / "digest"
+            argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", "--digestfile",
+                    str(digestfile)]
+            if platform == ALL_PLATFORMS:
+                argv += ["--all"]
+            else:
+                os_, _, arch = platform.partition("/")
+                arch, _, variant = arch.partition("/")
+                argv += ["--override-os", os_, "--override-arch", arch] + (
+                    ["--override-variant", variant] if variant else [])
+            argv += ["--src-cert-dir", up] if up else []
+            argv += ["--dest-cert-dir", certs] if certs else []
+            argv += ["--dest-authfile", auth] if auth else []
+            argv += [] if tls else ["--dest-tls-verify=false"]
+            rc, _, err = _run([*argv, f"docker://{src}", f"docker://{dest}"], secrets)
+            got = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else None
         if rc != 0:
             progress(Event("failed", n, total, dest, err))
             return "failed", err
-        got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-        if got != want:
-            msg = f"after the copy the registry has {got or 'nothing'}" + (f" ({err})" if err else "") + \
-                f", upstream {want}"
+        if got is None or (want is not None and got != want):
+            msg = f"skopeo wrote {got or 'no digest'}, upstream has {want}"
             progress(Event("failed", n, total, dest, msg))
             return "failed", msg
-        progress(Event("copied", n, total, dest, want))
+        progress(Event("copied", n, total, dest, got))
         return "copied", ""
 
     with cert_dir(site.mirror.upstreamCa) as up, cert_dir(reg.ca) as certs, authfile(config_json) as auth, \
