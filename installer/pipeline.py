@@ -136,9 +136,9 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
             if note:
                 say(f"note: {note}")
             if op.mirror_check:  # every image the operator stage deploys is in the site registry (read-only)
-                from installer.mirror import verify
+                from installer.mirror.verify import for_apply
 
-                verify.check_plan(plan, say)
+                say(f"preflight: {for_apply(plan)} images in {site.registry.host}")
         pre = nodes.preflight(plan, run, display)
         summary.add("preflight", "ok", f"{len(pre.hosts)} host(s) checked, read-only")
         stage = "nodes"

@@ -109,45 +109,69 @@ def plan_text(p: ArtifactPlan) -> str:
 
 
 class _Report:
-    """Progress of mirror pull/push/sync, one line per image (rich bars on a terminal, plain lines elsewhere; -q:
-    none); several images may be in flight at once (push and sync copy --jobs at a time)."""
+    """Progress of mirror pull/push, one line per image (rich bars on a terminal, plain lines elsewhere; -q: none),
+    each finished image with its size, and a summary of images and bytes. Called from several copying threads."""
 
     def __init__(self, quiet: bool, verb: str):
+        import threading
+        import time
+
         from installer.ui import TransferProgress
 
         self.verb = verb
         self.progress: TransferProgress | None = None if quiet else TransferProgress(unit="images")
         self.current: dict[str, Transfer] = {}
+        self.bytes = 0
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
 
     def __call__(self, e: Event) -> None:
-        if self.progress is None:
-            return
-        label = f"[{e.index}/{e.total}] {e.ref}"
-        if e.kind == "start":
-            self.current[e.ref] = self.progress.add(f"{label}: {self.verb}" + (f" from {e.detail}" if e.detail else ""),
-                                                    total=1)
-        elif e.kind == "skipped":
-            with self.progress.add(f"{label}: already there ({e.detail})", total=1) as t:
+        from installer.ui import _size
+
+        with self._lock:
+            size = e.detail.rpartition(" ")[2]
+            if e.kind == "copied" and size.isdigit():
+                self.bytes += int(size)
+            if self.progress is None:
+                return
+            label = f"[{e.index}/{e.total}] {e.ref}"
+            if e.kind == "start":
+                self.current[e.ref] = self.progress.add(
+                    f"{label}: {self.verb}" + (f" from {e.detail}" if e.detail else ""), total=1)
+            elif e.kind == "skipped":
+                with self.progress.add(f"{label}: already there ({e.detail})", total=1) as t:
+                    t.advance()
+            elif e.kind == "copied" and e.ref in self.current:
+                t = self.current.pop(e.ref)
+                if size.isdigit():
+                    t.description += f" ({_size(int(size))})"
                 t.advance()
-        elif e.kind == "copied" and e.ref in self.current:
-            t = self.current.pop(e.ref)
-            t.advance()
-            t.done()
-        elif e.kind == "failed":
-            failed = self.current.pop(e.ref) if e.ref in self.current else \
-                self.progress.add(f"{label}: {self.verb}", total=1)
-            failed.stop()
+                t.done()
+            elif e.kind == "failed":
+                failed = self.current.pop(e.ref, None) or self.progress.add(f"{label}: {self.verb}", total=1)
+                failed.stop()
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.close()
 
+    def rate(self) -> str:
+        """'1.2 GB in 0:42 (29.0 MB/s)': the bytes copied so far."""
+        import time
 
-def _summary(what: str, outcome: Any, quiet: bool) -> None:
+        from installer.ui import _clock_text, _size
+
+        elapsed = time.monotonic() - self.started
+        speed = f" ({_size(self.bytes / elapsed)}/s)" if elapsed > 0 and self.bytes else ""
+        return f"{_size(self.bytes)} in {_clock_text(elapsed)}{speed}"
+
+
+def _summary(what: str, outcome: Any, quiet: bool, report: _Report | None = None) -> None:
     import sys
 
     if not quiet:
-        print(f"{what}: {len(outcome.copied)} copied, {len(outcome.skipped)} already there", file=sys.stderr)
+        moved = f"; {report.rate()}" if report is not None else ""
+        print(f"{what}: {len(outcome.copied)} copied, {len(outcome.skipped)} already there{moved}", file=sys.stderr)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -164,7 +188,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     failures: list[HostFailures] = []
     outcome = None
     try:
-        outcome = images.pull(plan, artifacts.images, out, platform=platform, progress=report, finish=False)
+        outcome = images.pull(plan, artifacts.images, out, platform=platform, progress=report, jobs=args.jobs,
+                              since=Path(args.since) if args.since else None, finish=False)
     except images.TransferFailures as exc:  # the chart and files are still pulled: one run says all that is wrong
         failures.append(exc)
     finally:
@@ -181,7 +206,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     if outcome is not None:
         _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform}; "
                  f"{len(lock.get('charts') or [])} chart(s), {len(lock.get('files') or [])} file(s))", outcome,
-                 args.quiet)
+                 args.quiet, report)
     return 0
 
 
@@ -206,7 +231,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         report.close()
     done = charts.push(site, bundle, lock, config_json=creds, repo_dir=Path(args.repo_dir) if args.repo_dir else None,
                        say=say(args) or (lambda m: None))
-    _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet)
+    _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet, report)
     if not args.quiet:
         import sys
 
@@ -219,22 +244,29 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sync(args: argparse.Namespace) -> int:
+def _credentials(site: Any) -> bytes | None:
+    """The site registry's docker config.json from registry.pullSecret (env vars or file), or None without one."""
     from installer.kube import docker_config_json
+
+    ps = site.registry.pullSecret
+    return docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
     from installer.mirror import images
 
     plan = resolve_plan(args)
-    site = plan.site
-    creds = docker_config_json(site.registry) if site.registry.pullSecret and (
-        site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
+    artifacts = plan.artifacts(())
     platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
+    creds = _credentials(plan.site)
     report = _Report(args.quiet, "syncing")
     try:
-        outcome = images.sync(plan, plan.artifacts(()).images, config_json=creds, platform=platform, progress=report,
+        outcome = images.sync(plan, artifacts.images, config_json=creds, platform=platform, progress=report,
                               jobs=args.jobs)
     finally:
         report.close()
-    _summary(f"synced {len(plan.images)} images to {site.registry.host} (platform {platform})", outcome, args.quiet)
+    _summary(f"synced {len(artifacts.images)} images to {plan.site.registry.host} (platform {platform})", outcome,
+             args.quiet, report)
     return 0
 
 
@@ -242,29 +274,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from installer.config import load_site
     from installer.mirror import verify
     from installer.mirror.bundle import read_lock
 
-    progress = say(args)
+    plan = resolve_plan(args)
+    site = plan.site
+    charts_found: list[str] = []
     if args.bundle:
-        site = load_site(args.site, args.set)
         bundle = Path(args.bundle)
         lock = read_lock(bundle, verify=True)
-        wanted: list[tuple[str, str | None]] = [(str(e["destination"]), str(e["digest"]))
-                                                for e in lock.get("images") or [] if isinstance(e, dict)]
-        found = verify.images(site, wanted, progress, jobs=args.jobs) + verify.chart(site, bundle, lock)
-        what = f"bundle {bundle}: {len(wanted)} image(s), {len(lock.get('charts') or [])} chart(s)"
+        wanted = verify.from_lock(site, lock, bundle)
+        charts_found = verify.charts(site, bundle, lock, config_json=_credentials(site))
+        how = f"by the bundle's digests; {len(lock.get('charts') or [])} chart(s) by sha256"
     else:
-        plan = resolve_plan(args)
-        site = plan.site
-        wanted = [(i.destination, None) for i in plan.images]
-        found = verify.images(site, wanted, progress, jobs=args.jobs)
-        what = f"{len(wanted)} image(s) of the plan"
-    if found:
-        raise verify.report(found, site.registry.host, "mirror verify")
-    print(f"mirror verify: {what}: all in {site.registry.host}" + (" with the bundle's digests" if args.bundle else ""),
-          file=sys.stdout)
+        wanted = verify.from_plan(plan.artifacts(()).images)
+        how = "tags resolve"
+    n = verify.require(site, wanted, config_json=_credentials(site), jobs=args.jobs, more=charts_found)
+    if not args.quiet:
+        print(f"all {n} images are in {site.registry.host} ({how})", file=sys.stderr)
     return 0
 
 
@@ -274,6 +301,11 @@ def _platform(text: str) -> str:
     if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not OS/ARCH[/VARIANT], e.g. linux/amd64 or linux/arm64")
     return text
+
+
+def _jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-j", "--jobs", type=int, default=4, metavar="N",
+                   help="copy N images at a time, one skopeo process each (default 4)")
 
 
 def register(sub: Any) -> None:
@@ -295,8 +327,8 @@ def register(sub: Any) -> None:
     output_arg(p)
     p.set_defaults(func=cmd_plan)
 
-    p = command(msub, "pull", "copy every image, the chart and the files of the mirror plan into a bundle directory "
-                              "(one OCI image layout, charts/, files/, bundle.lock.json); connected side; resumable")
+    p = command(msub, "pull", "copy every image of the mirror plan into a bundle directory (one OCI image layout + "
+                              "bundle.lock.json); connected side; resumable")
     site_args(p)
     inventory_arg(p)
     p.add_argument("--os", action="append", default=[], metavar="OSTAG",
@@ -311,11 +343,15 @@ def register(sub: Any) -> None:
                            "is the one recorded and pushed")
     plat.add_argument("--all-platforms", action="store_true",
                       help="copy manifest lists / indexes whole, every platform (the published digest)")
+    p.add_argument("--since", metavar="OLD.lock.json",
+                   help="incremental bundle: leave out every image whose digest this older bundle's lock already has "
+                        "at the same destination (push then requires the registry to hold those)")
+    _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
 
-    p = command(msub, "sync", "copy every image of the plan from its upstream straight into registry.host, for a "
-                              "machine that reaches both; digests preserved and checked; what is there is skipped")
+    p = command(msub, "sync", "copy every image of the mirror plan from its upstream straight into registry.host, "
+                              "digests preserved and checked (a host that sees both registries); idempotent")
     site_args(p)
     inventory_arg(p)
     p.add_argument("--os", action="append", default=[], metavar="OSTAG",
@@ -325,32 +361,34 @@ def register(sub: Any) -> None:
     plat = p.add_mutually_exclusive_group()
     plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
                       help="copy this platform's manifest of a multi-platform image (default linux/amd64)")
-    plat.add_argument("--all-platforms", action="store_true", help="copy manifest lists / indexes whole")
-    p.add_argument("--jobs", type=int, default=4, metavar="N", help="images copied at a time (default 4)")
+    plat.add_argument("--all-platforms", action="store_true",
+                      help="copy manifest lists / indexes whole, every platform (the published digest)")
+    _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_sync)
 
-    p = command(msub, "verify", "check that every image of the plan (or, with --bundle, every image and chart of a "
-                                "bundle, by digest / sha256) is in registry.host; exit 3 naming what is missing")
+    p = command(msub, "verify", "check that every image of the plan (or of a bundle's lock) is in registry.host, by "
+                                "digest; exit 3 naming what is missing")
     site_args(p)
     inventory_arg(p)
     p.add_argument("--os", action="append", default=[], metavar="OSTAG",
                    help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
     p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
                    help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
-    p.add_argument("--bundle", metavar="DIR", help="check what this bundle holds, by digest (images) and sha256 (chart)")
-    p.add_argument("--jobs", type=int, default=8, metavar="N", help="registry lookups at a time (default 8)")
+    p.add_argument("--bundle", metavar="DIR",
+                   help="check the images of this bundle's lock, each by its digest (default: the plan's images, "
+                        "their tags must resolve)")
+    _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_verify)
 
-    p = command(msub, "push", "copy a bundle's images and chart into the site registry (registry.host), digests and "
-                              "checksums verified first and after; --repo-dir: chart repo + files; air-gapped side; "
-                              "idempotent")
+    p = command(msub, "push", "copy a bundle's images into the site registry (registry.host), digests preserved and "
+                              "verified; air-gapped side; idempotent")
     p.add_argument("bundle", metavar="DIR", help="bundle directory written by `gpu-install mirror pull`")
     site_args(p)
-    p.add_argument("--jobs", type=int, default=4, metavar="N", help="images copied at a time (default 4)")
     p.add_argument("--repo-dir", metavar="DIR",
                    help="also publish the chart as a static chart repository DIR/charts (index.yaml) and the files "
                         "into DIR/files (SHA256SUMS), for a web server of the site")
+    _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_push)

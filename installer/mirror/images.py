@@ -7,7 +7,10 @@ stored once), one reference name per image (its canonical source reference). Man
 single-platform manifest an amd64 node pulls), with `--all-platforms` the manifest list / index as published. The
 result is recorded in DIR/bundle.lock.json (SCHEMA) as it goes, with the checksum DIR/bundle.lock.json.sha256 over it.
 A re-run skips what the lock and the layout already hold; a failed image is named with skopeo's message and leaves
-the bundle marked incomplete, which push refuses.
+the bundle marked incomplete, which push refuses. `jobs` images are copied at a time (one skopeo process each); each
+pull writes its own index.json (skopeo's oci: destination does not lock it) next to the shared blob store, and one
+thread merges the entries and writes the lock, after each image: a pull killed mid-way keeps every finished image
+and every complete blob, and the next run copies neither again.
 
 push: the lock's checksum first, then every image from the layout to its destination in registry.host, digests
 preserved and checked after the copy (`skopeo inspect --raw`); an image whose destination already has the lock's
@@ -28,14 +31,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from installer.errors import ConfigError, EnvironmentProblem, HostFailures
+from installer.errors import ConfigError, EnvironmentProblem, HostFailures, PreflightError
 from installer.mirror.bundle import IMAGE, SCHEMA, bundle_for_push, catalog_record, load_for_update, write_lock
 
 LAYOUT = "images"
@@ -183,9 +185,8 @@ def secrets_of(config_json: bytes | None) -> list[str]:
     return out
 
 
-def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
-    """(sha256:… of the raw manifest at docker://ref, "") or (None, skopeo's message); kw: cert, auth, tls_verify,
-    secrets."""
+def raw_manifest(ref: str, **kw: Any) -> tuple[bytes | None, str]:
+    """(the raw manifest at docker://ref, "") or (None, skopeo's message); kw: cert, auth, tls_verify, secrets."""
     argv = [skopeo(), "inspect", "--raw", "--retry-times", "2"]
     if kw.get("cert"):
         argv += ["--cert-dir", kw["cert"]]
@@ -200,7 +201,33 @@ def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
         return None, f"skopeo inspect did not finish in {INSPECT_TIMEOUT:.0f}s"
     if proc.returncode != 0:
         return None, _skopeo_message(proc.stderr.decode(errors="replace"), kw.get("secrets", ()))
-    return "sha256:" + hashlib.sha256(proc.stdout).hexdigest(), ""
+    return proc.stdout, ""
+
+
+def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
+    """(sha256:… of the raw manifest at docker://ref, "") or (None, skopeo's message); kw as raw_manifest."""
+    raw, err = raw_manifest(ref, **kw)
+    return (None, err) if raw is None else ("sha256:" + hashlib.sha256(raw).hexdigest(), "")
+
+
+def platform_digest(raw: bytes, platform: str) -> tuple[str | None, str]:
+    """The digest skopeo copies of this manifest for platform (ALL_PLATFORMS: the manifest itself; a list/index:
+    its entry for OS/ARCH[/VARIANT]); (None, why) when the list has no such entry."""
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None, "the manifest is not JSON"
+    if platform == ALL_PLATFORMS or not isinstance(doc, dict) or not (
+            doc.get("mediaType") in INDEX_TYPES or "manifests" in doc):
+        return digest, ""
+    os_, _, arch = platform.partition("/")
+    arch, _, variant = arch.partition("/")
+    for m in doc.get("manifests") or []:
+        p = m.get("platform") or {} if isinstance(m, dict) else {}
+        if p.get("os") == os_ and p.get("architecture") == arch and (not variant or p.get("variant") == variant):
+            return str(m.get("digest")), ""
+    return None, f"the manifest list has no {platform} image; pull with --platform of one it has or --all-platforms"
 
 
 # ---------------------------------------------------------------- the layout
@@ -317,18 +344,91 @@ class Layout:
 # ---------------------------------------------------------------- pull
 
 
+DEFAULT_JOBS = 4
+PARTIAL = ".pulling"
+
+
+def _jobs(jobs: int) -> int:
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: at least 1 image at a time", hint="give --jobs 1 or more (default 4)")
+    return jobs
+
+
+def _private_layout(bundle: Path, layout: Layout, name: str) -> Path:
+    """A fresh OCI layout of its own for one image being pulled, whose blobs/ is a link to the bundle layout's blobs/.
+
+    skopeo's oci: destination rewrites index.json read-modify-write with no lock, so concurrent copies into ONE
+    layout lose each other's entries; each copy therefore gets its own index.json, while the blobs go straight into
+    the shared store (skopeo writes a blob to a temporary file and renames it into place: atomic, and a blob another
+    image already brought is found there and not fetched again). Our code merges the index entries, one thread."""
+    root = bundle / PARTIAL / hashlib.sha256(name.encode()).hexdigest()[:16]
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    (root / "blobs").symlink_to(os.path.relpath(layout.path / "blobs", root))
+    return root
+
+
+def _merge_index(layout: Layout, name: str, descriptor: Mapping[str, Any]) -> None:
+    """Name descriptor as name in the bundle layout's index.json (replacing an older entry), written atomically."""
+    from installer.util import atomic_write
+
+    entries = [m for m in layout.index() if (m.get("annotations") or {}).get(REF_NAME) != name]
+    entries.append(dict(descriptor))
+    atomic_write(layout.path / "index.json", json.dumps({"schemaVersion": 2, "manifests": entries}) + "\n")
+
+
+@dataclass(frozen=True)
+class _Pulled:
+    n: int
+    img: Any
+    src: str
+    rc: int
+    err: str
+    digest: str
+    private: Path
+    base: bool = False
+
+
+def read_since(path: Path) -> tuple[dict[str, Any], str]:
+    """The lock an incremental pull builds on, and its sha256 (checked against PATH.sha256 when that file is there)."""
+    hint = "give the bundle.lock.json of the bundle last pushed to this site (copied back from the air-gapped side)"
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--since {path}: cannot read it ({exc.strerror})", hint=hint) from None
+    sha = hashlib.sha256(raw).hexdigest()
+    side = Path(f"{path}.sha256")
+    if side.exists() and side.read_text().split()[:1] != [sha]:
+        raise ConfigError(f"--since {path}: checksum mismatch with {side.name}: the lock was changed", hint=hint)
+    try:
+        lock = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"--since {path}: not valid JSON", hint=hint) from None
+    if not isinstance(lock, dict) or lock.get("schema") != SCHEMA or not isinstance(lock.get("images"), list):
+        raise ConfigError(f"--since {path}: not a {SCHEMA} lock", hint=hint)
+    return lock, sha
+
+
 def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFAULT_PLATFORM,
-         progress: Progress = lambda e: None, finish: bool = True) -> Outcome:
-    """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json.
-    Raises TransferFailures (exit 4) naming every image that failed, after trying all of them. finish=False leaves
-    the bundle incomplete for the other kinds' pulls (the caller ends with bundle.finish)."""
+         progress: Progress = lambda e: None, finish: bool = True, jobs: int = DEFAULT_JOBS,
+         since: Path | None = None) -> Outcome:
+    """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json, jobs
+    images at a time. since: an older bundle's lock; an image whose upstream digest (for platform) that lock already
+    has at the same destination is not copied but listed in the lock's "base" section (an incremental bundle, which
+    push accepts only where the registry holds that base). Raises TransferFailures (exit 4) naming every image that failed, after trying all of them.
+    finish=False leaves the bundle incomplete for the other kinds' pulls (the caller ends with bundle.finish).
+    progress is called from the copying threads (start) and the recording thread (the rest)."""
     if ":" in str(bundle.resolve()):
         raise ConfigError(f"-o {bundle}: skopeo's oci: references cannot name a directory whose path has a ':'",
                           hint="choose another directory")
+    jobs = _jobs(jobs)
     site = plan.site
     bundle.mkdir(parents=True, exist_ok=True)
     layout = Layout(bundle / LAYOUT)
-    layout.path.mkdir(exist_ok=True)
+    (layout.path / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    if not (layout.path / "oci-layout").exists():
+        (layout.path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    shutil.rmtree(bundle / PARTIAL, ignore_errors=True)  # a killed run's private layouts: their blobs are kept
     old: dict[str, Any] = {}
     prev = load_for_update(bundle)
     if prev.get("platform") == platform:
@@ -342,73 +442,118 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
         "registry": site.registry.host, "platform": platform, "layout": LAYOUT, "images": [],
         "failed": [f for f in prev.get("failed") or [] if kept and isinstance(f, dict)
                    and f.get("kind", IMAGE) != IMAGE], **kept}
+    base_of: dict[str, str] = {}
+    if since is not None:
+        old_lock, old_sha = read_since(since)
+        if old_lock.get("platform") != platform or old_lock.get("registry") != site.registry.host:
+            raise ConfigError(f"--since {since}: that bundle was pulled for platform {old_lock.get('platform')} and "
+                              f"registry {old_lock.get('registry')}, this pull is for {platform} and "
+                              f"{site.registry.host}", hint="give the lock of this site's last bundle, same platform")
+        base_of = {str(e.get("destination")): str(e.get("digest")) for e in old_lock["images"] if isinstance(e, dict)}
+        base_of |= {str(e.get("destination")): str(e.get("digest")) for e in old_lock.get("base") or []
+                    if isinstance(e, dict)}
+        lock["incremental"] = {"since": old_sha, "release": old_lock.get("release")}
+        lock["base"] = []
+    else:
+        lock.pop("incremental", None)
+        lock.pop("base", None)
     outcome = Outcome()
     total = len(images)
+    order = {img.source: n for n, img in enumerate(images)}
     upstream = dict(site.mirror.upstream)
-    with cert_dir(site.mirror.upstreamCa) as certs:
-        for n, img in enumerate(images, 1):
-            name = ref_name(img.source)
-            src = pull_from(img.source, upstream)
-            prev_entry = old.get(img.source)
-            if prev_entry and layout.complete(name, str(prev_entry.get("digest"))):
-                entry = {**prev_entry, "destination": img.destination, "component": img.component}
-                lock["images"].append(entry)
-                outcome.skipped.append(img.source)
-                progress(Event("skipped", n, total, img.source, str(prev_entry.get("digest"))))
-                continue
-            progress(Event("start", n, total, img.source, src if src != img.source else ""))
-            with tempfile.TemporaryDirectory(prefix="gpu-install-pull-") as tmp:
-                digestfile = Path(tmp) / "digest"
-                argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2",
-                        "--digestfile", str(digestfile)]
-                if platform == ALL_PLATFORMS:
-                    argv += ["--all"]
-                else:
-                    os_, _, arch = platform.partition("/")
-                    arch, _, variant = arch.partition("/")
-                    argv += ["--override-os", os_, "--override-arch", arch]
-                    if variant:
-                        argv += ["--override-variant", variant]
-                if certs:
-                    argv += ["--src-cert-dir", certs]
-                argv += [f"docker://{src}", f"oci:{layout.path}:{name}"]
-                rc, _, err = _run(argv)
-                digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
-            if rc != 0 or not digest:
-                msg = err if rc != 0 else "skopeo wrote no digest"
-                where = f" (read from {src})" if src != img.source and src not in msg else ""
-                outcome.failed[img.source] = msg + where
-                lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
-                progress(Event("failed", n, total, img.source, msg + where))
-                write_lock(bundle, lock)
-                continue
-            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
-            if pinned and pinned != digest:
-                msg = (f"pinned by digest to {pinned}, a multi-platform image of which --platform {platform} copied "
-                       f"the instance {digest}: its destination (by digest) could not hold it; pull with "
-                       "--all-platforms")
-            elif layout.digest_of(name) != digest:
-                msg = f"the layout names {layout.digest_of(name)} for it, skopeo copied {digest}"
-            else:
-                msg = ""
-            if msg:
-                outcome.failed[img.source] = msg
-                lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
-                progress(Event("failed", n, total, img.source, msg))
-                write_lock(bundle, lock)
-                continue
-            size = sum(layout.closure(digest).values())
-            lock["images"].append({"source": img.source, "pulledFrom": src, "destination": img.destination,
-                                   "component": img.component, "refName": name, "digest": digest, "size": size})
-            outcome.copied.append(img.source)
-            progress(Event("copied", n, total, img.source, f"{digest} {size}"))
+    todo: list[tuple[int, Any]] = []
+    for n, img in enumerate(images, 1):
+        prev_entry = old.get(img.source)
+        if prev_entry and layout.complete(ref_name(img.source), str(prev_entry.get("digest"))):
+            lock["images"].append({**prev_entry, "destination": img.destination, "component": img.component})
+            outcome.skipped.append(img.source)
+            progress(Event("skipped", n, total, img.source, str(prev_entry.get("digest"))))
+        else:
+            todo.append((n, img))
+    write_lock(bundle, lock)
+
+    def copy(n: int, img: Any, certs: str | None) -> _Pulled:
+        name = ref_name(img.source)
+        src = pull_from(img.source, upstream)
+        private = _private_layout(bundle, layout, name)
+        if img.destination in base_of:
+            raw, err = raw_manifest(src, cert=certs)
+            have, _ = platform_digest(raw, platform) if raw is not None else (None, err)
+            if have is not None and have == base_of[img.destination]:
+                return _Pulled(n, img, src, 0, "", have, private, base=True)
+        progress(Event("start", n, total, img.source, src if src != img.source else ""))
+        digestfile = private / "digest"
+        argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", "--digestfile",
+                str(digestfile)]
+        if platform == ALL_PLATFORMS:
+            argv += ["--all"]
+        else:
+            os_, _, arch = platform.partition("/")
+            arch, _, variant = arch.partition("/")
+            argv += ["--override-os", os_, "--override-arch", arch]
+            if variant:
+                argv += ["--override-variant", variant]
+        if certs:
+            argv += ["--src-cert-dir", certs]
+        rc, _, err = _run([*argv, f"docker://{src}", f"oci:{private}:{name}"])
+        digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
+        return _Pulled(n, img, src, rc, err, digest, private)
+
+    def record(r: _Pulled) -> None:
+        img, src, digest, name = r.img, r.src, r.digest, ref_name(r.img.source)
+        mine = Layout(r.private)
+        msg = ""
+        if r.base:
+            lock["base"].append({"source": img.source, "destination": img.destination, "digest": digest})
+            outcome.skipped.append(img.source)
+            progress(Event("skipped", r.n, total, img.source, f"{digest}, in the base bundle"))
+            shutil.rmtree(r.private, ignore_errors=True)
             write_lock(bundle, lock)
+            return
+        if r.rc != 0 or not digest:
+            msg = r.err if r.rc != 0 else "skopeo wrote no digest"
+            msg += f" (read from {src})" if src != img.source and src not in msg else ""
+        elif "@" in img.source and img.source.rpartition("@")[2] != digest:
+            msg = (f"pinned by digest to {img.source.rpartition('@')[2]}, a multi-platform image of which --platform "
+                   f"{platform} copied the instance {digest}: its destination (by digest) could not hold it; pull "
+                   "with --all-platforms")
+        elif mine.digest_of(name) != digest:
+            msg = f"the layout names {mine.digest_of(name)} for it, skopeo copied {digest}"
+        if msg:
+            outcome.failed[img.source] = msg
+            lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
+            progress(Event("failed", r.n, total, img.source, msg))
+        else:
+            descriptor = mine.descriptor(name) or {}
+            _merge_index(layout, name, descriptor)
+            blobs = layout.closure(digest)
+            size = sum(blobs.values())
+            lock["images"].append({"source": img.source, "pulledFrom": src, "destination": img.destination,
+                                   "component": img.component, "refName": name, "digest": digest, "size": size,
+                                   "blobs": sorted(blobs)})
+            outcome.copied.append(img.source)
+            progress(Event("copied", r.n, total, img.source, f"{digest} {size}"))
+        shutil.rmtree(r.private, ignore_errors=True)
+        write_lock(bundle, lock)
+
+    with cert_dir(site.mirror.upstreamCa) as certs, ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(copy, n, img, certs) for n, img in todo]
+        try:
+            for fut in as_completed(futures):
+                record(fut.result())  # this thread alone writes index.json and the lock
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    shutil.rmtree(bundle / PARTIAL, ignore_errors=True)
+    lock["images"].sort(key=lambda e: order.get(str(e.get("source")), total))
     lock["complete"] = finish and not lock["failed"]
     write_lock(bundle, lock)
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be pulled; the bundle is incomplete (push refuses "
-            "it):\n" + "\n".join(f"  {s}: {m}" for s, m in outcome.failed.items()),
+            "it):\n" + "\n".join(f"  {s}: {m}" for s, m in sorted(outcome.failed.items(),
+                                                                  key=lambda kv: order.get(kv[0], total))),
             hint="fix the cause (tag missing upstream, auth, TLS: mirror.upstreamCa, mirror.upstream) and run pull "
                  "again: the images already in the bundle are not copied again")
     return outcome
@@ -417,79 +562,11 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
 # ---------------------------------------------------------------- push
 
 
-JOBS = 4  # images copied at a time by push and sync (--jobs)
-
-
-def concurrently(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int) -> list[Any]:
-    """fn over items, jobs at a time, results in order. The first item runs alone: the images of a release share
-    their base layers, and once one copy has put them in the destination registry (and skopeo's blob-info cache
-    knows where), the others mount them there instead of each uploading the same layers at once."""
-    if not items:
-        return []
-    first = [fn(items[0])]
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return first + list(pool.map(fn, items[1:]))
-
-
-def _locked(progress: Progress) -> Progress:
-    """progress made safe to call from the copying threads (one event at a time, in the order they happen)."""
-    lock = threading.Lock()
-
-    def call(e: Event) -> None:
-        with lock:
-            progress(e)
-
-    return call
-
-
-_UNKNOWN: Any = object()  # _copy_to: the destination's digest has not been read yet
-
-
-def _copy_to(dest: str, digest: str | None, n: int, total: int, argv_src: list[str], src_ref: str, *,
-             certs: str | None, auth: str | None, tls: bool, secrets: Sequence[str], progress: Progress,
-             extra: Sequence[str] = (), source: str = "", have: Any = _UNKNOWN,
-             verify_after: bool = True) -> tuple[str, str | None]:
-    """One image to dest unless dest already has digest; (outcome, message): copied | skipped | failed. digest None:
-    the caller knows the destination is empty and checks the digest skopeo reports (returned as the message of
-    'copied'); have: the destination's digest when the caller read it already."""
-    if have is _UNKNOWN:
-        have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-    if digest is not None and have == digest:
-        progress(Event("skipped", n, total, dest, digest))
-        return "skipped", None
-    progress(Event("start", n, total, dest, source))
-    argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", *extra, *argv_src]
-    if certs:
-        argv += ["--dest-cert-dir", certs]
-    if auth:
-        argv += ["--dest-authfile", auth]
-    if not tls:
-        argv += ["--dest-tls-verify=false"]
-    with tempfile.TemporaryDirectory(prefix="gpu-install-copy-") as tmp:
-        digestfile = Path(tmp) / "digest"
-        rc, _, err = _run([*argv, "--digestfile", str(digestfile), src_ref, f"docker://{dest}"], secrets)
-        written = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
-    if rc != 0:
-        progress(Event("failed", n, total, dest, err))
-        return "failed", err
-    if digest is None:  # not known before (the destination was empty): what skopeo wrote, digests preserved
-        return "copied", written
-    # the registry's own answer, not only skopeo's report of what it sent
-    got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets) if verify_after \
-        else (written, "")
-    if got != digest:
-        msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
-            f"after the copy the registry has {got}, the source {digest}"
-        progress(Event("failed", n, total, dest, msg))
-        return "failed", msg
-    progress(Event("copied", n, total, dest, digest))
-    return "copied", None
-
-
 def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
-         jobs: int = JOBS) -> Outcome:
+         jobs: int = DEFAULT_JOBS) -> Outcome:
     """Every image of a complete, verified bundle to its destination in registry.host (as the plan computed it at
     pull), digests preserved and checked, jobs images at a time. Raises TransferFailures (exit 4)."""
+    jobs = _jobs(jobs)
     lock = bundle_for_push(bundle)
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
@@ -508,23 +585,61 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
     secrets = secrets_of(config_json)
     outcome = Outcome()
     total = len(entries)
-    events = _locked(progress)
-    extra = ["--all"] if lock.get("platform") == ALL_PLATFORMS else []
-    with cert_dir(reg.ca) as certs, authfile(config_json) as auth:
-        def one(item: tuple[int, dict[str, Any]]) -> tuple[str, str, str | None]:
-            n, e = item
-            digest, dest = str(e["digest"]), str(e["destination"])
-            with layout.as_dir(digest) as d:
-                result, msg = _copy_to(dest, digest, n, total, [], f"dir:{d}", certs=certs, auth=auth,
-                                       tls=not reg.insecure, secrets=secrets, progress=events, extra=extra)
-            return result, str(e["source"]), msg
+    tls = not reg.insecure
+    if lock.get("incremental"):
+        from installer.mirror.verify import Wanted, check
 
-        for (result, source, msg), e in zip(concurrently(one, list(enumerate(entries, 1)), jobs), entries,
-                                            strict=True):
-            if result == "failed":
-                outcome.failed[str(e["destination"])] = msg or ""
-            else:
-                (outcome.copied if result == "copied" else outcome.skipped).append(source)
+        base = [Wanted(str(e.get("source")), str(e.get("destination")), str(e.get("digest")))
+                for e in lock.get("base") or [] if isinstance(e, dict)]
+        missing = check(site, base, config_json=config_json, jobs=jobs)
+        if missing:
+            inc = lock["incremental"]
+            raise PreflightError(
+                f"{bundle} is an incremental bundle on top of release {inc.get('release')} (lock sha256 "
+                f"{inc.get('since')}); {reg.host} lacks {len(missing)} of the {len(base)} images it builds on:\n"
+                + "\n".join(f.line() for f in missing),
+                hint="push the bundle that lock belongs to first (or pull a full bundle, without --since)")
+
+    def one(n: int, e: Mapping[str, Any], certs: str | None, auth: str | None) -> tuple[str, str, str]:
+        """(outcome kind, destination, message) of one image."""
+        digest, dest = str(e["digest"]), str(e["destination"])
+        have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+        if have == digest:
+            progress(Event("skipped", n, total, dest, digest))
+            return "skipped", dest, ""
+        progress(Event("start", n, total, dest, ""))
+        with layout.as_dir(digest) as d:
+            argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
+            if lock.get("platform") == ALL_PLATFORMS:
+                argv += ["--all"]
+            if certs:
+                argv += ["--dest-cert-dir", certs]
+            if auth:
+                argv += ["--dest-authfile", auth]
+            if not tls:
+                argv += ["--dest-tls-verify=false"]
+            rc, _, err = _run([*argv, f"dir:{d}", f"docker://{dest}"], secrets)
+        if rc != 0:
+            progress(Event("failed", n, total, dest, err))
+            return "failed", dest, err
+        got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+        if got != digest:
+            msg = f"after the copy the registry has {got or 'nothing'} ({err})" if got is None else \
+                f"after the copy the registry has {got}, the bundle {digest}"
+            progress(Event("failed", n, total, dest, msg))
+            return "failed", dest, msg
+        progress(Event("copied", n, total, dest, f"{digest} {e.get('size') or 0}"))
+        return "copied", dest, ""
+
+    with cert_dir(reg.ca) as certs, authfile(config_json) as auth, ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(one, n, e, certs, auth): e for n, e in enumerate(entries, 1)}
+        results = {id(futures[f]): f.result() for f in as_completed(futures)}
+    for e in entries:
+        kind, dest, msg = results[id(e)]
+        if kind == "failed":
+            outcome.failed[dest] = msg
+        else:
+            (outcome.copied if kind == "copied" else outcome.skipped).append(str(e["source"]))
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be pushed to {reg.host}:\n"
@@ -534,102 +649,139 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
     return outcome
 
 
-# ---------------------------------------------------------------- sync (registry to registry)
+# ---------------------------------------------------------------- sync
 
 
-def _platform_match(entry: Mapping[str, Any], platform: str) -> bool:
-    want_os, _, arch = platform.partition("/")
-    want_arch, _, variant = arch.partition("/")
-    p = entry.get("platform") or {}
-    return bool(p.get("os") == want_os and p.get("architecture") == want_arch
-                and (not variant or p.get("variant") == variant))
-
-
-def source_digest(ref: str, platform: str, *, cert: str | None) -> tuple[str | None, str]:
-    """The digest a copy of ref would land with: the manifest's own (--all-platforms, or a single-platform image),
-    else the platform's instance of a manifest list / index. (None, skopeo's message) when it cannot be read."""
-    argv = [skopeo(), "inspect", "--raw", "--retry-times", "2", *(["--cert-dir", cert] if cert else [])]
+def layer_digests(raw: bytes) -> frozenset[str]:
+    """The layer digests a single-image manifest names (empty for a list/index or anything else)."""
     try:
-        proc = subprocess.run([*argv, f"docker://{ref}"], capture_output=True, timeout=INSPECT_TIMEOUT,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return None, f"skopeo inspect did not finish in {INSPECT_TIMEOUT:.0f}s"
-    if proc.returncode != 0:
-        return None, _skopeo_message(proc.stderr.decode(errors="replace"), ())
-    raw = proc.stdout
-    if platform != ALL_PLATFORMS:
+        doc = json.loads(raw)
+    except ValueError:
+        return frozenset()
+    layers = doc.get("layers") if isinstance(doc, dict) else None
+    return frozenset(str(d["digest"]) for d in layers or [] if isinstance(d, dict) and d.get("digest"))
+
+
+class BlobTurns:
+    """Lets one copy at a time bring a layer that several images share: a copy whose layers another copy in flight
+    is bringing waits for that one to end, then finds them at the destination (skopeo skips or mounts a blob the
+    registry already has) instead of uploading the same bytes concurrently. A copy that holds its turn never waits,
+    so no two copies wait on each other."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._owner: dict[str, threading.Event] = {}
+
+    @contextlib.contextmanager
+    def turn(self, layers: frozenset[str]) -> Iterator[None]:
+        import threading
+
+        mine = threading.Event()
+        while True:
+            with self._lock:
+                busy = next((self._owner[d] for d in layers if d in self._owner), None)
+                if busy is None:
+                    for d in layers:
+                        self._owner[d] = mine
+                    break
+            busy.wait()
         try:
-            doc = json.loads(raw)
-        except ValueError:
-            doc = {}
-        if isinstance(doc, dict) and (doc.get("mediaType") in INDEX_TYPES or "manifests" in doc):
-            for m in doc.get("manifests") or []:
-                if isinstance(m, dict) and _platform_match(m, platform):
-                    return str(m.get("digest")), ""
-            return None, f"no {platform} image in its manifest list"
-    return "sha256:" + hashlib.sha256(raw).hexdigest(), ""
+            yield
+        finally:
+            with self._lock:
+                for d in layers:
+                    if self._owner.get(d) is mine:
+                        del self._owner[d]
+            mine.set()
 
 
 def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platform: str = DEFAULT_PLATFORM,
-         progress: Progress = lambda e: None, jobs: int = JOBS) -> Outcome:
-    """Every image from its upstream (or the mirror `mirror.upstream` names) straight to its destination in
-    registry.host, for a machine that reaches both: digests preserved and checked, an image whose destination already
-    has the digest the copy would give is skipped. Raises TransferFailures (exit 4)."""
+         progress: Progress = lambda e: None, jobs: int = DEFAULT_JOBS) -> Outcome:
+    """Registry to registry, for a host that sees both: every image from its upstream (through mirror.upstream /
+    mirror.upstreamCa, as pull reads it) straight to its destination in registry.host (credentials and CA as push),
+    digests preserved (the digest skopeo wrote must be the upstream's). An image whose destination already has the
+    upstream's digest (for platform) is skipped after one manifest read on each side, so a re-sync of a mirrored
+    release copies nothing; an image not at its destination yet is copied without reading upstream first.
+    Raises TransferFailures (exit 4) naming every image that failed, after trying all of them."""
+    jobs = _jobs(jobs)
     site = plan.site
     reg = site.registry
     secrets = secrets_of(config_json)
     upstream = dict(site.mirror.upstream)
-    outcome = Outcome()
+    tls = not reg.insecure
     total = len(images)
-    events = _locked(progress)
-    if platform == ALL_PLATFORMS:
-        extra = ["--all"]
-    else:
-        os_, _, arch = platform.partition("/")
-        arch, _, variant = arch.partition("/")
-        extra = ["--override-os", os_, "--override-arch", arch, *(["--override-variant", variant] if variant else [])]
-    with cert_dir(site.mirror.upstreamCa) as src_certs, cert_dir(reg.ca) as certs, authfile(config_json) as auth:
-        def one(item: tuple[int, Any]) -> tuple[str, str | None]:
-            n, img = item
-            src = pull_from(img.source, upstream)
-            where = f" (read from {src})" if src != img.source else ""
-            src_args = ["--src-cert-dir", src_certs] if src_certs else []
-            pinned = img.source.rpartition("@")[2] if "@" in img.source else None
-            have, _ = manifest_digest(img.destination, cert=certs, auth=auth, tls_verify=not reg.insecure,
-                                      secrets=secrets)
-            if have is None and not pinned:
-                # nothing there yet: no need to read the source first; skopeo reports the digest it wrote
-                events(Event("start", n, total, img.destination, src))
-                result, written = _copy_to(img.destination, None, n, total, src_args, f"docker://{src}", certs=certs,
-                                           auth=auth, tls=not reg.insecure, secrets=secrets,
-                                           progress=lambda e: None, extra=extra, have=None)
-                if result == "failed":
-                    events(Event("failed", n, total, img.destination, (written or "") + where))
-                    return "failed", (written or "") + where
-                events(Event("copied", n, total, img.destination, written or ""))
-                return "copied", None
-            digest, err = source_digest(src, platform, cert=src_certs)
-            if digest is None:
-                events(Event("failed", n, total, img.destination, err + where))
-                return "failed", err + where
-            if pinned and pinned != digest:
-                msg = (f"pinned by digest to {pinned}, a multi-platform image of which --platform {platform} would "
-                       f"copy the instance {digest}: sync with --all-platforms")
-                events(Event("failed", n, total, img.destination, msg))
-                return "failed", msg
-            return _copy_to(img.destination, digest, n, total, src_args, f"docker://{src}", certs=certs, auth=auth,
-                            tls=not reg.insecure, secrets=secrets, progress=events, extra=extra,
-                            source=src if src != img.destination else "", have=have)
+    outcome = Outcome()
+    turns = BlobTurns()
 
-        for (result, msg), img in zip(concurrently(one, list(enumerate(images, 1)), jobs), images, strict=True):
-            if result == "failed":
-                outcome.failed[img.source] = msg or ""
+    def one(n: int, img: Any, up: str | None, certs: str | None, auth: str | None) -> tuple[str, str]:
+        src, dest = pull_from(img.source, upstream), img.destination
+        have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
+        raw: bytes | None = None
+        want: str | None = None
+        if have is not None or "@" in img.source:  # the upstream digest decides (a fresh destination: the copy does)
+            raw, err = raw_manifest(src, cert=up)
+            want, why = platform_digest(raw, platform) if raw is not None else (None, err)
+            if want is None:
+                msg = why + (f" (read from {src})" if src != img.source and src not in why else "")
+                progress(Event("failed", n, total, img.source, msg))
+                return "failed", msg
+            if "@" in img.source and img.source.rpartition("@")[2] != want:
+                msg = (f"pinned by digest to {img.source.rpartition('@')[2]}, a multi-platform image of which "
+                       f"--platform {platform} is the instance {want}: its destination (by digest) could not hold it; "
+                       "sync with --all-platforms")
+                progress(Event("failed", n, total, img.source, msg))
+                return "failed", msg
+            if have == want:
+                progress(Event("skipped", n, total, dest, want))
+                return "skipped", ""
+        with turns.turn(layer_digests(raw) if raw is not None else frozenset()):
+            return copy(n, img, src, dest, want, up, certs, auth)
+
+    def copy(n: int, img: Any, src: str, dest: str, want: str | None, up: str | None, certs: str | None,
+             auth: str | None) -> tuple[str, str]:
+        """skopeo copy; the digest it wrote (--digestfile) must be the upstream's (as read before, when it was)."""
+        progress(Event("start", n, total, dest, src))
+        with tempfile.TemporaryDirectory(prefix="gpu-install-sync-") as tmp:
+            digestfile = Path(tmp) / "digest"
+            argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", "--digestfile",
+                    str(digestfile)]
+            if platform == ALL_PLATFORMS:
+                argv += ["--all"]
             else:
-                (outcome.copied if result == "copied" else outcome.skipped).append(img.source)
+                os_, _, arch = platform.partition("/")
+                arch, _, variant = arch.partition("/")
+                argv += ["--override-os", os_, "--override-arch", arch] + (
+                    ["--override-variant", variant] if variant else [])
+            argv += ["--src-cert-dir", up] if up else []
+            argv += ["--dest-cert-dir", certs] if certs else []
+            argv += ["--dest-authfile", auth] if auth else []
+            argv += [] if tls else ["--dest-tls-verify=false"]
+            rc, _, err = _run([*argv, f"docker://{src}", f"docker://{dest}"], secrets)
+            got = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else None
+        if rc != 0:
+            progress(Event("failed", n, total, dest, err))
+            return "failed", err
+        if got is None or (want is not None and got != want):
+            msg = f"skopeo wrote {got or 'no digest'}, upstream has {want}"
+            progress(Event("failed", n, total, dest, msg))
+            return "failed", msg
+        progress(Event("copied", n, total, dest, got))
+        return "copied", ""
+
+    with cert_dir(site.mirror.upstreamCa) as up, cert_dir(reg.ca) as certs, authfile(config_json) as auth, \
+            ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(lambda a: one(a[0], a[1], up, certs, auth), enumerate(images, 1)))
+    for img, (kind, msg) in zip(images, results, strict=True):
+        if kind == "failed":
+            outcome.failed[img.source] = msg
+        else:
+            (outcome.copied if kind == "copied" else outcome.skipped).append(img.source)
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be synced to {reg.host}:\n"
             + "\n".join(f"  {s}: {m}" for s, m in outcome.failed.items()),
-            hint="fix the cause (tag missing upstream, auth, TLS: mirror.upstreamCa, registry.ca, the push "
-                 "credentials) and run sync again: images already there are skipped")
+            hint="fix the cause (tag missing upstream, mirror.upstream / mirror.upstreamCa, the credentials "
+                 "registry.pullSecret names, registry.ca) and run sync again: images already there are skipped")
     return outcome

@@ -1,114 +1,130 @@
-"""`gpu-install mirror verify` and apply's mirror check: is every image the site needs in registry.host?
+"""`gpu-install mirror verify`: is every image the site needs in registry.host, by digest?
 
-Per image of the plan (exactly `gpu-install images`' destinations), concurrently: the destination's manifest as the
-registry serves it (`skopeo inspect --raw`: the registry's own answer, with the site's credentials and CA). With a
-bundle, its digest must be the lock's (what `mirror push` put there); without one, the tag must resolve. Blobs are
-not fetched: a registry accepts a manifest only when it holds every blob the manifest names (the distribution spec's
-manifest PUT), so a manifest that resolves means its image was pushed whole. With a bundle its chart is checked too:
-the OCI chart in the registry must have the lock's sha256.
-
-The result names every missing or different artifact with the fix; `mirror verify` and apply (before any host is
-touched, when its operator stage will run) turn a non-empty result into exit 3.
+The images come from the plan (what `apply` will deploy) or, with a bundle, from its lock (what `mirror push` put
+there, each with its digest). Each destination's manifest is read with `skopeo inspect --raw` (concurrently, with the
+site's CA and credentials as push has them) and its sha256 compared with the lock's digest; without a bundle the
+tag must resolve. Blobs are not fetched one by one: a registry (distribution) refuses a manifest whose blobs it lacks,
+so a manifest that resolves means its blobs were there when it was pushed; a registry garbage-collected by hand
+afterwards is outside this check. One finding per missing or different image, each naming the fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from installer.errors import PreflightError
+from installer.errors import ConfigError, PreflightError
+from installer.mirror.images import DEFAULT_JOBS, authfile, cert_dir, manifest_digest, secrets_of
 
-JOBS = 8
+
+@dataclass(frozen=True)
+class Wanted:
+    """An image the site needs at destination; digest None: any manifest the tag resolves to."""
+
+    source: str
+    destination: str
+    digest: str | None = None
 
 
 @dataclass(frozen=True)
 class Finding:
-    ref: str  # the destination (image) or chart reference
-    problem: str  # missing | different | unreachable
-    detail: str
+    wanted: Wanted
+    problem: str
+
+    def line(self) -> str:
+        return f"  {self.wanted.destination} (from {self.wanted.source}): {self.problem}"
 
 
-def _creds(site: Any) -> bytes | None:
-    from installer.kube import docker_config_json
-
-    ps = site.registry.pullSecret
-    return docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
+def from_plan(images: Sequence[Any]) -> list[Wanted]:
+    """The plan's images (ImageArtifacts), by tag (or by digest where the plan pins one)."""
+    return [Wanted(i.source, i.destination) for i in images]
 
 
-def images(site: Any, wanted: Sequence[tuple[str, str | None]], progress: Callable[[str], None] | None = None,
-           jobs: int = JOBS) -> list[Finding]:
-    """wanted: (destination, digest it must have or None for any); the findings (empty: all there)."""
-    from installer.mirror.images import authfile, cert_dir, manifest_digest, secrets_of
+def from_lock(site: Any, lock: dict[str, Any], bundle: Path) -> list[Wanted]:
+    """The images of a bundle's (verified) lock, each with its digest."""
+    if lock.get("registry") != site.registry.host:
+        raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
+                          f"{site.registry.host}", hint="verify with the site file the bundle was pulled for")
+    return [Wanted(str(e.get("source")), str(e.get("destination")), str(e.get("digest")))
+            for e in lock.get("images") or [] if isinstance(e, dict)]
 
-    config = _creds(site)
-    secrets = secrets_of(config)
+
+def check(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, jobs: int = DEFAULT_JOBS) -> list[Finding]:
+    """The images of wanted that registry.host lacks or holds with another digest (plan order)."""
     reg = site.registry
-    with cert_dir(reg.ca) as certs, authfile(config) as auth:
-        def one(item: tuple[str, str | None]) -> Finding | None:
-            dest, digest = item
-            got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=not reg.insecure, secrets=secrets)
-            if got is None:
-                unknown = any(w in err.lower() for w in ("manifest unknown", "not found", "name unknown"))
-                if unknown:
-                    return Finding(dest, "missing", "the registry has no such tag ("
-                                   + err.rsplit(": ", 1)[-1].strip() + ")")
-                return Finding(dest, "unreachable", err)
-            if digest and got != digest:
-                return Finding(dest, "different", f"the registry has {got}, the bundle {digest}")
-            return None
-
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            found = [f for f in pool.map(one, wanted) if f is not None]
-    if progress:
-        progress(f"mirror check: {len(wanted) - len(found)} of {len(wanted)} images in {reg.host}")
-    return found
+    secrets = secrets_of(config_json)
+    with cert_dir(reg.ca) as certs, authfile(config_json) as auth, ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        got = list(pool.map(lambda w: manifest_digest(w.destination, cert=certs, auth=auth,
+                                                      tls_verify=not reg.insecure, secrets=secrets), wanted))
+    findings = []
+    for w, (digest, err) in zip(wanted, got, strict=True):
+        if digest is None:
+            unknown = any(t in err.lower() for t in ("manifest unknown", "name unknown", "not found"))
+            findings.append(Finding(w, f"missing: the registry has no such tag ({err.rsplit(': ', 1)[-1].strip()})"
+                                    if unknown else f"cannot be read ({err})"))
+        elif w.digest and digest != w.digest:
+            findings.append(Finding(w, f"the registry has {digest}, the bundle {w.digest}"))
+    return findings
 
 
-def chart(site: Any, bundle: Path, lock: dict[str, Any]) -> list[Finding]:
-    """The bundle's charts in the site registry with the lock's sha256."""
+def charts(site: Any, bundle: Path, lock: dict[str, Any], *, config_json: bytes | None) -> list[str]:
+    """The bundle's charts that the site registry lacks or holds with another sha256 (as lines for require's
+    message): each OCI chart `mirror push` put at installer.mirror.charts.oci_ref, pulled with helm and hashed."""
     import tempfile
 
-    from installer.mirror import charts
+    from installer.mirror import charts as ch
 
-    out = []
-    config = _creds(site)
+    out: list[str] = []
     reg = site.registry
-    with charts.helm_env() as env, charts._registry_config(config, env):
+    with ch.helm_env() as env, ch._registry_config(config_json, env):
         tls = ["--insecure-skip-tls-verify"] if reg.insecure else (["--ca-file", str(reg.ca)] if reg.ca else [])
         for c in lock.get("charts") or []:
-            ref = charts.oci_ref(site, str(c["name"]))
+            if not isinstance(c, dict):
+                continue
+            ref = f"{ch.oci_ref(site, str(c.get('name')))}:{c.get('version')}"
             with tempfile.TemporaryDirectory(prefix="gpu-install-verify-") as tmp:
-                rc, msg = charts._helm(["pull", ref, "--version", str(c["version"]), "--destination", tmp, *tls], env)
+                rc, msg = ch._helm(["pull", ref.rsplit(":", 1)[0], "--version", str(c.get("version")), "--destination",
+                                    tmp, *tls], env, [])
                 got = next(iter(Path(tmp).glob("*.tgz")), None) if rc == 0 else None
                 if got is None:
-                    out.append(Finding(f"{ref}:{c['version']}", "missing", msg))
-                elif charts.sha256_of(got) != c["sha256"]:
-                    out.append(Finding(f"{ref}:{c['version']}", "different",
-                                       f"sha256 {charts.sha256_of(got)}, the bundle {c['sha256']}"))
+                    out.append(f"  {ref} (chart): missing ({msg})")
+                elif ch.sha256_of(got) != c.get("sha256"):
+                    out.append(f"  {ref} (chart): sha256 {ch.sha256_of(got)}, the bundle {c.get('sha256')}")
     return out
 
 
-def report(findings: Sequence[Finding], registry: str, what: str) -> PreflightError:
-    lines = [f"  {f.ref}: {f.problem}: {f.detail}" for f in findings]
-    return PreflightError(f"{what}: {len(findings)} artifact(s) not in {registry} as the site needs them:\n"
-                          + "\n".join(lines[:50]) + (f"\n  … and {len(lines) - 50} more" if len(lines) > 50 else ""),
-                          hint="mirror them: gpu-install mirror pull (connected side), then mirror push (or mirror "
-                               "sync); unreachable: check registry.host, registry.ca and the pull credentials")
+def require(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, jobs: int = DEFAULT_JOBS,
+            what: str = "", more: Sequence[str] = ()) -> int:
+    """check(), raising PreflightError (exit 3) naming every missing or different image (and the lines of more:
+    other artifacts found missing); the number of images checked."""
+    findings = check(site, wanted, config_json=config_json, jobs=jobs)
+    if findings or more:
+        raise PreflightError(
+            f"{len(findings)} of {len(wanted)} images {what}are not in {site.registry.host} as the site needs them"
+            + (f" (and {len(more)} chart(s))" if more else "") + ":\n"
+            + "\n".join([*(f.line() for f in findings), *more]),
+            hint="copy them there: gpu-install mirror push BUNDLE -s SITE (air-gapped) or gpu-install mirror sync -s "
+                 "SITE (a host that sees both registries); a different digest: push the bundle of this release")
+    return len(wanted)
 
 
-def check_plan(plan: Any, progress: Callable[[str], None] | None = None) -> None:
-    """apply's mirror check: every image the operator stage deploys resolves in registry.host; PreflightError
-    (exit 3) naming the missing ones otherwise. The operator is cluster-wide: with --limit the images are those of
-    every GPU node of the inventory (a driver image per node OS), not only the limited ones."""
+def for_apply(plan: Any) -> int:
+    """apply's mirror check: every image the operator stage deploys is in registry.host (its tag resolves), with the
+    site's CA and pull credentials; PreflightError (exit 3) naming each missing one. The number checked. The operator
+    is cluster-wide: with --limit the images are those of every GPU node of the inventory (a driver image per node
+    OS), not only the limited ones."""
     import dataclasses
+
+    from installer.kube import docker_config_json
 
     if plan.limit:
         from installer.plan import resolve
 
         plan = resolve(plan.site, dataclasses.replace(plan.options, limit=None))
-    found = images(plan.site, [(i.destination, None) for i in plan.images], progress)
-    if found:
-        raise report(found, plan.site.registry.host, "mirror check")
+    site = plan.site
+    ps = site.registry.pullSecret
+    creds = docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
+    return require(site, from_plan(plan.artifacts(()).images), config_json=creds, what="the release deploys ")

@@ -157,6 +157,9 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     assert len(set(layers)) == 1 and len(layers) == len(sources)  # one layer shared by every image …
     assert blobs == {d.split(":")[1] for d in referenced}  # … stored once, nothing else in the layout
 
+    assert not (bundle / ".pulling").exists()  # the private layouts of the concurrent copies are gone
+    assert "B in " in err and "copied" in err  # the summary says how many bytes were copied
+
     # 3. a re-run copies nothing
     rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
     outputs += [out, err]
@@ -196,25 +199,22 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs += [out, err]
     assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
 
-    # 4b. verify: the plan's images resolve, the bundle's digests match; a deleted tag is found (exit 3, named)
+    # verify: by the bundle's digests, and by the plan's tags; a site whose prefix holds nothing: exit 3, each named
+    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--bundle", bundle)
+    outputs += [out, err]
+    assert rc == 0 and f"all {len(sources)} images are in {env['site_reg']} (by the bundle's digests; 1 chart(s) by sha256)" in err, err
     rc, out, err = cli("mirror", "verify", "-s", env["site"], "--os", "ubuntu22.04")
     outputs += [out, err]
-    assert rc == 0 and f"{len(sources)} image(s) of the plan: all in {env['site_reg']}" in out, out + err
-    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--bundle", bundle)
+    assert rc == 0 and "(tags resolve)" in err, err
+    other = env["root"] / "other-prefix.yaml"
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "elsewhere"
+    other.write_text(yaml.safe_dump(doc))
+    rc, out, err = cli("mirror", "verify", "-s", other, "--os", "ubuntu22.04")
     outputs += [out, err]
-    assert rc == 0 and "all in" in out and "with the bundle's digests" in out, out + err
-    gone = next(i for i in images if i.source == V2S2)
-    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
-    out_ = subprocess.run(["skopeo", "delete", "--cert-dir", str(env["certs"]), "--authfile", str(auth),
-                           f"docker://{gone.destination}"], capture_output=True, text=True, timeout=60)
-    auth.unlink()
-    assert out_.returncode == 0, out_.stderr
-    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--bundle", bundle)
-    outputs += [out, err]
-    assert rc == 3 and f"{gone.destination}: missing" in err and "1 artifact(s) not in" in err, err
-    rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])  # push puts it back
-    outputs += [out, err]
-    assert rc == 0 and f"1 copied, {len(sources) - 1} already there" in err, err
+    assert rc == 3 and f"{len(sources)} of {len(sources)} images are not in" in err and "mirror push" in err, err
+    for img in images:
+        assert f"{img.destination.replace('/mirror/', '/elsewhere/')} (from {img.source}): missing: the registry has no such tag" in err, err
 
     # 5. refused credentials: every image named with skopeo's message (exit 4), no password in it
     monkeypatch.setenv("MIRROR_TEST_PASSWORD", "wrong-" + CANARY)
@@ -231,29 +231,6 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs += [out, err]
     assert rc == 2 and "checksum mismatch" in err, err
     (bundle / "bundle.lock.json").write_text(text)
-
-    # 7. sync: registry to registry under another prefix, concurrently; digests as upstream; a re-sync copies
-    # nothing; verify agrees
-    import time
-
-    t0 = time.monotonic()
-    rc, out, err = cli("mirror", "sync", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=synced",
-                       "--jobs", "3")
-    outputs += [out, err]
-    assert rc == 0 and f"{len(sources)} copied, 0 already there" in err, err
-    print(f"mirror sync of {len(sources)} images: {time.monotonic() - t0:.2f}s")
-    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
-    for img in images:
-        dest = img.destination.replace("/mirror/", "/synced/", 1)
-        assert _raw_digest(dest, env["certs"], "--authfile", str(auth)) == upstream[img.source], dest
-    auth.unlink()
-    t0 = time.monotonic()
-    rc, out, err = cli("mirror", "sync", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=synced")
-    outputs += [out, err]
-    assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
-    print(f"no-op re-sync of {len(sources)} images: {time.monotonic() - t0:.2f}s")
-    rc, out, err = cli("mirror", "verify", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=synced")
-    assert rc == 0, out + err
 
     # no credential anywhere: command output, lock, bundle files
     for text in outputs:
@@ -341,20 +318,13 @@ def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
     rc, _, err = cli("mirror", "push", one, "-s", env["site"])
     assert rc == 0, err
     assert _raw_digest(multi.destination, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
-
-    # sync follows the same policy: the platform's instance by default (skipped when already there), the index whole
-    # with --all-platforms
-    synced = multi.destination.replace("/mirror/", "/sync-multi/", 1)
-    base = ("mirror", "sync", "-s", env["site"], "--os", "ubuntu22.04", "--set", "registry.prefix=sync-multi")
-    rc, _, err = cli(*base)
-    assert rc == 0, err
-    assert _raw_digest(synced, env["certs"], "--authfile", str(auth)) == digests["linux/amd64"]
-    rc, _, err = cli(*base, "--platform", "linux/arm64")
-    assert rc == 0 and f"1 copied, {len(images) - 1} already there" in err, err
-    assert _raw_digest(synced, env["certs"], "--authfile", str(auth)) == digests["linux/arm64"]
-    rc, _, err = cli(*base, "--all-platforms")
-    assert rc == 0 and f"1 copied, {len(images) - 1} already there" in err, err
-    assert _raw_digest(synced, env["certs"], "--authfile", str(auth)) == digests["all"]
+    # verify by digest: the arm64 bundle is there; the all-platforms bundle's index is not (another digest)
+    rc, _, err = cli("mirror", "verify", "-s", env["site"], "--bundle", one, "-q")
+    assert rc == 0 and err == "", err
+    rc, _, err = cli("mirror", "verify", "-s", env["site"], "--bundle", every)
+    assert rc == 3 and f"1 of {len(images)} images are not in" in err, err
+    assert f"{multi.destination} (from {multi.source}): the registry has {digests['linux/arm64']}, the bundle " \
+           f"{digests['all']}" in err, err
 
 
 def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monkeypatch):
@@ -380,3 +350,199 @@ def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monke
     assert rc == 0, err
     entry = next(e for e in json.loads((bundle / "bundle.lock.json").read_text())["images"] if e["source"] == source)
     assert entry["digest"] == digests["all"] and entry["destination"].endswith("@" + digests["all"])
+
+
+def test_sync_registry_to_registry(env, cli, monkeypatch):
+    """sync: upstream (remapped, upstream CA) straight into the site registry (auth, site CA), digests as published;
+    a re-sync copies nothing; what it pushed verifies."""
+    from installer.mirror.images import pull_from
+
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    for img in images:
+        _seed(env, img.source)
+    remap = yaml.safe_load(env["site"].read_text())["mirror"]["upstream"]
+    upstream = {i.source: _raw_digest(pull_from(i.source, remap), env["certs"]) for i in images}
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "synced"
+    site = env["root"] / "synced-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    rc, out, err = cli("mirror", "sync", "-s", site, "--os", "ubuntu22.04", "--all-platforms", "-j", "3")
+    assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
+    auth = env["root"] / "verify-auth3.json"
+    token = base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode()
+    auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
+    for img in images:
+        dest = img.destination.replace("/mirror/", "/synced/")
+        assert _raw_digest(dest, env["certs"], "--authfile", str(auth)) == upstream[img.source], dest
+    auth.unlink()
+    rc, out2, err2 = cli("mirror", "sync", "-s", site, "--os", "ubuntu22.04", "--all-platforms")
+    assert rc == 0 and f"0 copied, {len(images)} already there" in err2, err2
+    rc, out3, err3 = cli("mirror", "verify", "-s", site, "--os", "ubuntu22.04")
+    assert rc == 0, err3
+    for text in (out, err, out2, err2, out3, err3):
+        assert CANARY not in text
+
+
+def _kill_when(argv: list[str], env: dict, ready, timeout: float = 60) -> subprocess.CompletedProcess | None:
+    """Run argv; SIGKILL it as soon as ready(stderr so far) holds (polled every 10 ms). None when it was killed,
+    the finished process when it ended first."""
+    import os
+    import signal
+    import time
+
+    err = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        err.seek(0)
+        if ready(err.read().decode(errors="replace")):
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+        time.sleep(0.01)
+    proc.wait(timeout=10)
+    err.seek(0)
+    return subprocess.CompletedProcess(argv, proc.returncode, "", err.read().decode(errors="replace"))
+
+
+def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
+    """A pull and a push killed with SIGKILL once an image is done: the next run copies only what is left, and the
+    result is the bundle (digests) an uninterrupted pull makes; then a flipped byte in a layer is refused before
+    anything is pushed."""
+    import os
+    import sys
+
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    for img in images:
+        _seed(env, img.source)
+    exe = str(Path(sys.executable).parent / "gpu-install")
+    penv = {**os.environ, "MIRROR_TEST_USER": CANARY_USER, "MIRROR_TEST_PASSWORD": CANARY}
+    whole, killed = env["root"] / "bundle-whole", env["root"] / "bundle-killed"
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", whole, "-q")
+    assert rc == 0, err
+
+    def lock_images(bundle: Path) -> list[dict]:
+        try:
+            return json.loads((bundle / "bundle.lock.json").read_text())["images"]
+        except (OSError, ValueError, KeyError):
+            return []
+
+    pull = [exe, "mirror", "pull", "-s", str(env["site"]), "--os", "ubuntu22.04", "-o", str(killed), "-j", "1"]
+    ended = _kill_when(pull, penv, lambda _: len(lock_images(killed)) >= 1)
+    assert ended is None, f"pull finished before it could be killed: {ended}"
+    done = len(lock_images(killed))  # what the lock holds after the kill: the truth
+    assert 1 <= done < len(images) and json.loads((killed / "bundle.lock.json").read_text())["complete"] is False
+    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", killed)
+    assert rc == 0 and f"{len(images) - done} copied, {done} already there" in err, err
+    digests = {e["source"]: e["digest"] for e in lock_images(killed)}
+    assert digests == {e["source"]: e["digest"] for e in lock_images(whole)}
+    assert not (killed / ".pulling").exists()
+    index = json.loads((killed / "images" / "index.json").read_text())["manifests"]
+    assert sorted(m["digest"] for m in index) == sorted(digests.values())
+    referenced: set[str] = set()
+    for d in digests.values():
+        doc = json.loads((killed / "images" / "blobs" / "sha256" / d.split(":")[1]).read_bytes())
+        referenced |= {d, doc["config"]["digest"], *(x["digest"] for x in doc["layers"])}
+    assert {p.name for p in (killed / "images" / "blobs" / "sha256").iterdir()} == {d.split(":")[1] for d in referenced}
+
+    # push, killed once one image is done; the rerun pushes the rest only, and verify finds every digest there
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "killed"
+    site = env["root"] / "killed-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
+    assert rc == 0, err  # the destinations follow the prefix: the same blobs, a new lock
+    push = [exe, "mirror", "push", str(killed), "-s", str(site), "-j", "1"]
+    ended = _kill_when(push, penv, lambda text: ": done," in text)
+    assert ended is None, f"push finished before it could be killed: {ended}"
+    rc, _, err = cli("mirror", "push", killed, "-s", site)
+    assert rc == 0, err
+    copied = int(err.rsplit(" copied, ", 1)[0].rsplit(": ", 1)[1])
+    assert 1 <= copied < len(images) and f"{len(images) - copied} already there" in err, err
+    rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", killed)
+    assert rc == 0, err
+
+    # a flipped byte in a layer: refused (exit 2, naming the image) before anything is pushed
+    doc["registry"]["prefix"] = "tampered"
+    site.write_text(yaml.safe_dump(doc))
+    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
+    assert rc == 0, err
+    first = lock_images(killed)[0]
+    manifest = json.loads((killed / "images" / "blobs" / "sha256" / first["digest"].split(":")[1]).read_bytes())
+    layer = killed / "images" / "blobs" / "sha256" / manifest["layers"][0]["digest"].split(":")[1]
+    data = bytearray(layer.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    layer.unlink()  # a hard link may share the bytes with another bundle: replace the file, not its content
+    layer.write_bytes(bytes(data))
+    rc, _, err = cli("mirror", "push", killed, "-s", site)
+    assert rc == 2 and "does not match its digest" in err and "image " in err, err
+    rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", killed)
+    assert rc == 3 and f"{len(images)} of {len(images)} images are not in" in err, err
+
+
+def test_incremental_bundle_since_an_older_lock(env, cli, monkeypatch):
+    """--since: only the image whose upstream digest changed is carried; push builds on the registry holding the
+    rest, and refuses (exit 3, naming them) where it does not."""
+    from installer.mirror.images import pull_from
+
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images = _plan_images(env)
+    for img in images:
+        _seed(env, img.source)
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "inc"
+    site = env["root"] / "inc-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    old, new = env["root"] / "bundle-old", env["root"] / "bundle-new"
+    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", old, "-q")
+    assert rc == 0, err
+    rc, _, err = cli("mirror", "push", old, "-s", site, "-q")
+    assert rc == 0, err
+    changed = next(i for i in images if i.component == "validator")
+    remap = doc["mirror"]["upstream"]
+    layout = env["layouts"] / "changed-validator"
+    env["write_layout"](layout, "t", ["/bin/sh", "-c", "echo the next release"], busybox=LAYER + b"next")
+    try:
+        out = subprocess.run(["skopeo", "copy", "--quiet", "--dest-cert-dir", str(env["certs"]), f"oci:{layout}:t",
+                              f"docker://{pull_from(changed.source, remap)}"], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", new, "--since",
+                         old / "bundle.lock.json")
+        assert rc == 0 and f"1 copied, {len(images) - 1} already there" in err, err
+        lock = json.loads((new / "bundle.lock.json").read_text())
+        assert lock["complete"] is True
+        assert lock["incremental"]["since"] == hashlib.sha256((old / "bundle.lock.json").read_bytes()).hexdigest()
+        assert [e["source"] for e in lock["images"]] == [changed.source]
+        assert sorted(e["source"] for e in lock["base"]) == sorted(i.source for i in images if i is not changed)
+        size = {b: sum(p.stat().st_size for p in (b / "images").rglob("*") if p.is_file()) for b in (old, new)}
+        assert size[new] < size[old], size
+
+        # another destination prefix: the old lock has none of its destinations, so every image is carried
+        fresh = env["root"] / "inc-fresh-site.yaml"
+        fresh.write_text(site.read_text().replace("prefix: inc", "prefix: inc-fresh"))
+        rc, _, err = cli("mirror", "pull", "-s", fresh, "--os", "ubuntu22.04", "-o", env["root"] / "bundle-nb",
+                         "--since", old / "bundle.lock.json")
+        assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
+        rc, _, err = cli("mirror", "push", new, "-s", site, "-q")
+        assert rc == 0, err
+        rc, _, err = cli("mirror", "verify", "-s", site, "--os", "ubuntu22.04")
+        assert rc == 0, err
+        rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", new)
+        assert rc == 0, err
+        moved = env["root"] / "bundle-moved"
+        shutil.copytree(new, moved)
+        lock["base"] = [{**e, "destination": e["destination"].replace("/inc/", "/inc-gone/")} for e in lock["base"]]
+        from installer.mirror.bundle import write_lock
+
+        write_lock(moved, lock)  # the base elsewhere: a registry without it refuses before anything is pushed
+        rc, _, err = cli("mirror", "push", moved, "-s", site)
+        assert rc == 3 and "incremental bundle" in err and f"lacks {len(images) - 1} of the {len(images) - 1}" in err
+        assert all(f"{e['destination']} (from {e['source']}): missing" in err for e in lock["base"]), err
+    finally:
+        _seed(env, changed.source)

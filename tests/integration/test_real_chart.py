@@ -269,7 +269,7 @@ def test_apply_operator_stage_real_chart(env):
         # before any host (exit 3, the missing images named), and nothing is installed
         proc = run(env, *argv)
         assert proc.returncode == 3, proc.stdout + proc.stderr[-4000:]
-        assert "mirror check:" in proc.stderr and f"{env['registry']}/mirror/" in proc.stderr, proc.stderr[-4000:]
+        assert "images the release deploys are not in" in proc.stderr and f"{env['registry']}/mirror/" in proc.stderr, proc.stderr[-4000:]
         assert re.search(r"preflight +FAILED", proc.stdout) and re.search(r"nodes +not run", proc.stdout), proc.stdout
         assert run(env, "operator", "status", "-s", str(site), "--kubeconfig", env["kubeconfig"]).returncode == 6
         # the pods need not run here (--no-wait), so the check is skipped for this test

@@ -140,3 +140,51 @@ def test_the_mirror_plan_says_what_the_bundle_does_not_carry_yet(site_data):
     plan = plan_of(parse_site(site_data), os_tags=("ubuntu22.04",))
     assert "mirror pull/push carry the images, the chart; the OS packages are not in the bundle yet: carry them as " \
            "docs/airgap.md says" in plan.artifacts().notes
+
+
+def test_jobs_below_one_is_refused_before_anything_is_copied(tmp_path):
+    with pytest.raises(ConfigError, match="--jobs 0"):
+        m.push(object(), tmp_path, config_json=None, jobs=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_platform_digest_picks_the_instance_sync_copies():
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"digest": "sha256:" + "a" * 64, "platform": {"os": "linux", "architecture": "amd64"}},
+        {"digest": "sha256:" + "b" * 64, "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}}]})
+    raw = index.encode()
+    assert m.platform_digest(raw, "linux/amd64") == ("sha256:" + "a" * 64, "")
+    assert m.platform_digest(raw, "linux/arm64/v8") == ("sha256:" + "b" * 64, "")
+    assert m.platform_digest(raw, m.ALL_PLATFORMS) == ("sha256:" + hashlib.sha256(raw).hexdigest(), "")
+    missing, why = m.platform_digest(raw, "linux/s390x")
+    assert missing is None and "no linux/s390x image" in why
+    single = b'{"schemaVersion": 2, "config": {}, "layers": []}'
+    assert m.platform_digest(single, "linux/arm64") == ("sha256:" + hashlib.sha256(single).hexdigest(), "")
+
+
+def test_blob_turns_let_one_copy_bring_a_shared_layer():
+    """Two copies sharing a layer run one after the other; a copy with other layers runs alongside."""
+    import threading
+    import time
+
+    turns = m.BlobTurns()
+    log: list[str] = []
+
+    def copy(name: str, layers: frozenset[str]) -> None:
+        with turns.turn(layers):
+            log.append(f"{name}+")
+            time.sleep(0.05)
+            log.append(f"{name}-")
+
+    a = threading.Thread(target=copy, args=("a", frozenset({"base", "x"})))
+    a.start()
+    time.sleep(0.01)
+    b = threading.Thread(target=copy, args=("b", frozenset({"base", "y"})))
+    c = threading.Thread(target=copy, args=("c", frozenset({"z"})))
+    b.start()
+    c.start()
+    for t in (a, b, c):
+        t.join(5)
+    assert log.index("b+") > log.index("a-")  # b waited for the copy bringing the shared layer
+    assert log.index("c+") < log.index("a-")  # c did not wait
+    assert m.layer_digests(b'{"layers": [{"digest": "sha256:1"}], "config": {"digest": "sha256:2"}}') == {"sha256:1"}
