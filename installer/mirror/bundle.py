@@ -86,9 +86,13 @@ def bundle_for_push(bundle: Path) -> dict[str, Any]:
 
 
 def load_for_update(bundle: Path) -> dict[str, Any]:
-    """The bundle's lock if it verifies, else {} (a new or damaged bundle: its sections are pulled again)."""
+    """The bundle's lock for a pull to resume from: verified by its checksum, else -- a pull killed between writing
+    the lock and its checksum -- the lock as it reads (pull reuses an entry only after checking the layout holds that
+    image whole, and a chart or file only after hashing it); {} for a new bundle or one whose lock cannot be read."""
     with contextlib.suppress(GpuInstallError):
         return read_lock(bundle, verify=True)
+    with contextlib.suppress(GpuInstallError):
+        return read_lock(bundle, verify=False)
     return {}
 
 

@@ -159,7 +159,7 @@ def pull(plan: Any, charts: Sequence[Any], files: Sequence[Any], bundle: Path, s
     (exit 4) naming what failed, after trying everything; the bundle stays incomplete then."""
     site = plan.site
     ca = site.mirror.upstreamCa
-    lock = lockfile.read_lock(bundle)
+    lock = lockfile.load_for_update(bundle)
     old = {str(e.get("file")): e for e in [*(lock.get(CHARTS) or []), *(lock.get(FILES) or [])] if isinstance(e, dict)}
     (bundle / CHARTS).mkdir(exist_ok=True)
     failed: dict[str, list[dict[str, str]]] = {"chart": [], "file": []}

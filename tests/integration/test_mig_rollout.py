@@ -54,7 +54,7 @@ class MigManagerStandIn:
                     self.api.patch_node(n, {"metadata": {"labels": {STATE: "failed"}}})
                     continue
                 res = {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "7"} if want == "all-1g.10gb" else \
-                    {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "0"}
+                    {"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "0"}
                 self.api.patch_node_status(n, {"status": {"capacity": res, "allocatable": res}})
                 self.api.patch_node(n, {"metadata": {"labels": {STATE: "success"}}})
 
@@ -67,6 +67,15 @@ class MigManagerStandIn:
         self.thread.join(timeout=10)
 
 
+def _has_token(api) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return bool(api.read_namespaced_service_account("default", NS).secrets)
+    except ApiException:
+        return False
+
+
 @pytest.fixture(scope="module")
 def k(lab_kubernetes, tmp_path_factory):
     from kubernetes import client, config
@@ -77,7 +86,14 @@ def k(lab_kubernetes, tmp_path_factory):
     saved = {n: api.read_node(n) for n in NODES}
     for n in NODES:
         api.patch_node(n, {"metadata": {"labels": {**GFD, LABEL: "all-disabled", STATE: "success"}}})
+        # room for this test's GPU pods whatever other modules of the session left on the shared lab's nodes
+        api.patch_node_status(n, {"status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}}})
     api.create_namespace({"metadata": {"name": NS}})
+    # pods can be created once the controller-manager gave the namespace's default service account its token
+    deadline = time.monotonic() + 60
+    while not _has_token(api):
+        assert time.monotonic() < deadline, f"no token for the default service account of {NS}"
+        time.sleep(0.5)
     work = tmp_path_factory.mktemp("migroll")
     site = work / "site.yaml"
     site.write_text(yaml.safe_dump({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
@@ -109,9 +125,11 @@ def gpu_pod(k, name: str, node: str, labels: dict[str, str]) -> None:
         "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [{"operator": "Exists"}],
                  "containers": [{"name": "c", "image": "registry.lab:5000/gpu-install-lab/pause:3.6",
                                  "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while k["api"].read_namespaced_pod(name, NS).status.phase != "Running":
-        assert time.monotonic() < deadline, k["api"].read_namespaced_pod(name, NS).status
+        if time.monotonic() > deadline:
+            events = [(e.reason, e.message) for e in k["api"].list_namespaced_event(NS).items]
+            raise AssertionError(f"{name}: {k['api'].read_namespaced_pod(name, NS).status}; events {events}")
         time.sleep(0.5)
 
 

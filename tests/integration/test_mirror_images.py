@@ -385,23 +385,50 @@ def test_sync_registry_to_registry(env, cli, monkeypatch):
         assert CANARY not in text
 
 
+GATE = """#!/bin/sh
+# STAND-IN gate in front of the real skopeo (test_kill_9_...): the GATE_AT-th `skopeo copy` of the run waits until
+# the test kills the whole process group, so the kill lands mid-run whatever the machine's speed
+if [ "$1" = copy ]; then
+  n=$(( $(cat "$GATE_DIR/count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$GATE_DIR/count"
+  if [ "$n" -ge "$GATE_AT" ]; then touch "$GATE_DIR/waiting"; while :; do sleep 1; done; fi
+fi
+exec "$REAL_SKOPEO" "$@"
+"""
+
+
+def _gated(env: dict, gate: Path, at: int) -> dict:
+    """env with the gate skopeo first on PATH, its counter reset: copy number `at` (and later) blocks."""
+    import os
+
+    gate.mkdir(exist_ok=True)
+    for f in ("count", "waiting"):
+        (gate / f).unlink(missing_ok=True)
+    (gate / "skopeo").write_text(GATE)
+    (gate / "skopeo").chmod(0o755)
+    return {**env, "PATH": f"{gate}:{env.get('PATH', os.defpath)}", "GATE_DIR": str(gate), "GATE_AT": str(at),
+            "REAL_SKOPEO": shutil.which("skopeo") or "/usr/bin/skopeo"}
+
+
 def _kill_when(argv: list[str], env: dict, ready, timeout: float = 60) -> subprocess.CompletedProcess | None:
-    """Run argv; SIGKILL it as soon as ready(stderr so far) holds (polled every 10 ms). None when it was killed,
-    the finished process when it ended first."""
+    """Run argv in a session of its own; SIGKILL the whole process group (gpu-install and its skopeo children) as soon
+    as ready(stderr so far) holds (polled every 10 ms). None when it was killed, the finished process when it ended
+    first."""
     import os
     import signal
     import time
 
     err = tempfile.TemporaryFile()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         err.seek(0)
         if ready(err.read().decode(errors="replace")):
-            os.kill(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return None
         time.sleep(0.01)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     err.seek(0)
     return subprocess.CompletedProcess(argv, proc.returncode, "", err.read().decode(errors="replace"))
@@ -432,10 +459,12 @@ def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
             return []
 
     pull = [exe, "mirror", "pull", "-s", str(env["site"]), "--os", "ubuntu22.04", "-o", str(killed), "-j", "1"]
-    ended = _kill_when(pull, penv, lambda _: len(lock_images(killed)) >= 1)
+    gate = env["root"] / "gate"
+    ended = _kill_when(pull, _gated(penv, gate, 2),
+                       lambda _: (gate / "waiting").exists() and len(lock_images(killed)) >= 1)
     assert ended is None, f"pull finished before it could be killed: {ended}"
     done = len(lock_images(killed))  # what the lock holds after the kill: the truth
-    assert 1 <= done < len(images) and json.loads((killed / "bundle.lock.json").read_text())["complete"] is False
+    assert done == 1 and json.loads((killed / "bundle.lock.json").read_text())["complete"] is False
     rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", killed)
     assert rc == 0 and f"{len(images) - done} copied, {done} already there" in err, err
     digests = {e["source"]: e["digest"] for e in lock_images(killed)}
@@ -457,12 +486,12 @@ def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
     rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
     assert rc == 0, err  # the destinations follow the prefix: the same blobs, a new lock
     push = [exe, "mirror", "push", str(killed), "-s", str(site), "-j", "1"]
-    ended = _kill_when(push, penv, lambda text: ": done," in text)
+    ended = _kill_when(push, _gated(penv, gate, 2), lambda text: (gate / "waiting").exists() and ": done," in text)
     assert ended is None, f"push finished before it could be killed: {ended}"
     rc, _, err = cli("mirror", "push", killed, "-s", site)
     assert rc == 0, err
     copied = int(err.rsplit(" copied, ", 1)[0].rsplit(": ", 1)[1])
-    assert 1 <= copied < len(images) and f"{len(images) - copied} already there" in err, err
+    assert copied == len(images) - 1 and "1 already there" in err, err
     rc, _, err = cli("mirror", "verify", "-s", site, "--bundle", killed)
     assert rc == 0, err
 

@@ -188,3 +188,17 @@ def test_blob_turns_let_one_copy_bring_a_shared_layer():
     assert log.index("b+") > log.index("a-")  # b waited for the copy bringing the shared layer
     assert log.index("c+") < log.index("a-")  # c did not wait
     assert m.layer_digests(b'{"layers": [{"digest": "sha256:1"}], "config": {"digest": "sha256:2"}}') == {"sha256:1"}
+
+
+def test_a_pull_killed_between_the_lock_and_its_checksum_resumes_from_the_lock(tmp_path):
+    """load_for_update: the checksum file of the previous lock (the kill came between the two writes) does not throw
+    the finished entries away -- pull re-checks each against the layout before reusing it; push still refuses."""
+    lock = {"schema": b.SCHEMA, "complete": False, "release": "v24.9.2", "registry": "r.lab:5000",
+            "platform": "linux/amd64", "layout": "images", "failed": [], "images": [{"source": "x", "digest": "d"}]}
+    b.write_lock(tmp_path, lock)
+    (tmp_path / b.CHECKSUM).write_text("0" * 64 + f"  {b.LOCK}\n")
+    assert b.load_for_update(tmp_path)["images"] == [{"source": "x", "digest": "d"}]
+    with pytest.raises(ConfigError, match="checksum mismatch"):
+        b.bundle_for_push(tmp_path)
+    (tmp_path / b.LOCK).write_text("{not json")
+    assert b.load_for_update(tmp_path) == {}
