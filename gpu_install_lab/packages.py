@@ -201,7 +201,8 @@ def runtime_debs(progress=print) -> list[Path]:
     """containerd + docker.io with their closure for debian12 nodes, and the runtime and toolkit stand-ins
     (apply with toolkit.mode host installs nvidia-container-toolkit before configuring the runtimes)."""
     return closure("debian12", RUNTIME_PACKAGES, progress=progress) + [standin_nvidia_container_runtime(),
-                                                                       standin_nvidia_container_toolkit()]
+                                                                       standin_nvidia_container_toolkit(),
+                                                                       *standin_toolkit_siblings()[0]]
 
 
 def nvidia_debs(progress=print) -> list[Path]:
@@ -394,13 +395,14 @@ def rhel_rpms(progress=print) -> list[Path]:
     """What the rhel9 stand-in's RPM repo serves for `apply` (toolkit and driver mode host): the containerd stand-in
     (preflight wants a runtime), the runtime and toolkit stand-ins, the driver stand-ins."""
     return [standin_containerd_rpm(progress), standin_nvidia_container_runtime_rpm(),
-            standin_nvidia_container_toolkit_rpm(), *standin_nvidia_driver_rpms()]
+            standin_nvidia_container_toolkit_rpm(), *standin_toolkit_siblings()[1], *standin_nvidia_driver_rpms()]
 
 
 def driver_toolkit_debs(progress=print) -> list[Path]:
     """What the driver/toolkit lab serves: the Debian NVIDIA driver closure (+ containerd), and the
     runtime + toolkit stand-ins."""
-    return nvidia_debs(progress=progress) + [standin_nvidia_container_runtime(), standin_nvidia_container_toolkit()]
+    return nvidia_debs(progress=progress) + [standin_nvidia_container_runtime(), standin_nvidia_container_toolkit(),
+                                             *standin_toolkit_siblings()[0]]
 
 
 # The runfile STAND-IN: NVIDIA's .run installers are not obtainable here. This one is a shell script named as a
@@ -478,3 +480,68 @@ def standin_runfile(version: str = STANDIN_DRIVER_VERSION) -> Path:
     tmp.chmod(0o755)
     os.replace(tmp, out)
     return out
+
+
+# ---------------------------------------------------------------- STAND-IN upstream toolkit repository
+# NVIDIA's real dependency chain, as STAND-INs under the real names (nothing from NVIDIA is obtainable here):
+#   nvidia-container-toolkit (V) -> nvidia-container-toolkit-base (= V), libnvidia-container-tools (>= V)
+#   libnvidia-container-tools (V) -> libnvidia-container1 (>= V)
+# nvidia-container-toolkit-base carries /usr/bin/nvidia-ctk (prints V), as NVIDIA's does since 1.11 (the runtime
+# binary stays with the lab's runtime stand-in). `gpu-install mirror` tests resolve their closure from a stand-in
+# upstream built from these.
+UPSTREAM_CHAIN_RELEASE = "1gpuinstall.upstream.standin"
+
+
+def _chain_ctk(version: str) -> str:
+    return _CTK.replace(STANDIN_NCT_UPSTREAM, version)
+
+
+def _siblings(dv: str, version: str, release: str, ctk: str | None) -> tuple[list[Path], list[Path]]:
+    """nvidia-container-toolkit-base, libnvidia-container-tools, libnvidia-container1 STAND-INs (.debs at dv, .rpms at
+    version-release); base carries /usr/bin/nvidia-ctk when ctk (its script) is given."""
+    note = " gpu-install STAND-IN with NVIDIA's package name and dependencies; not NVIDIA's package.\n"
+    desc = note.strip()
+    debs = [
+        _standin_deb("nvidia-container-toolkit-base", dv, f"Description: STAND-IN nvidia-container-toolkit-base\n{note}",
+                     {"nvidia-ctk": ctk} if ctk else {}),
+        _standin_deb("libnvidia-container-tools", dv, f"Depends: libnvidia-container1 (>= {dv})\n"
+                     f"Description: STAND-IN libnvidia-container-tools\n{note}", {}),
+        _standin_deb("libnvidia-container1", dv, f"Description: STAND-IN libnvidia-container1\n{note}", {}),
+    ]
+
+    def doc(name: str) -> dict[str, str | Path | tuple]:
+        return {f"/usr/share/doc/gpu-install-standin/{name}-{version}": (desc + "\n", 0o644)}
+
+    rpms = [
+        _standin_rpm("nvidia-container-toolkit-base", version, release, "STAND-IN nvidia-container-toolkit-base", desc,
+                     {"/usr/bin/nvidia-ctk": ctk} if ctk else doc("nvidia-container-toolkit-base")),
+        _standin_rpm("libnvidia-container-tools", version, release, "STAND-IN libnvidia-container-tools", desc,
+                     doc("libnvidia-container-tools"), requires=(f"libnvidia-container1 >= {version}-{release}",)),
+        _standin_rpm("libnvidia-container1", version, release, "STAND-IN libnvidia-container1", desc,
+                     doc("libnvidia-container1")),
+    ]
+    return debs, rpms
+
+
+def standin_toolkit_siblings() -> tuple[list[Path], list[Path]]:
+    """The lab repository's siblings of its nvidia-container-toolkit stand-in, at its version (the role installs all
+    four pinned, as NVIDIA's install guide does); nvidia-ctk stays in the toolkit stand-in."""
+    return _siblings(STANDIN_NCT_VERSION, STANDIN_NCT_UPSTREAM, RPM_RELEASE, None)
+
+
+def standin_toolkit_chain(version: str) -> tuple[list[Path], list[Path]]:
+    """The STAND-IN toolkit chain at one version for a STAND-IN upstream repository: (.debs, .rpms), built once each
+    and cached (unsigned: the upstream stand-in signs its copies)."""
+    rel = UPSTREAM_CHAIN_RELEASE
+    dv = f"{version}-{rel}"
+    note = " gpu-install STAND-IN with NVIDIA's package name and dependencies; not NVIDIA's package.\n"
+    debs, rpms = _siblings(dv, version, rel, _chain_ctk(version))
+    top_deb = _standin_deb("nvidia-container-toolkit", dv,
+                           f"Depends: nvidia-container-toolkit-base (= {dv}), libnvidia-container-tools (>= {dv})\n"
+                           f"Description: STAND-IN nvidia-container-toolkit\n{note}", {})
+    top_rpm = _standin_rpm("nvidia-container-toolkit", version, rel, "STAND-IN nvidia-container-toolkit", note.strip(),
+                           {f"/usr/share/doc/gpu-install-standin/nvidia-container-toolkit-{version}":
+                            (note.strip() + "\n", 0o644)},
+                           requires=(f"nvidia-container-toolkit-base = {version}-{rel}",
+                                     f"libnvidia-container-tools >= {version}-{rel}"))
+    return [top_deb, *debs], [top_rpm, *rpms]

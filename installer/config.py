@@ -522,6 +522,85 @@ def chart_repository(v: str) -> str:
     return v.rstrip("/") if v.rstrip("/") not in ("http:/", "https:/") else v
 
 
+#: an OS tag as the inventory's gpu_install_os gives it: os-release ID + VERSION_ID (ubuntu22.04, rocky9.4, debian12)
+OS_TAG = r"^[a-z][a-z0-9]*[0-9]+(?:\.[0-9]+)*$"
+#: an apt suite (jammy, bookworm-updates) or a flat repository's directory ending in '/' ("/", "./x86_64/")
+APT_SUITE = r"^(?:[A-Za-z0-9][A-Za-z0-9._~+-]*|[A-Za-z0-9._~+/-]*/)$"
+PACKAGE_URL = r"^(?:https?://[^/\s?#]+(?:/[^\s?#]*)?|file:///[^\s?#]*)$"
+
+
+def package_url(v: str) -> str:
+    """An upstream package repository's URL: http(s)://host[/path] or file:///path; no trailing '/'."""
+    shown = v if len(v) <= 80 else v[:77] + "..."
+    if len(v) > 2048 or not re.match(PACKAGE_URL, v):
+        raise ValueError(f"{shown!r} is not a package repository URL: http(s)://host/path or file:///path")
+    return v.rstrip("/") if v.rstrip("/") not in ("http:/", "https:/", "file:/") else v
+
+
+class PackageSource(_Model):
+    """An upstream package repository that `mirror pull` resolves one node OS's packages against (connected side)."""
+
+    url: str = Field(description="repository URL: http(s)://… or file:///… (apt: the archive root holding dists/; "
+                                 "dnf: the directory holding repodata/)",
+                     json_schema_extra=rules({"pattern": PACKAGE_URL, "maxLength": 2048}))
+    suite: str | None = Field(None, description="apt only: the suite (jammy, bookworm) or a flat repository's "
+                                                "directory ending in '/' (NVIDIA's CUDA repositories: '/')",
+                              json_schema_extra=rules({"pattern": APT_SUITE, "maxLength": 255}))
+    components: list[str] = Field(default_factory=lambda: ["main"],
+                                  description="apt only: the components of the suite (not for a flat repository)")
+    key: Path = Field(description="the repository's OpenPGP public key (armored or binary): apt checks the "
+                                  "suite's Release signature with it, dnf pulls refuse packages it did not sign")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return package_url(v)
+
+    @field_validator("suite")
+    @classmethod
+    def _suite(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(APT_SUITE, v):
+            raise ValueError(f"{v!r} is not an apt suite (jammy) or a flat repository directory ending in '/'")
+        return v
+
+    @field_validator("components")
+    @classmethod
+    def _components(cls, v: list[str]) -> list[str]:
+        for c in v:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", c):
+                raise ValueError(f"{c!r} is not an apt component (main, restricted, non-free)")
+        return v
+
+
+class Packages(_Model):
+    """The site's own package repository (air-gapped side): what `mirror push --repo-dir DIR` published, served at
+    `url`; apply configures it on the GPU nodes, trusting `key`, before the roles install packages."""
+
+    url: str | None = Field(None, description="where the nodes reach the published DIR (http(s)://host/path); the "
+                                              "node's repository is <url>/packages/<gpu_install_os>; unset: the "
+                                              "nodes' own repositories are used and none is added",
+                            json_schema_extra=rules({"pattern": URL_PREFIX, "maxLength": 2048}))
+    key: Path | None = Field(None, description="the site's public signing key as `mirror push` exported it "
+                                               "(DIR/gpu-install-site.asc); required with url")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if len(v) > 2048 or not re.match(URL_PREFIX, v):
+            shown = v if len(v) <= 80 else v[:77] + "..."
+            raise ValueError(f"{shown!r} is not an http(s) URL such as http://repo.example.com/gpu-install")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _key_with_url(self) -> Packages:
+        if self.url and not self.key:
+            raise ValueError("url is set without key: give the site key `gpu-install mirror push` exported "
+                             "(DIR/gpu-install-site.asc); the nodes check the repository's signature with it")
+        return self
+
+
 class Mirror(_Model):
     """Where `gpu-install mirror` takes what the site does not have yet (on the connected side)."""
 
@@ -540,11 +619,26 @@ class Mirror(_Model):
     upstreamCa: Path | None = Field(
         None, description="CA certificate (PEM) `mirror pull` trusts besides the system's, for the upstream registries "
         "or their mirrors")
+    packageRepositories: dict[str, list[PackageSource]] = Field(
+        default_factory=dict,
+        description="node OS (as gpu_install_os gives it: ubuntu22.04, rocky9.4) -> the upstream apt or dnf "
+        "repositories `mirror pull` resolves that OS's packages and their dependency closure against",
+        json_schema_extra=rules(propertyNames={"pattern": OS_TAG, "maxLength": 64}))
 
     @field_validator("chartRepository")
     @classmethod
     def _chart_repository(cls, v: str) -> str:
         return chart_repository(v)
+
+    @field_validator("packageRepositories")
+    @classmethod
+    def _package_repositories(cls, v: dict[str, list[PackageSource]]) -> dict[str, list[PackageSource]]:
+        for os_tag, sources in v.items():
+            if not re.match(OS_TAG, os_tag):
+                raise ValueError(f"{os_tag!r} is not a node OS: give it as gpu_install_os does (ubuntu22.04, rocky9.4)")
+            if not sources:
+                raise ValueError(f"{os_tag}: no repository given")
+        return v
 
     @field_validator("upstream")
     @classmethod
@@ -592,6 +686,9 @@ class Site(_Model):
     scheduler: Scheduler = Field(default_factory=Scheduler, description="kube-scheduler extenders (control plane)")
     mirror: Mirror = Field(default_factory=Mirror,
                            description="gpu-install mirror: where the chart and the images come from")
+    packages: Packages = Field(default_factory=Packages,
+                               description="the site's package repository the nodes install driver/toolkit "
+                               "packages from (air-gapped side)")
 
 
 # ---------------------------------------------------------------- loading
@@ -637,6 +734,11 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
         site.driver.runfile = str(local(Path(site.driver.runfile)))
     if site.mirror.upstreamCa:
         site.mirror.upstreamCa = local(site.mirror.upstreamCa)
+    for sources in site.mirror.packageRepositories.values():
+        for src in sources:
+            src.key = local(src.key)
+    if site.packages.key:
+        site.packages.key = local(site.packages.key)
     if reg.pullSecret and reg.pullSecret.dockerConfigFile:
         reg.pullSecret.dockerConfigFile = local(reg.pullSecret.dockerConfigFile)
     return site

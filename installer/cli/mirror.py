@@ -178,10 +178,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from installer.errors import HostFailures
-    from installer.mirror import bundle, charts, images
+    from installer.mirror import bundle, charts, images, packages
 
     plan = resolve_plan(args)
     artifacts = plan.artifacts(())
+    if artifacts.packages:
+        packages.check_sources(plan.site, artifacts.packages)  # bad input: before anything is fetched
     platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
     out = Path(args.output)
     report = _Report(args.quiet, "pulling")
@@ -198,6 +200,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
         charts.pull(plan, artifacts.charts, artifacts.files, out, say=say(args) or (lambda m: None))
     except charts.ChartFailures as exc:
         failures.append(exc)
+    if artifacts.packages:
+        try:
+            packages.pull(plan.site, artifacts.packages, out, say=say(args) or (lambda m: None))
+        except packages.PackageFailures as exc:
+            failures.append(exc)
     lock = bundle.finish(out)
     if failures:
         if len(failures) == 1:
@@ -205,7 +212,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         raise HostFailures("\n".join(f.message for f in failures), hint=failures[0].hint)
     if outcome is not None:
         _summary(f"bundle {args.output} complete ({len(artifacts.images)} images, platform {platform}; "
-                 f"{len(lock.get('charts') or [])} chart(s), {len(lock.get('files') or [])} file(s))", outcome,
+                 f"{len(lock.get('charts') or [])} chart(s), {len(lock.get('files') or [])} file(s), "
+                 f"{sum(1 for p in lock.get('packages') or [] if not p.get('key'))} OS package(s))", outcome,
                  args.quiet, report)
     return 0
 
@@ -215,13 +223,20 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     from installer.config import load_site
     from installer.kube import docker_config_json
-    from installer.mirror import charts, images
+    from installer.mirror import charts, images, packages
     from installer.mirror.bundle import bundle_for_push
 
     site = load_site(args.site, args.set)
     bundle = Path(args.bundle)
     lock = bundle_for_push(bundle)  # checksum and completeness before any credential is read
-    charts.verify(bundle, lock)  # every chart and file by sha256, before anything is pushed
+    charts.verify(bundle, lock)  # every chart, file and package by sha256, before anything is pushed
+    packages.verify(bundle, lock)
+    if lock.get("packages") and not args.repo_dir:
+        from installer.errors import ConfigError
+
+        raise ConfigError(f"{bundle}: the bundle holds OS packages and --repo-dir is not given",
+                          hint="give --repo-dir DIR (a directory a web server of the site serves to the nodes): "
+                               "push publishes the packages there as signed repositories")
     creds = docker_config_json(site.registry) if site.registry.pullSecret and (
         site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
     report = _Report(args.quiet, "pushing")
@@ -231,6 +246,10 @@ def cmd_push(args: argparse.Namespace) -> int:
         report.close()
     done = charts.push(site, bundle, lock, config_json=creds, repo_dir=Path(args.repo_dir) if args.repo_dir else None,
                        say=say(args) or (lambda m: None))
+    if args.repo_dir:
+        done += packages.publish(bundle, lock, Path(args.repo_dir),
+                                 Path(args.signing_home) if args.signing_home else None,
+                                 say=say(args) or (lambda m: None))
     _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet, report)
     if not args.quiet:
         import sys
@@ -387,8 +406,12 @@ def register(sub: Any) -> None:
     p.add_argument("bundle", metavar="DIR", help="bundle directory written by `gpu-install mirror pull`")
     site_args(p)
     p.add_argument("--repo-dir", metavar="DIR",
-                   help="also publish the chart as a static chart repository DIR/charts (index.yaml) and the files "
-                        "into DIR/files (SHA256SUMS), for a web server of the site")
+                   help="also publish the chart as a static chart repository DIR/charts (index.yaml), the files "
+                        "into DIR/files (SHA256SUMS) and the OS packages as signed apt/dnf repositories "
+                        "DIR/packages/<os> (required when the bundle holds packages), for a web server of the site")
+    p.add_argument("--signing-home", metavar="DIR",
+                   help="GnuPG home holding the site's package signing key, generated there on first use and kept "
+                        "(env GPU_INSTALL_SIGNING_HOME; default <state dir>/signing)")
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_push)

@@ -215,8 +215,8 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
         notes.append(f"--kernel {' '.join(extra)}: no kernel headers are installed by the roles with driver.mode "
                      f"{site.driver.mode}; nothing was listed for it")
     carried = "mirror pull/push carry the images, the chart" + (" and the runfile" if files else "")
-    notes.append(carried + ("; the OS packages are not in the bundle yet: carry them as docs/airgap.md says"
-                            if packages else ""))
+    notes.append(carried + ("; the OS packages with their closure, resolved at pull against "
+                            "mirror.packageRepositories, and published signed by push --repo-dir" if packages else ""))
     return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=(chart,),
                         files=files, packages=packages, kernels=extra, notes=tuple(notes))
 
@@ -515,6 +515,15 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
     return notes
 
 
+def _older(version: str, than: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version.split("-")[0]) < Version(than)
+    except InvalidVersion:
+        return False
+
+
 def _toolkit_packages(plan: Plan, node: Node, os_tag: str, host: str | None, pkgs: _Collect) -> None:
     assert node.os_id is not None and node.os_version is not None
     rv = _role_vars(plan, node, TOOLKIT_ROLE)
@@ -523,7 +532,10 @@ def _toolkit_packages(plan: Plan, node: Node, os_tag: str, host: str | None, pkg
     site = plan.site
     version_need = Need(TOOLKIT_ROLE, f"toolkit.version={site.toolkit.version}" if site.toolkit.version else
                         f"operator.version={plan.release.version} (catalog toolkit {version})")
-    for n in _names(rv, f"{TOOLKIT_ROLE}_packages", f"{TOOLKIT_ROLE} on {os_tag}"):
+    names = _names(rv, f"{TOOLKIT_ROLE}_packages", f"{TOOLKIT_ROLE} on {os_tag}")
+    if _older(version, "1.11.0"):  # the role's vars/main.yml: no nvidia-container-toolkit-base before 1.11.0
+        names = [n for n in names if n != "nvidia-container-toolkit-base"]
+    for n in names:
         pkgs.add(os_tag, str(osm["package_manager"]), _template(n, rv, f"{TOOLKIT_ROLE} on {os_tag}"), version,
                  str(osm["pin"]), (Need(TOOLKIT_ROLE, "toolkit.mode=host"), version_need,
                                    _os_need(plan, TOOLKIT_ROLE, os_tag)), host)
