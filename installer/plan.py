@@ -172,6 +172,7 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
     components = resolve_components(site, release)
     values = build_values(site, release, components)
     check_nodes_os(site, release, nodes, components, values, "--os" if not opts.inventory else None)
+    check_package_repo(site, nodes if opts.inventory else [])
     # every MIG layout name, the site default too (also without nodes: render, config check), checked once
     mig.check_names(site, release, [*assignments, *mig.site_default(site, assignments)])
     notes: list[str] = []
@@ -200,6 +201,24 @@ def check_nodes_os(site: Site, release: Release, nodes: Sequence[Node], componen
             platforms.check_driver_os(release.version, node.os_id, node.os_version, node.os_tag(release.version),
                                       f"{where} with {' and '.join(c.name for c in suffixed)} from the operator",
                                       site.driver.customImageOs, release.catalog_dir)
+
+
+def check_package_repo(site: Site, nodes: Sequence[Node]) -> None:
+    """With packages.url, where the roles install packages: the site key is an OpenPGP public key, and every GPU node
+    names its OS (its repository is <url>/packages/<os>) -- before any host is contacted."""
+    if not site.packages.url or not (site.toolkit.mode == "host" or site.driver.mode in ("host", "runfile")):
+        return
+    from installer.config import read_text
+
+    assert site.packages.key is not None  # the model requires it with url
+    if "BEGIN PGP PUBLIC KEY BLOCK" not in read_text(Path(site.packages.key), "packages.key"):
+        raise ConfigError(f"packages.key {site.packages.key}: no armored OpenPGP public key in it",
+                          hint="give the key `gpu-install mirror push --repo-dir DIR` exported: DIR/gpu-install-site.asc")
+    for node in nodes:
+        if node.os_id is None or node.os_version is None:
+            raise ConfigError(f"host {node.name}: OS unknown (gpu_install_os is not set), and packages.url makes its "
+                              "repository <url>/packages/<os>",
+                              hint="set gpu_install_os (e.g. ubuntu22.04) for the host or its group, as in the bundle")
 
 
 def check_ca(path: Path) -> None:

@@ -37,6 +37,7 @@ import ssl
 import subprocess
 import tempfile
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -210,7 +211,9 @@ def _dnf_resolve(s: Any, sources: Sequence[Any], ca: Path | None, work: Path, de
             f"gpgkey=file://{src.key.resolve()}\nmetadata_expire=0\n" + (f"sslcacert={ca.resolve()}\n" if ca else ""))
     (work / "dnf.conf").write_text("[main]\ninstall_weak_deps=False\nkeepcache=False\n")
     major = re.sub(r"^\D*", "", s.os).split(".")[0] or "9"
-    argv = [dnf, "download", "--url", "-q", "--resolve", "--alldeps", f"--config={work / 'dnf.conf'}",
+    # only the download plugin: another one (dnf-plugins-core's `local`) would add its own repository
+    argv = [dnf, "download", "--url", "-q", "--resolve", "--alldeps", "--disableplugin=*", "--enableplugin=download",
+            f"--config={work / 'dnf.conf'}",
             f"--installroot={work / 'root'}", f"--setopt=reposdir={repos}", f"--setopt=cachedir={work / 'cache'}",
             f"--releasever={major}", f"--forcearch={RPM_ARCH}", "--setopt=install_weak_deps=False",
             *[p.spec for p in s.packages]]
@@ -233,8 +236,6 @@ def _fetch(uri: str, dest: Path, ca: Path | None) -> None:
     if uri.startswith("file:"):
         shutil.copyfile(urllib.parse.unquote(urllib.parse.urlparse(uri).path), tmp)
     else:
-        import urllib.request
-
         ctx = ssl.create_default_context()
         if ca:
             ctx.load_verify_locations(cafile=str(ca))

@@ -74,6 +74,10 @@ def role_vars(site: Site, release: Release) -> dict[str, Any]:
             "nvidia_driver_runfile_sha256": site.driver.runfileSha256 or "",
             "nvidia_driver_package_version": site.driver.version or runfile_version(site.driver.runfile or "")}
            if site.driver.mode == "runfile" else {}),
+        # the site's signed package repository (mirror push --repo-dir) wherever the roles install packages
+        "package_repo_enabled": bool(site.packages.url) and (host_toolkit or site.driver.mode in ("host", "runfile")),
+        "package_repo_url": site.packages.url or "",
+        "package_repo_key_src": str(Path(site.packages.key).expanduser().absolute()) if site.packages.key else "",
         "nvidia_container_toolkit_enabled": host_toolkit,
         **({"nvidia_container_toolkit_version": _toolkit_version(site, release)} if host_toolkit else {}),
         # control plane: no extenders -> the role does nothing

@@ -2,7 +2,7 @@
 as InRelease by an "upstream" OpenPGP key) and a real rpm repository (createrepo_c, every package signed by that key
 with rpmsign), holding the lab's STAND-IN NVIDIA container toolkit chain (gpu_install_lab.packages.
 standin_toolkit_chain: NVIDIA's names and dependencies) at two versions, served over HTTP on 127.0.0.1 by a thread.
-Optionally an unsigned rpm (a version whose libnvidia-container1 nobody signed) for the refusal tests."""
+Optionally a second rpm repository, rpm-unsigned/, with a version nobody signed, for the refusal tests."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def rpm_sign(home: Path, rpms: list[Path]) -> None:
 
 
 def start(root: Path, versions: tuple[str, ...], unsigned: str | None = None) -> Upstreams:
-    """Build the stand-in upstreams under root (the chain at each version; with `unsigned`, that version's rpms go
-    in unsigned) and serve them."""
+    """Build the stand-in upstreams under root (the chain at each version; with `unsigned`, that version's rpms
+    unsigned in rpm-unsigned/) and serve them."""
     from gpu_install_lab.packages import standin_toolkit_chain
 
     home = root / "upstream-gnupg"
@@ -93,15 +93,18 @@ def start(root: Path, versions: tuple[str, ...], unsigned: str | None = None) ->
     pool = www / "apt" / "pool"
     pool.mkdir(parents=True)
     (www / "rpm").mkdir()
-    for v in (*versions, *([unsigned] if unsigned else [])):
+    for v in versions:
         debs, rpms = standin_toolkit_chain(v)
         for d in debs:
             shutil.copy(d, pool / d.name)
-        copies = [Path(shutil.copy(r, www / "rpm" / r.name)) for r in rpms]
-        if v != unsigned:
-            rpm_sign(home, copies)
+        rpm_sign(home, [Path(shutil.copy(r, www / "rpm" / r.name)) for r in rpms])
     apt_index(www / "apt", home)
     subprocess.run(["createrepo_c", "--quiet", str(www / "rpm")], check=True, timeout=120)
+    if unsigned:  # a repository of its own, rpm-unsigned/, whose packages nobody signed
+        (www / "rpm-unsigned").mkdir()
+        for r in standin_toolkit_chain(unsigned)[1]:
+            shutil.copy(r, www / "rpm-unsigned" / r.name)
+        subprocess.run(["createrepo_c", "--quiet", str(www / "rpm-unsigned")], check=True, timeout=120)
     handler = lambda *a, **kw: _Quiet(*a, directory=str(www), **kw)  # noqa: E731
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

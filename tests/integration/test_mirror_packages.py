@@ -1,0 +1,307 @@
+"""OS packages through `mirror pull` / `mirror push --repo-dir` (installer/mirror/packages.py), against real parts:
+STAND-IN upstream repositories (tests/integration/package_upstreams.py: a real apt archive whose InRelease an
+"upstream" key signs, a real rpm repository whose packages that key signs) holding NVIDIA's toolkit chain under its
+real names at 1.17.4 and 1.17.5, resolved by the real apt and dnf of this machine; the published site repositories
+are then read by the real apt (signed-by the site key) and installed from by the real dnf (gpgcheck and
+repo_gpgcheck on) into an empty root. The image part of the bundle is empty here (test_mirror_images.py carries
+images); push runs through the real CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration import package_upstreams
+from tests.integration.conftest import VENV_BIN, _skip_or_fail
+
+TOOLKIT = "1.17.4"
+CHAIN = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+         "libnvidia-container1"}
+OSES = ("debian12", "rocky9.4")
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    for tool in ("apt-get", "apt-ftparchive", "dnf", "rpm", "rpmsign", "createrepo_c", "gpg", "dpkg-deb", "rpmbuild"):
+        if shutil.which(tool) is None:
+            _skip_or_fail(f"{tool} missing (scripts/apt-packages.txt)")
+    root = tmp_path_factory.mktemp("pkg-upstream")
+    ups = package_upstreams.start(root, ("1.17.4", "1.17.5"), unsigned="1.17.6")
+    try:
+        yield ups
+    finally:
+        ups.close()
+
+
+def _site(tmp: Path, up, toolkit: str = TOOLKIT, repos: dict | None = None, **extra) -> Path:
+    site = {"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.example.internal:5000"},
+            "driver": {"mode": "operator", "customImageOs": list(OSES)},
+            "toolkit": {"mode": "host", "version": toolkit},
+            "mirror": {"packageRepositories": repos if repos is not None else {
+                "debian12": [{"url": up.apt, "suite": "stable", "key": str(up.key)}],
+                "rocky9.4": [{"url": up.rpm, "key": str(up.key)}]}}, **extra}
+    path = tmp / f"site-{toolkit}.yaml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
+def _pull(site: Path, bundle: Path) -> tuple[list[str], dict]:
+    """The package part of `mirror pull` (the image part with no images writes the lock's header)."""
+    from installer.config import load_site
+    from installer.mirror import bundle as lockfile
+    from installer.mirror import images, packages
+    from installer.plan import Options, resolve
+
+    plan = resolve(load_site(site), Options(os_tags=OSES))
+    lines: list[str] = []
+    images.pull(plan, [], bundle, finish=False)
+    try:
+        packages.pull(plan.site, plan.artifacts(()).packages, bundle, say=lines.append)
+    finally:
+        lock = lockfile.finish(bundle)
+    return lines, lock
+
+
+def _gi(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "gpu-install"), *argv], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def pushed(up, tmp_path_factory):
+    """One pull and one push for the module: (bundle, repo dir, signing home, lock, pull lines, push result)."""
+    work = tmp_path_factory.mktemp("pkg-bundle")
+    site = _site(work, up)
+    bundle = work / "bundle"
+    lines, lock = _pull(site, bundle)
+    repo, home = work / "repo", work / "signing"
+    proc = _gi("mirror", "push", str(bundle), "-s", str(site), "--repo-dir", str(repo), "--signing-home", str(home))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"site": site, "bundle": bundle, "repo": repo, "home": home, "lock": lock, "lines": lines, "push": proc}
+
+
+def test_pull_resolves_the_pinned_closure_per_os(pushed, up):
+    lock = pushed["lock"]
+    assert lock["complete"] is True and lock["failed"] == [], lock["failed"]
+    debs = [e for e in lock["packages"] if e["os"] == "debian12"]
+    # apt: the four pinned roots exactly, at 1.17.4 (1.17.5 is in the upstream; the pin decides)
+    assert {e["name"] for e in debs} == CHAIN
+    assert {e["version"] for e in debs} == {f"{TOOLKIT}-1gpuinstall.upstream.standin"}
+    rpms = [e for e in lock["packages"] if e["os"] == "rocky9.4" and not e.get("key")]
+    assert {e["name"] for e in rpms} == CHAIN
+    # each root at the pin; dnf resolves each root's dependencies on its own, so the newest libraries that satisfy
+    # `>= 1.17.4` come along too (a superset, never less)
+    assert {(e["name"], e["version"]) for e in rpms} >= {(n, f"{TOOLKIT}-1gpuinstall.upstream.standin") for n in CHAIN}
+    assert all(e["version"].startswith(("1.17.4-", "1.17.5-")) for e in rpms), rpms
+    (key,) = [e for e in lock["packages"] if e.get("key")]
+    assert key["os"] == "rocky9.4" and key["sha256"] == _sha(up.key)
+    for e in lock["packages"]:
+        path = pushed["bundle"] / e["file"]
+        assert _sha(path) == e["sha256"] and path.stat().st_size == e["size"], e
+        if not e.get("key"):
+            assert e["source"].startswith(up.url) and e["source"].endswith(path.name), e
+    sets = {s["os"]: s for s in lock["packageSets"]}
+    assert sets["debian12"]["manager"] == "apt" and sets["rocky9.4"]["manager"] == "dnf"
+    assert sorted(sets["debian12"]["roots"]) == sorted(f"{n}={TOOLKIT}*" for n in CHAIN)
+    assert sorted(sets["rocky9.4"]["roots"]) == sorted(f"{n}-{TOOLKIT}*" for n in CHAIN)
+
+
+def test_second_pull_fetches_nothing_and_a_lost_file_comes_back(pushed, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(pushed["bundle"], bundle)
+    lines, lock = _pull(pushed["site"], bundle)
+    assert not [ln for ln in lines if "bytes)" in ln], lines  # nothing fetched
+    assert lock["packages"] == pushed["lock"]["packages"]
+    lost = next(e for e in lock["packages"] if e["os"] == "rocky9.4" and not e.get("key"))
+    (bundle / lost["file"]).unlink()
+    (bundle / lost["file"]).with_name("." + Path(lost["file"]).name + ".part").write_bytes(b"half a download")
+    lines, lock = _pull(pushed["site"], bundle)
+    assert [ln for ln in lines if "bytes)" in ln] == [f"packages rocky9.4: {Path(lost['file']).name} "
+                                                      f"({lost['size']} bytes)"], lines
+    assert lock["packages"] == pushed["lock"]["packages"] and lock["complete"] is True
+
+
+def test_push_publishes_a_repository_apt_trusts_only_with_the_site_key(pushed, tmp_path):
+    from installer.mirror import packages
+
+    repo, home = pushed["repo"], pushed["home"]
+    site_key = repo / packages.SITE_KEY
+    assert "BEGIN PGP PUBLIC KEY BLOCK" in site_key.read_text()
+    assert "packages.key" in pushed["push"].stderr
+    # the signing key is kept: a second push signs with the same key and copies nothing
+    fpr = package_upstreams.gpg(home, "--with-colons", "--list-secret-keys").stdout
+    again = _gi("mirror", "push", str(pushed["bundle"]), "-s", str(pushed["site"]), "--repo-dir", str(repo),
+                "--signing-home", str(home))
+    assert again.returncode == 0, again.stderr
+    assert package_upstreams.gpg(home, "--with-colons", "--list-secret-keys").stdout == fpr
+    assert "packages debian12: 4 package(s) published" in again.stderr and "(0 new)" in again.stderr, again.stderr
+    url, server = package_upstreams.serve(repo)
+    try:
+        def apt(key: Path, *argv: str) -> subprocess.CompletedProcess:
+            from types import SimpleNamespace
+
+            work = tmp_path / f"apt-{key.stem}"
+            shutil.rmtree(work, ignore_errors=True)
+            src = SimpleNamespace(url=f"{url}/packages/debian12", suite=packages.SUITE, components=["main"], key=key)
+            env = packages._apt_conf(work, [src], None)
+            update = subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, timeout=120)
+            if update.returncode != 0 or "W: " in update.stdout + update.stderr:
+                return update
+            return subprocess.run(["apt-get", *argv], env=env, capture_output=True, text=True, timeout=120)
+
+        # the site key: apt verifies InRelease and resolves the toolkit from the published repository
+        ok = apt(site_key, "install", "-s", *(f"{n}={TOOLKIT}*" for n in sorted(CHAIN)))
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert sorted(ln.split()[1] for ln in ok.stdout.splitlines() if ln.startswith("Inst ")) == sorted(CHAIN)
+        # any other key (the upstream's): apt refuses the repository
+        refused = apt(up_key(pushed), "install", "-s", "nvidia-container-toolkit")
+        assert refused.returncode != 0 or "W: " in refused.stdout + refused.stderr
+        assert "NO_PUBKEY" in refused.stdout + refused.stderr or "not signed" in refused.stdout + refused.stderr, \
+            refused.stdout + refused.stderr
+        # a Packages index changed after signing: apt refuses it (hash sum mismatch)
+        index = repo / "packages" / "debian12" / "dists" / packages.SUITE / "main" / "binary-amd64" / "Packages"
+        saved = index.read_bytes()
+        (index.parent / "Packages.gz").rename(index.parent / "Packages.gz.saved")
+        index.write_bytes(saved.replace(b"Version: 1.17.4", b"Version: 1.17.9"))
+        try:
+            bad = apt(site_key, "install", "-s", "nvidia-container-toolkit")
+            assert bad.returncode != 0 or "W: " in bad.stdout + bad.stderr
+            assert "Hash Sum mismatch" in bad.stdout + bad.stderr or "File has unexpected size" in bad.stdout + \
+                bad.stderr, bad.stdout + bad.stderr
+        finally:
+            index.write_bytes(saved)
+            (index.parent / "Packages.gz.saved").rename(index.parent / "Packages.gz")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def up_key(pushed) -> Path:
+    lock = pushed["lock"]
+    (key,) = [e for e in lock["packages"] if e.get("key")]
+    return pushed["bundle"] / key["file"]
+
+
+def test_dnf_installs_the_toolkit_from_the_published_repository_with_gpgcheck(pushed, tmp_path):
+    from installer.mirror import packages
+
+    repo = pushed["repo"]
+    url, server = package_upstreams.serve(repo)
+    try:
+        def dnf_install(site_key: Path) -> tuple[subprocess.CompletedProcess, Path]:
+            work = tmp_path / f"dnf-{site_key.stem}"
+            (work / "repos").mkdir(parents=True)
+            (work / "dnf.conf").write_text("[main]\n")
+            # what roles/package_repo writes on a RHEL-family node
+            (work / "repos" / "gpu-install.repo").write_text(
+                f"[gpu-install]\nname=site\nbaseurl={url}/packages/rocky9.4\nenabled=1\ngpgcheck=1\nrepo_gpgcheck=1\n"
+                f"gpgkey=file://{site_key} {url}/packages/rocky9.4/{packages.UPSTREAM_KEYS}\n")
+            proc = subprocess.run(
+                ["dnf", "install", "-y", "-q", "--disableplugin=*", f"--config={work / 'dnf.conf'}", f"--installroot={work / 'root'}",
+                 f"--setopt=reposdir={work / 'repos'}", f"--setopt=cachedir={work / 'cache'}", "--releasever=9",
+                 "--forcearch=x86_64", "--setopt=install_weak_deps=False",
+                 *(f"{n}-{TOOLKIT}*" for n in sorted(CHAIN))],
+                capture_output=True, text=True, timeout=300, env={**os.environ, "LC_ALL": "C"})
+            return proc, work / "root"
+
+        proc, root = dnf_install(repo / packages.SITE_KEY)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got = subprocess.run(["rpm", "--root", str(root), "--dbpath", "/var/lib/rpm", "-qa", "--qf",
+                              "%{NAME} %{VERSION}\n"], capture_output=True, text=True, timeout=60)
+        if not got.stdout.strip():  # Debian's rpm keeps its database elsewhere by default
+            got = subprocess.run(["rpm", "--root", str(root), "-qa", "--qf", "%{NAME} %{VERSION}\n"],
+                                 capture_output=True, text=True, timeout=60)
+        rows = got.stdout.splitlines()
+        # dnf imported the site key (repomd.xml's signature) and the upstream key (the packages' signatures)
+        assert len([r for r in rows if r.startswith("gpg-pubkey ")]) == 2, rows
+        assert sorted(r for r in rows if not r.startswith("gpg-pubkey ")) == sorted(f"{n} {TOOLKIT}" for n in CHAIN)
+        assert f"version {TOOLKIT}" in (root / "usr/bin/nvidia-ctk").read_text()
+        # with another key in place of the site's, repomd.xml's signature does not check out: nothing is installed
+        other = tmp_path / "other.asc"
+        shutil.copy(up_key(pushed), other)
+        refused, root2 = dnf_install(other)
+        assert refused.returncode != 0, refused.stdout
+        assert not (root2 / "usr/bin/nvidia-ctk").exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_tampered_package_is_refused_before_anything_is_published(pushed, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(pushed["bundle"], bundle)
+    deb = next(e for e in pushed["lock"]["packages"] if e["os"] == "debian12")
+    data = bytearray((bundle / deb["file"]).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bundle / deb["file"]).write_bytes(bytes(data))
+    repo = tmp_path / "repo"
+    proc = _gi("mirror", "push", str(bundle), "-s", str(pushed["site"]), "--repo-dir", str(repo), "--signing-home",
+               str(tmp_path / "signing"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{deb['file']}: sha256" in proc.stderr and "the lock says" in proc.stderr, proc.stderr
+    assert not repo.exists() and not (tmp_path / "signing").exists()
+    # the lock itself changed: refused by its checksum
+    (bundle / deb["file"]).write_bytes((pushed["bundle"] / deb["file"]).read_bytes())
+    lock = json.loads((bundle / "bundle.lock.json").read_text())
+    lock["packages"][0]["sha256"] = "0" * 64
+    (bundle / "bundle.lock.json").write_text(json.dumps(lock, indent=2) + "\n")
+    proc = _gi("mirror", "push", str(bundle), "-s", str(pushed["site"]), "--repo-dir", str(repo))
+    assert proc.returncode == 2 and "checksum mismatch" in proc.stderr, proc.stderr
+    assert not repo.exists()
+
+
+def test_push_of_packages_without_repo_dir_is_refused(pushed):
+    proc = _gi("mirror", "push", str(pushed["bundle"]), "-s", str(pushed["site"]))
+    assert proc.returncode == 2 and "--repo-dir" in proc.stderr, proc.stderr
+
+
+def test_unsigned_package_and_missing_version_fail_the_pull_naming_them(up, tmp_path):
+    # 1.17.6's rpms are in an upstream repository unsigned: each refused, the bundle stays incomplete
+    site = _site(tmp_path, up, toolkit="1.17.6", repos={"rocky9.4": [{"url": f"{up.url}/rpm-unsigned",
+                                                                      "key": str(up.key)}],
+                                                       "debian12": [{"url": up.apt, "suite": "stable",
+                                                                     "key": str(up.key)}]})
+    from installer.mirror.packages import PackageFailures
+
+    with pytest.raises(PackageFailures) as err:
+        _pull(site, tmp_path / "b1")
+    msg = str(err.value)
+    for name in CHAIN:
+        assert f"rocky9.4/{name}-1.17.6-1gpuinstall.upstream.standin.noarch.rpm: not signed" in msg, msg
+    assert not list((tmp_path / "b1" / "packages" / "rocky9.4").glob("*.rpm"))  # refused files are not kept
+    from installer.mirror import bundle as lockfile
+
+    assert lockfile.read_lock(tmp_path / "b1")["complete"] is False
+    # a version nobody has: apt's and dnf's own words, for each OS
+    site = _site(tmp_path, up, toolkit="9.9.9")
+    with pytest.raises(PackageFailures) as err:
+        _pull(site, tmp_path / "b2")
+    msg = str(err.value)
+    assert "debian12 (" in msg and "9.9.9" in msg and "was not found" in msg, msg
+    assert "rocky9.4 (" in msg and ("No package" in msg or "No match" in msg), msg
+
+
+def test_pull_without_repositories_for_an_os_is_bad_input_and_writes_nothing(up, tmp_path):
+    site = _site(tmp_path, up, repos={"debian12": [{"url": up.apt, "suite": "stable", "key": str(up.key)}]})
+    out = tmp_path / "bundle"
+    proc = _gi("mirror", "pull", "-s", str(site), "--os", "debian12", "--os", "rocky9.4", "-o", str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "mirror.packageRepositories.rocky9.4: not set" in proc.stderr, proc.stderr
+    assert not out.exists()
+    site = _site(tmp_path, up, repos={"debian12": [{"url": up.apt, "key": str(up.key)}],
+                                      "rocky9.4": [{"url": up.rpm, "key": str(up.key)}]})
+    proc = _gi("mirror", "pull", "-s", str(site), "--os", "debian12", "--os", "rocky9.4", "-o", str(out))
+    assert proc.returncode == 2 and "mirror.packageRepositories.debian12[0].suite: not set" in proc.stderr, proc.stderr
+    assert not out.exists()
