@@ -486,8 +486,8 @@ def standin_runfile(version: str = STANDIN_DRIVER_VERSION) -> Path:
 # NVIDIA's real dependency chain, as STAND-INs under the real names (nothing from NVIDIA is obtainable here):
 #   nvidia-container-toolkit (V) -> nvidia-container-toolkit-base (= V), libnvidia-container-tools (>= V)
 #   libnvidia-container-tools (V) -> libnvidia-container1 (>= V)
-# nvidia-container-toolkit-base carries /usr/bin/nvidia-ctk (prints V), as NVIDIA's does since 1.11 (the runtime
-# binary stays with the lab's runtime stand-in). `gpu-install mirror` tests resolve their closure from a stand-in
+# nvidia-container-toolkit-base carries /usr/bin/nvidia-ctk (prints V) and /usr/bin/nvidia-container-runtime (execs
+# runc), as NVIDIA's does since 1.11. `gpu-install mirror` tests and the demo resolve their closure from a stand-in
 # upstream built from these.
 UPSTREAM_CHAIN_RELEASE = "1gpuinstall.upstream.standin"
 
@@ -498,12 +498,15 @@ def _chain_ctk(version: str) -> str:
 
 def _siblings(dv: str, version: str, release: str, ctk: str | None) -> tuple[list[Path], list[Path]]:
     """nvidia-container-toolkit-base, libnvidia-container-tools, libnvidia-container1 STAND-INs (.debs at dv, .rpms at
-    version-release); base carries /usr/bin/nvidia-ctk when ctk (its script) is given."""
+    version-release); base carries /usr/bin/nvidia-ctk (ctk, its script) and /usr/bin/nvidia-container-runtime (a runc
+    wrapper), as NVIDIA's does, when ctk is given (the .deb then replaces the lab's runtime stand-in)."""
     note = " gpu-install STAND-IN with NVIDIA's package name and dependencies; not NVIDIA's package.\n"
     desc = note.strip()
     debs = [
-        _standin_deb("nvidia-container-toolkit-base", dv, f"Description: STAND-IN nvidia-container-toolkit-base\n{note}",
-                     {"nvidia-ctk": ctk} if ctk else {}),
+        _standin_deb("nvidia-container-toolkit-base", dv,
+                     (f"Conflicts: {STANDIN_NCR}\nReplaces: {STANDIN_NCR}\nProvides: nvidia-container-runtime\n"
+                      if ctk else "") + f"Description: STAND-IN nvidia-container-toolkit-base\n{note}",
+                     {"nvidia-ctk": ctk, "nvidia-container-runtime": _WRAPPER} if ctk else {}),
         _standin_deb("libnvidia-container-tools", dv, f"Depends: libnvidia-container1 (>= {dv})\n"
                      f"Description: STAND-IN libnvidia-container-tools\n{note}", {}),
         _standin_deb("libnvidia-container1", dv, f"Description: STAND-IN libnvidia-container1\n{note}", {}),
@@ -514,7 +517,8 @@ def _siblings(dv: str, version: str, release: str, ctk: str | None) -> tuple[lis
 
     rpms = [
         _standin_rpm("nvidia-container-toolkit-base", version, release, "STAND-IN nvidia-container-toolkit-base", desc,
-                     {"/usr/bin/nvidia-ctk": ctk} if ctk else doc("nvidia-container-toolkit-base")),
+                     {"/usr/bin/nvidia-ctk": ctk, "/usr/bin/nvidia-container-runtime": _WRAPPER} if ctk
+                     else doc("nvidia-container-toolkit-base"), provides=("nvidia-container-runtime",) if ctk else ()),
         _standin_rpm("libnvidia-container-tools", version, release, "STAND-IN libnvidia-container-tools", desc,
                      doc("libnvidia-container-tools"), requires=(f"libnvidia-container1 >= {version}-{release}",)),
         _standin_rpm("libnvidia-container1", version, release, "STAND-IN libnvidia-container1", desc,

@@ -979,6 +979,13 @@ mirror:                     # gpu-install mirror (connected side): where the art
   chartRepository: https://helm.ngc.nvidia.com/nvidia   # or oci://registry.example.com:5000/charts
   upstream: {}              # read an upstream registry from a mirror, e.g. {nvcr.io: mirror.internal:5000}
   upstreamCa: null          # PEM file trusted (besides the system's) when pulling from upstream or those mirrors
+  packageRepositories: {}   # node OS -> upstream repositories the OS packages are resolved against, e.g.
+  #   ubuntu22.04: [{url: http://archive.ubuntu.com/ubuntu, suite: jammy, components: [main], key: ubuntu.gpg}]
+  #   rocky9.4: [{url: https://dl.rockylinux.org/pub/rocky/9/BaseOS/x86_64/os, key: RPM-GPG-KEY-Rocky-9}]
+
+packages:                   # the site's package repository (air-gapped side), from `mirror push --repo-dir DIR`
+  url: null                 # where the nodes reach DIR, e.g. http://repo.example.com/gpu-install; null: none added
+  key: null                 # DIR/gpu-install-site.asc (the site's signing key, public half); required with url
 """
 
 

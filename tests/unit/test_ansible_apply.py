@@ -17,7 +17,8 @@ from installer.render.role_vars import toolkit_package_version
 from tests.conftest import ROOT, plan_of
 from tests.unit.library_modules import load_module
 
-ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "nvidia_driver", "nvidia_container_toolkit",
+ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "package_repo", "nvidia_driver",
+         "nvidia_container_toolkit",
          "scheduler_policy"]
 
 

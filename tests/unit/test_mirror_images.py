@@ -130,7 +130,7 @@ def test_pull_refuses_a_bundle_path_with_a_colon(tmp_path):
         m.pull(object(), [], tmp_path / "a:b")
 
 
-def test_the_mirror_plan_says_what_the_bundle_does_not_carry_yet(site_data):
+def test_the_mirror_plan_says_what_the_bundle_carries(site_data):
     from installer.config import parse_site
     from tests.conftest import plan_of
 
@@ -138,8 +138,8 @@ def test_the_mirror_plan_says_what_the_bundle_does_not_carry_yet(site_data):
     assert "mirror pull/push carry the images, the chart" in plan.artifacts().notes
     site_data["driver"] = {"mode": "host"}
     plan = plan_of(parse_site(site_data), os_tags=("ubuntu22.04",))
-    assert "mirror pull/push carry the images, the chart; the OS packages are not in the bundle yet: carry them as " \
-           "docs/airgap.md says" in plan.artifacts().notes
+    assert "mirror pull/push carry the images, the chart; the OS packages with their closure, resolved at pull " \
+           "against mirror.packageRepositories, and published signed by push --repo-dir" in plan.artifacts().notes
 
 
 def test_jobs_below_one_is_refused_before_anything_is_copied(tmp_path):

@@ -189,11 +189,21 @@ def test_host_driver_and_toolkit_on_the_rhel_family(os_id, version):
 
 def test_toolkit_version_from_the_site_and_per_release():
     ap = artifacts(site(toolkit={"mode": "host", "version": "v1.18.0"}), [Node("a", "ubuntu", "22.04")])
-    assert packages(ap, "ubuntu22.04") == {"nvidia-container-toolkit": "nvidia-container-toolkit=1.18.0*"}
+    # NVIDIA's four toolkit packages, each pinned as the role pins them
+    assert packages(ap, "ubuntu22.04") == {n: f"{n}=1.18.0*" for n in (
+        "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1")}
     ap = artifacts(site("v23.9.2", toolkit={"mode": "host"}), [Node("a", "ubuntu", "22.04")])
-    pkg = ap.packages[0].packages[0]
+    pkg = next(p for p in ap.packages[0].packages if p.name == "nvidia-container-toolkit")
     assert pkg.version == "1.14.6" and [n.setting for n in pkg.needs][1] == \
         "operator.version=v23.9.2 (catalog toolkit 1.14.6)"
+
+
+def test_no_toolkit_base_package_before_toolkit_1_11():
+    """v1.11.x pins toolkit 1.10.0, which has no nvidia-container-toolkit-base: the role leaves it out, so does the
+    plan (roles/nvidia_container_toolkit/vars/main.yml)."""
+    ap = artifacts(site("v1.11.0", toolkit={"mode": "host"}), [Node("a", "ubuntu", "20.04")])
+    assert packages(ap, "ubuntu20.04") == {n: f"{n}=1.10.0*" for n in (
+        "nvidia-container-toolkit", "libnvidia-container-tools", "libnvidia-container1")}
 
 
 def test_runfile_mode_lists_the_runfile_headers_and_build_tools_not_driver_packages():
