@@ -2,20 +2,30 @@
 containerd from the lab repo, the lab control plane with the nodes as GPU nodes).
 
 The script is run as a user would run it (its own lab dir under a temp dir): it brings the lab up, gives the
-nodes a site containerd config, writes the site file (lab registry + CA, toolkit.mode host, the chart) and runs
-`gpu-install apply` twice. The chart is the REAL GPU Operator v23.9.2 chart (`scripts/demo --chart`) when
+nodes a site containerd config, starts the STAND-IN upstream on 127.0.0.1 (a registry for nvcr.io/registry.k8s.io
+and a chart repository, gpu_install_lab/upstream.py), writes the site file (lab registry + CA, toolkit.mode host,
+mirror.upstream/upstreamCa/chartRepository pointing at the stand-ins, the bundle's chart), carries the images and
+the chart across with `mirror pull` -> `mirror push` -> `mirror verify`, and runs `gpu-install apply` twice with its
+mirror check. The chart is the REAL GPU Operator v23.9.2 chart (`scripts/demo --chart`) when
 ../shared/upstream/charts has it, else the STAND-IN fixture chart (the demo's default); the demo says which.
-Asserted here: exit 0; the Helm release deployed in the lab apiserver; the second apply changed=0 on every node
-(per-host stats from its run records) and left the release unchanged; uninstall --yes gives the nodes their
-pre-apply containerd config byte for byte (the site's keys in it), removes the drop-in, the registry CA files and
-the release, and the toolkit package that apply installed (containerd, there before, stays).
+Asserted here: exit 0; the bundle's lock lists every image `gpu-install images` lists, with digests, and the chart;
+the lab registry serves each destination with the lock's digest; apply ran its mirror check (no
+--skip-mirror-check) and passed; no stand-in process is left and their ports are closed; the Helm release deployed
+in the lab apiserver; the second apply changed=0 on every node (per-host stats from its run records) and left the
+release unchanged; uninstall --yes gives the nodes their pre-apply containerd config byte for byte (the site's keys
+in it), removes the drop-in, the registry CA files and the release, and the toolkit package that apply installed
+(containerd, there before, stays); with an image deleted from the lab registry apply stops at its mirror check
+(exit 3), and `mirror push` of the same bundle puts back only that one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -25,6 +35,7 @@ import pytest
 
 from tests.conftest import ROOT, UPSTREAM
 from tests.integration.conftest import lab_prerequisites
+from tests.integration.registries import raw_digest
 
 pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
 GI = Path(sys.executable).parent / "gpu-install"
@@ -32,11 +43,12 @@ REAL_CHART = UPSTREAM.parent / "charts" / "gpu-operator-v23.9.2.tgz"
 
 
 def demo_chart() -> tuple[list[str], str, str]:
-    """scripts/demo's chart arguments, the line it prints about the chart, and the chart helm reports."""
+    """scripts/demo's chart arguments, the line it prints about the chart, and the chart helm reports (apply installs
+    the chart the bundle carries: the real one, or the stand-in packaged as gpu-operator v23.9.2)."""
     if REAL_CHART.is_file():
         return (["--chart", str(REAL_CHART)], f"chart: REAL gpu-operator v23.9.2 from {REAL_CHART}",
                 "gpu-operator-v23.9.2")
-    return [], "chart: STAND-IN ", "gpu-operator-fixture-0.1.0"
+    return [], "chart: STAND-IN ", "gpu-operator-v23.9.2"
 
 
 def site_stats(state: Path, playbook: str) -> dict[str, dict[str, int]]:
@@ -85,7 +97,65 @@ def ssh(where: Path, ip: str, command: str, check: bool = True) -> subprocess.Co
     return proc
 
 
-def test_demo_apply_twice_then_uninstall(demo):
+def lab_certs(where: Path, tmp: Path) -> Path:
+    """A skopeo --cert-dir trusting the lab CA (the lab registry's)."""
+    certs = tmp / "lab-certs"
+    certs.mkdir(exist_ok=True)
+    shutil.copyfile(where / "lab" / "pki" / "ca.crt", certs / "ca.crt")
+    return certs
+
+
+def test_demo_carries_images_and_chart_across_the_air_gap(demo, tmp_path):
+    where, proc, env = demo
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    for step in ("3/8 STAND-IN upstream", "5/8 connected side: gpu-install mirror pull",
+                 "6/8 air-gapped side: gpu-install mirror push", "7/8 gpu-install apply", "8/8 gpu-install apply again"):
+        assert step in proc.stderr, step
+    status = json.loads((where / "lab-status.json").read_text())
+    registry = status["registry"]
+    site = where / "site.yaml"
+    up = json.loads((where / "upstream" / "upstream.json").read_text())
+
+    # the bundle's lock: every image `gpu-install images` lists for the site, with its digest, read from the stand-in
+    listed = subprocess.run([str(GI), "images", "-s", str(site), "-i", status["inventory"], "--format", "json"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    want = {(i["source"], i["destination"]) for i in json.loads(listed.stdout)}
+    assert len(want) >= 8 and all(d.startswith(registry + "/") for _, d in want), want
+    lock = json.loads((where / "bundle" / "bundle.lock.json").read_text())
+    assert lock["complete"] is True and lock["failed"] == [] and lock["release"] == "v23.9.2"
+    assert {(e["source"], e["destination"]) for e in lock["images"]} == want
+    for e in lock["images"]:
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", e["digest"]), e
+        assert e["pulledFrom"].startswith(f"{up['registry']}/"), e  # read through mirror.upstream, not the internet
+    (chart,) = lock["charts"]
+    tgz = where / "bundle" / chart["file"]
+    assert (chart["name"], chart["version"], chart["repository"]) == ("gpu-operator", "v23.9.2", up["charts"])
+    assert chart["sha256"] == hashlib.sha256(tgz.read_bytes()).hexdigest()
+    if REAL_CHART.is_file():  # the stand-in repository served NVIDIA's chart byte for byte
+        assert chart["sha256"] == hashlib.sha256(REAL_CHART.read_bytes()).hexdigest()
+
+    # the lab registry holds every destination by the lock's digest (mirror push, checked by mirror verify)
+    certs = lab_certs(where, tmp_path)
+    for e in lock["images"]:
+        assert raw_digest(e["destination"], certs) == e["digest"], e["destination"]
+
+    # apply ran its mirror check (only without --skip-mirror-check) and it passed, both times
+    for n in (1, 2):
+        log = (where / f"apply-{n}.log").read_text()
+        assert f"preflight: {len(want)} images in {registry}" in log, log[-3000:]
+    assert "--skip-mirror-check" not in (ROOT / "scripts" / "demo").read_text().split("set -euo pipefail", 1)[1]
+
+    # nothing of the stand-in upstream is left: its processes are gone, its ports closed
+    for pid in up["pids"]:
+        alive = Path(f"/proc/{pid}/cmdline")
+        assert not alive.exists() or b"upstream" not in alive.read_bytes() and b"docker-registry" not in alive.read_bytes(), pid
+    for port in up["ports"]:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_demo_apply_twice_then_uninstall(demo, tmp_path):
     where, proc, env = demo
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     _, chart_line, chart = demo_chart()
@@ -158,11 +228,18 @@ def test_demo_apply_twice_then_uninstall(demo):
     assert again.returncode == 0 and "uninstall ok: nodes changed=0" in again.stdout, again.stdout + again.stderr
 
     # apply --check on the uninstalled lab: says what it would do for the nodes and the release, changes nothing
-    # (the lab registry holds none of the release's images: the mirror check stops apply before any host, exit 3)
+    # (with the operator image deleted from the lab registry the mirror check stops apply before any host, exit 3)
+    lock = json.loads((where / "bundle" / "bundle.lock.json").read_text())
+    (op,) = [e for e in lock["images"] if e["source"] == "nvcr.io/nvidia/gpu-operator:v23.9.2"]
+    certs = lab_certs(where, tmp_path)
+    gone = subprocess.run(["skopeo", "delete", "--cert-dir", str(certs), f"docker://{op['destination']}"],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0, gone.stderr
     check = subprocess.run([str(GI), "apply", "-s", str(site), "-i", status["inventory"], "-q", "--check"], env=env,
                            capture_output=True, text=True, timeout=900)
     assert check.returncode == 3 and "images the release deploys are not in" in check.stderr, check.stdout + check.stderr[-3000:]
     assert "the registry has no such tag (manifest unknown)" in check.stderr, check.stderr[-3000:]
+    assert op["destination"] in check.stderr, check.stderr[-3000:]
     check = subprocess.run([str(GI), "apply", "-s", str(site), "-i", status["inventory"], "-q", "--check",
                             "--skip-mirror-check"], env=env, capture_output=True, text=True, timeout=900)
     assert check.returncode == 0, check.stdout + check.stderr[-3000:]
@@ -173,3 +250,12 @@ def test_demo_apply_twice_then_uninstall(demo):
     for name, ip in nodes.items():
         pre = (where / "pre-apply" / name / "config.toml").read_text()
         assert ssh(where, ip, "cat /etc/containerd/config.toml").stdout == pre
+
+    # the same bundle pushed again puts back the one image that went missing, and verify passes
+    push = subprocess.run([str(GI), "mirror", "push", str(where / "bundle"), "-s", str(site)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert push.returncode == 0, push.stdout + push.stderr[-3000:]
+    assert raw_digest(op["destination"], certs) == op["digest"]
+    verify = subprocess.run([str(GI), "mirror", "verify", "-s", str(site), "--bundle", str(where / "bundle")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr[-3000:]

@@ -1,0 +1,239 @@
+"""The demo's STAND-IN "upstream" (the connected side of the air gap), on 127.0.0.1 only. scripts/demo runs it.
+
+  serve   a STAND-IN for nvcr.io, registry.k8s.io, ...: one more Debian `docker-registry` on a loopback port, TLS from
+          a demo CA of its own (DIR/pki/ca.crt, the site's mirror.upstreamCa); and a STAND-IN for NVIDIA's Helm
+          repository: a plain-HTTP chart repository on another loopback port (DIR/charts: the chart .tgz and the
+          index.yaml `helm repo index` writes; a thread of this process). Prints ONE line of JSON on stdout once both
+          answer ({"registry", "charts", "ca", "pids", ...}), then serves until SIGTERM/SIGINT or until its parent
+          (the demo) exits, and stops the registry before it exits itself: nothing is left running.
+  seed    the STAND-IN image at the exact repository path and tag of every image the site deploys (the JSON of
+          `gpu-install images --format json`), in the stand-in registry, at the path the site's mirror.upstream
+          remaps each upstream registry to. ONE image, built once and cached (gpu_install_lab/smoke_image.py: the
+          lab's busybox smoke image, umoci, under installer.util.cache_dir()), copied with skopeo to every reference:
+          after the first copy each one is a manifest.
+
+The chart: the given .tgz or chart directory (NVIDIA's real chart of the release), or else (--standin-chart) the fixture chart
+(tests/fixtures/charts/gpu-operator-fixture) packaged under the name and version `mirror pull` asks the repository for
+(gpu-operator at the catalog's chart version for the release): a chart with the GPU Operator's values shape, NOT
+NVIDIA's chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """SIGTERM to this process when its parent exits (prctl PR_SET_PDEATHSIG): a stand-in never outlives the process
+    that started it, even one killed with SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _say(msg: str) -> None:
+    print(f"upstream STAND-IN: {msg}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- the chart
+
+
+def chart_version(release: str) -> str:
+    """The chart version the catalog records for the release (what `mirror pull` asks the repository for)."""
+    from installer.catalog import Catalog
+
+    chart = Catalog.default().get(release).raw.get("chart") or {}
+    return str((chart.get("version") if isinstance(chart, dict) else None) or release)
+
+
+def _helm() -> str:
+    from installer.tools import ensure_helm
+
+    return str(ensure_helm(progress=_say))
+
+
+def _run(*cmd: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"upstream STAND-IN: {' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+
+
+def chart_repository(directory: Path, url: str, release: str, chart: Path, standin: bool) -> Path:
+    """directory = a chart repository served at url holding gpu-operator at the release's chart version: chart (a
+    .tgz, or a directory `helm package` packs), or with standin the chart directory packaged under that name and
+    version (the STAND-IN fixture chart). Returns the .tgz."""
+    from installer.mirror.charts import chart_identity
+
+    version = chart_version(release)
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.tgz"):
+        old.unlink()
+    with tempfile.TemporaryDirectory(prefix="upstream-chart-") as tmp:
+        if not standin and chart.is_file():
+            tgz = directory / f"gpu-operator-{version}.tgz"
+            shutil.copyfile(chart, tgz)
+        else:
+            src = chart
+            if standin:  # the fixture chart under the name and version of the release's chart
+                src = Path(tmp) / "gpu-operator"
+                shutil.copytree(chart, src)
+                meta = src / "Chart.yaml"
+                text = re.sub(r"(?m)^name: .*$", "name: gpu-operator", meta.read_text())
+                meta.write_text(re.sub(r"(?m)^version: .*$", f"version: {version}", text))
+            _run(_helm(), "package", str(src), "--destination", str(directory))
+            (tgz,) = directory.glob("*.tgz")
+    name, got = chart_identity(tgz)
+    if (name, got) != ("gpu-operator", version):
+        raise SystemExit(f"upstream STAND-IN: {tgz} is chart {name} {got}, not gpu-operator {version}")
+    _run(_helm(), "repo", "index", str(directory), "--url", url)
+    return tgz
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- serve
+
+
+def serve(directory: Path, release: str, chart: Path, standin: bool) -> int:
+    from gpu_install_lab.pki import ensure_ca, issue_server_cert
+
+    _die_with_parent()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    directory.mkdir(parents=True, exist_ok=True)
+    pki = directory / "pki"
+    ca, _ = ensure_ca(pki, cn="gpu-install demo STAND-IN upstream CA")
+    cert, key = issue_server_cert(pki, "registry", ["127.0.0.1"], ["localhost"])
+
+    # the chart repository: plain HTTP, 127.0.0.1, a thread of this process
+    handler = functools.partial(_Quiet, directory=str(directory / "charts"))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    charts_url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    tgz = chart_repository(directory / "charts", charts_url, release, chart, standin)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    # the image registry: docker-registry, TLS with the demo CA, 127.0.0.1
+    port = _free_port()
+    config = {"version": 0.1, "log": {"level": "error", "accesslog": {"disabled": True}},
+              "storage": {"filesystem": {"rootdirectory": str(directory / "registry-data")}},
+              "http": {"addr": f"127.0.0.1:{port}", "secret": "gpu-install-demo-upstream",
+                       "tls": {"certificate": str(cert), "key": str(key)}}}
+    (directory / "registry.yml").write_text(json.dumps(config))  # JSON is YAML
+    log = open(directory / "registry.log", "wb")  # noqa: SIM115 - closed with the process
+    reg = subprocess.Popen(["docker-registry", "serve", str(directory / "registry.yml")], stdin=subprocess.DEVNULL,
+                           stdout=log, stderr=log, preexec_fn=_die_with_parent)  # noqa: PLW1509
+    try:
+        deadline = time.monotonic() + 30
+        while not _listening(port):  # the registry's socket: connect until it accepts (or the process ended)
+            if reg.poll() is not None or time.monotonic() > deadline or stop.is_set():
+                raise SystemExit(f"upstream STAND-IN: docker-registry did not start: "
+                                 f"{(directory / 'registry.log').read_text(errors='replace')[-2000:]}")
+            stop.wait(0.05)
+        ready = {"registry": f"127.0.0.1:{port}", "charts": charts_url, "chart": str(tgz), "ca": str(ca),
+                 "pids": [os.getpid(), reg.pid], "ports": [port, httpd.server_address[1]]}
+        (directory / "upstream.json").write_text(json.dumps(ready, indent=2) + "\n")
+        print(json.dumps(ready), flush=True)
+        sys.stdout.close()
+        _say(f"registry https://127.0.0.1:{port} (demo CA {ca}), chart repository {charts_url} "
+             f"({tgz.name}); pids {os.getpid()} {reg.pid}")
+        stop.wait()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        reg.terminate()
+        try:
+            reg.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            reg.kill()
+            reg.wait()
+        log.close()
+    _say("stopped (registry and chart repository)")
+    return 0
+
+
+# ---------------------------------------------------------------- seed
+
+
+def seed(site_file: Path, images_json: Path) -> int:
+    """The STAND-IN image at every image's upstream path (remapped as the site's mirror.upstream says)."""
+    from gpu_install_lab.smoke_image import build_smoke_image
+    from installer.config import load_site
+    from installer.mirror.images import pull_from
+
+    site = load_site(site_file)
+    remap = {k.lower(): v for k, v in site.mirror.upstream.items()}
+    sources = sorted({str(i["source"]) for i in json.loads(images_json.read_text())})
+    t0 = time.monotonic()
+    layout = build_smoke_image("smoke")
+    with tempfile.TemporaryDirectory(prefix="upstream-certs-") as certs:
+        if site.mirror.upstreamCa:
+            shutil.copyfile(site.mirror.upstreamCa, Path(certs) / "ca.crt")
+        for source in sources:
+            dest = pull_from(source, remap)
+            if dest == source:
+                raise SystemExit(f"upstream STAND-IN: mirror.upstream remaps no registry of {source}: it would be "
+                                 "read from the internet")
+            _run("skopeo", "copy", "--quiet", "--dest-cert-dir", certs, f"oci:{layout}:smoke", f"docker://{dest}")
+    _say(f"{len(sources)} images seeded (ONE STAND-IN busybox image at each upstream path and tag; "
+         f"{time.monotonic() - t0:.1f}s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpu_install_lab.upstream", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="start the stand-in registry and chart repository (one JSON line when ready)")
+    s.add_argument("--dir", type=Path, required=True)
+    s.add_argument("--release", required=True, help="the site's operator.version")
+    c = s.add_mutually_exclusive_group(required=True)
+    c.add_argument("--chart", type=Path, help="the release's gpu-operator chart: a .tgz or a chart directory")
+    c.add_argument("--standin-chart", type=Path, help="a STAND-IN chart directory (tests/fixtures/charts/"
+                   "gpu-operator-fixture), packaged as gpu-operator at the release's chart version")
+    d = sub.add_parser("seed", help="the stand-in image at every upstream path of `gpu-install images --format json`")
+    d.add_argument("--site", type=Path, required=True)
+    d.add_argument("--images", type=Path, required=True)
+    a = p.parse_args(argv)
+    if a.cmd == "serve":
+        return serve(a.dir, a.release, a.chart or a.standin_chart, a.chart is None)
+    return seed(a.site, a.images)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
