@@ -164,9 +164,12 @@ def closure(flavour: str = "debian12", packages: tuple[str, ...] = RUNTIME_PACKA
 
 
 def _standin_deb(name: str, version: str, control: str, files: dict[str, str]) -> Path:
-    """Build a stand-in .deb once with dpkg-deb (cached): `control` holds the fields after
-    Package/Version/Architecture, `files` maps /usr/bin names to executable script text."""
-    out = cache_dir() / "lab-debs" / f"{name}_{version}_all.deb"
+    """Build a stand-in .deb once with dpkg-deb (cached by a hash of what goes into it): `control` holds the fields
+    after Package/Version/Architecture, `files` maps /usr/bin names to executable script text, and absolute paths to
+    text files (0644). Every stand-in owns at least one file: dpkg lets a package that owns none disappear."""
+    files = files or {f"/usr/share/doc/{name}/STAND-IN": f"{name} {version}: a gpu-install lab STAND-IN package.\n"}
+    digest = hashlib.sha256(repr((name, version, control, sorted(files.items()))).encode()).hexdigest()[:12]
+    out = cache_dir() / "lab-debs" / digest / f"{name}_{version}_all.deb"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -177,10 +180,11 @@ def _standin_deb(name: str, version: str, control: str, files: dict[str, str]) -
             f"Package: {name}\nVersion: {version}\nArchitecture: all\n{control}"
             "Maintainer: gpu-install lab <lab@gpu-install.invalid>\nSection: misc\nPriority: optional\n")
         bin_dir = root / "usr" / "bin"
-        bin_dir.mkdir(parents=True)
         for fname, text in files.items():
-            (bin_dir / fname).write_text(text)
-            (bin_dir / fname).chmod(0o755)
+            path = root / fname.lstrip("/") if fname.startswith("/") else bin_dir / fname
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            path.chmod(0o644 if fname.startswith("/") and "/bin/" not in fname else 0o755)
         tmp_out = out.with_name(out.name + f".tmp-{os.getpid()}")
         run(["dpkg-deb", "--root-owner-group", "--build", root, tmp_out])
         os.replace(tmp_out, out)

@@ -12,6 +12,9 @@
           lab's busybox smoke image, umoci, under installer.util.cache_dir()), copied with skopeo to every reference:
           after the first copy each one is a manifest.
 
+With --toolkit VERSION, also STAND-IN upstream package repositories (package_repository(): a signed apt archive and a
+signed rpm repository of NVIDIA's toolkit chain, STAND-INs under the real names) on a third loopback port.
+
 The chart: the given .tgz or chart directory (NVIDIA's real chart of the release), or else (--standin-chart) the fixture chart
 (tests/fixtures/charts/gpu-operator-fixture) packaged under the name and version `mirror pull` asks the repository for
 (gpu-operator at the catalog's chart version for the release): a chart with the GPU Operator's values shape, NOT
@@ -121,6 +124,87 @@ def chart_repository(directory: Path, url: str, release: str, chart: Path, stand
     return tgz
 
 
+# ---------------------------------------------------------------- package repositories
+
+UPSTREAM_KEY_NAME = "gpu-install STAND-IN upstream package key"
+
+
+def gpg(home: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["gpg", "--batch", "--quiet", "--no-tty", "--homedir", str(home), *argv], input=stdin,
+                          capture_output=True, text=True, check=True, timeout=120)
+
+
+def new_key(home: Path, name: str) -> Path:
+    """A sign-only RSA key named `name` in a new GnuPG home; its armored public key file (beside the home)."""
+    home.mkdir(parents=True, mode=0o700)
+    gpg(home, "--gen-key", stdin=f"%no-protection\nKey-Type: RSA\nKey-Length: 2048\nKey-Usage: sign\n"
+                                 f"Name-Real: {name}\nExpire-Date: 0\n%commit\n")
+    pub = home.parent / f"{home.name}.asc"
+    pub.write_text(gpg(home, "--armor", "--export", name).stdout)
+    return pub
+
+
+def apt_index(root: Path, home: Path, suite: str = "stable") -> None:
+    """root/dists/<suite>: Packages and Release (apt-ftparchive) over root/pool, Release signed as InRelease."""
+    dist = root / "dists" / suite
+    binary = dist / "main" / "binary-amd64"
+    binary.mkdir(parents=True, exist_ok=True)
+    packages = subprocess.run(["apt-ftparchive", "packages", "pool"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout
+    (binary / "Packages").write_text(packages)
+    release = subprocess.run(["apt-ftparchive", "-o", f"APT::FTPArchive::Release::Suite={suite}", "-o",
+                              f"APT::FTPArchive::Release::Codename={suite}", "-o",
+                              "APT::FTPArchive::Release::Components=main", "-o",
+                              "APT::FTPArchive::Release::Architectures=amd64", "release", "."], cwd=dist,
+                             capture_output=True, text=True, check=True).stdout
+    (dist / "Release").write_text(release)
+    (dist / "InRelease").unlink(missing_ok=True)
+    gpg(home, "--clearsign", "--local-user", UPSTREAM_KEY_NAME, "--output", str(dist / "InRelease"),
+        str(dist / "Release"))
+
+
+def rpm_sign(home: Path, rpms: list[Path]) -> None:
+    subprocess.run(["rpmsign", "--addsign", "--define", f"_gpg_name {UPSTREAM_KEY_NAME}", "--define",
+                    "__gpg /usr/bin/gpg", "--define", f"_gpg_path {home}", *map(str, rpms)], check=True,
+                   capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                   env={**os.environ, "GNUPGHOME": str(home)})
+
+
+def package_repository(directory: Path, versions: tuple[str, ...], unsigned: str | None = None) -> Path:
+    """STAND-IN upstream package repositories for NVIDIA's container toolkit chain (gpu_install_lab.packages.
+    standin_toolkit_chain, at each version): directory/apt (pool + dists/stable, InRelease signed by a STAND-IN upstream
+    key) and directory/rpm (createrepo_c, every package signed with rpmsign); with `unsigned`, that version's rpms in
+    directory/rpm-unsigned, signed by nobody. The key's GnuPG home is <directory>-gnupg, its public half
+    <directory>-gnupg.asc, which is returned."""
+    from gpu_install_lab.packages import standin_toolkit_chain
+
+    home = directory.with_name(directory.name + "-gnupg")  # beside what is served, not in it
+    shutil.rmtree(home, ignore_errors=True)
+    key = new_key(home, UPSTREAM_KEY_NAME)
+    pool = directory / "apt" / "pool"
+    pool.mkdir(parents=True)
+    (directory / "rpm").mkdir()
+    for v in versions:
+        debs, rpms = standin_toolkit_chain(v)
+        for d in debs:
+            shutil.copy(d, pool / d.name)
+        rpm_sign(home, [Path(shutil.copy(r, directory / "rpm" / r.name)) for r in rpms])
+    apt_index(directory / "apt", home)
+    _run("createrepo_c", "--quiet", str(directory / "rpm"))
+    if unsigned:
+        (directory / "rpm-unsigned").mkdir()
+        for r in standin_toolkit_chain(unsigned)[1]:
+            shutil.copy(r, directory / "rpm-unsigned" / r.name)
+        _run("createrepo_c", "--quiet", str(directory / "rpm-unsigned"))
+    return key
+
+
+def newer(version: str) -> str:
+    """1.17.4 -> 1.17.5: the version the stand-in upstream offers beside the pinned one (only the pin picks)."""
+    head, _, last = version.rpartition(".")
+    return f"{head}.{int(last) + 1}" if last.isdigit() else version + ".1"
+
+
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
@@ -129,7 +213,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 # ---------------------------------------------------------------- serve
 
 
-def serve(directory: Path, release: str, chart: Path, standin: bool) -> int:
+def serve(directory: Path, release: str, chart: Path, standin: bool, toolkit: str | None = None) -> int:
     from gpu_install_lab.pki import ensure_ca, issue_server_cert
 
     _die_with_parent()
@@ -147,6 +231,16 @@ def serve(directory: Path, release: str, chart: Path, standin: bool) -> int:
     charts_url = f"http://127.0.0.1:{httpd.server_address[1]}"
     tgz = chart_repository(directory / "charts", charts_url, release, chart, standin)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    servers = [httpd]
+    packages: dict[str, str] = {}
+    if toolkit:  # the package repositories: plain HTTP (the InRelease / package signatures carry the trust)
+        shutil.rmtree(directory / "packages", ignore_errors=True)
+        pkg_key = package_repository(directory / "packages", (toolkit, newer(toolkit)))
+        phandler = functools.partial(_Quiet, directory=str(directory / "packages"))
+        pserver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), phandler)
+        threading.Thread(target=pserver.serve_forever, daemon=True).start()
+        servers.append(pserver)
+        packages = {"packages": f"http://127.0.0.1:{pserver.server_address[1]}", "packages_key": str(pkg_key)}
 
     # the image registry: docker-registry, TLS with the demo CA, 127.0.0.1
     port = _free_port()
@@ -166,7 +260,7 @@ def serve(directory: Path, release: str, chart: Path, standin: bool) -> int:
                                  f"{(directory / 'registry.log').read_text(errors='replace')[-2000:]}")
             stop.wait(0.05)
         ready = {"registry": f"127.0.0.1:{port}", "charts": charts_url, "chart": str(tgz), "ca": str(ca),
-                 "pids": [os.getpid(), reg.pid], "ports": [port, httpd.server_address[1]]}
+                 "pids": [os.getpid(), reg.pid], "ports": [port, *(h.server_address[1] for h in servers)], **packages}
         (directory / "upstream.json").write_text(json.dumps(ready, indent=2) + "\n")
         print(json.dumps(ready), flush=True)
         sys.stdout.close()
@@ -174,8 +268,9 @@ def serve(directory: Path, release: str, chart: Path, standin: bool) -> int:
              f"({tgz.name}); pids {os.getpid()} {reg.pid}")
         stop.wait()
     finally:
-        httpd.shutdown()
-        httpd.server_close()
+        for h in servers:
+            h.shutdown()
+            h.server_close()
         reg.terminate()
         try:
             reg.wait(timeout=10)
@@ -226,12 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--chart", type=Path, help="the release's gpu-operator chart: a .tgz or a chart directory")
     c.add_argument("--standin-chart", type=Path, help="a STAND-IN chart directory (tests/fixtures/charts/"
                    "gpu-operator-fixture), packaged as gpu-operator at the release's chart version")
+    s.add_argument("--toolkit", metavar="VERSION",
+                   help="also serve STAND-IN apt/rpm repositories of NVIDIA's toolkit chain at VERSION and the next "
+                        "patch version (signed by a STAND-IN upstream key)")
     d = sub.add_parser("seed", help="the stand-in image at every upstream path of `gpu-install images --format json`")
     d.add_argument("--site", type=Path, required=True)
     d.add_argument("--images", type=Path, required=True)
     a = p.parse_args(argv)
     if a.cmd == "serve":
-        return serve(a.dir, a.release, a.chart or a.standin_chart, a.chart is None)
+        return serve(a.dir, a.release, a.chart or a.standin_chart, a.chart is None, a.toolkit)
     return seed(a.site, a.images)
 
 

@@ -70,12 +70,22 @@ def raise_for(result: RunResult, preflight: bool) -> RunResult:
     return result
 
 
+def _check_inputs(plan: Plan) -> None:
+    """What the node playbooks read from the controller, checked before any host is contacted (exit 2)."""
+    from installer.plan import check_package_repo
+
+    check_package_repo(plan.site, plan.nodes if plan.inventory is not None else ())
+
+
 def preflight(plan: Plan, run: RunOptions | None = None, display: Display | None = None) -> RunResult:
     """The read-only probe (playbooks/preflight.yml, always whole: --tags do not apply); raises on problems."""
+    _check_inputs(plan)
     return raise_for(_run("preflight.yml", plan, run or RunOptions(), display, tags=False), preflight=True)
 
 
 def run_nodes(playbook: str, plan: Plan, run: RunOptions | None = None, display: Display | None = None) -> RunResult:
     """One node playbook after preflight (site.yml; uninstall.yml with run.removing()), --tags/--skip-tags honoured;
     raises on failed or unreachable hosts."""
+    if playbook == "site.yml":
+        _check_inputs(plan)
     return raise_for(_run(playbook, plan, run or RunOptions(), display, tags=True), preflight=False)

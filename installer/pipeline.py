@@ -139,6 +139,11 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
                 from installer.mirror.verify import for_apply
 
                 say(f"preflight: {for_apply(plan)} images in {site.registry.host}")
+        if op.mirror_check and plan.role_vars.get("package_repo_enabled"):
+            # every package root the node roles install is in the site repository, its signature the site key's
+            from installer.mirror.verify import packages_for_apply
+
+            say(f"preflight: {packages_for_apply(plan)} package roots in {site.packages.url}")
         pre = nodes.preflight(plan, run, display)
         summary.add("preflight", "ok", f"{len(pre.hosts)} host(s) checked, read-only")
         stage = "nodes"

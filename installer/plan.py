@@ -172,7 +172,6 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
     components = resolve_components(site, release)
     values = build_values(site, release, components)
     check_nodes_os(site, release, nodes, components, values, "--os" if not opts.inventory else None)
-    check_package_repo(site, nodes if opts.inventory else [])
     # every MIG layout name, the site default too (also without nodes: render, config check), checked once
     mig.check_names(site, release, [*assignments, *mig.site_default(site, assignments)])
     notes: list[str] = []
@@ -205,7 +204,8 @@ def check_nodes_os(site: Site, release: Release, nodes: Sequence[Node], componen
 
 def check_package_repo(site: Site, nodes: Sequence[Node]) -> None:
     """With packages.url, where the roles install packages: the site key is an OpenPGP public key, and every GPU node
-    names its OS (its repository is <url>/packages/<os>) -- before any host is contacted."""
+    names its OS (its repository is <url>/packages/<os>). Called before the node playbooks touch any host (not at
+    resolve: on the connected side the key does not exist yet, push writes it)."""
     if not site.packages.url or not (site.toolkit.mode == "host" or site.driver.mode in ("host", "runfile")):
         return
     from installer.config import read_text

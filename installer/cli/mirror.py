@@ -299,18 +299,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     plan = resolve_plan(args)
     site = plan.site
     charts_found: list[str] = []
+    from installer.mirror.packages import check_repo
+
     if args.bundle:
         bundle = Path(args.bundle)
         lock = read_lock(bundle, verify=True)
         wanted = verify.from_lock(site, lock, bundle)
         charts_found = verify.charts(site, bundle, lock, config_json=_credentials(site))
+        charts_found += check_repo(site, lock=lock)
+        n_pkgs = sum(1 for p in lock.get("packages") or [] if isinstance(p, dict) and not p.get("key"))
         how = f"by the bundle's digests; {len(lock.get('charts') or [])} chart(s) by sha256"
     else:
         wanted = verify.from_plan(plan.artifacts(()).images)
+        sets = plan.artifacts(()).packages
+        charts_found += check_repo(site, sets=sets)
+        n_pkgs = sum(len(s.packages) for s in sets)
         how = "tags resolve"
     n = verify.require(site, wanted, config_json=_credentials(site), jobs=args.jobs, more=charts_found)
     if not args.quiet:
         print(f"all {n} images are in {site.registry.host} ({how})", file=sys.stderr)
+        if site.packages.url and n_pkgs:
+            print(f"all {n_pkgs} OS package(s) are in {site.packages.url} ("
+                  + ("by the bundle's sha256" if args.bundle else "each root at its pin")
+                  + "; the index signed by the site key)", file=sys.stderr)
     return 0
 
 
@@ -387,7 +398,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_sync)
 
     p = command(msub, "verify", "check that every image of the plan (or of a bundle's lock) is in registry.host, by "
-                                "digest; exit 3 naming what is missing")
+                                "digest, and (with packages.url) every OS package in the site repository; exit 3 "
+                                "naming what is missing")
     site_args(p)
     inventory_arg(p)
     p.add_argument("--os", action="append", default=[], metavar="OSTAG",

@@ -104,10 +104,11 @@ def require(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, j
     if findings or more:
         raise PreflightError(
             f"{len(findings)} of {len(wanted)} images {what}are not in {site.registry.host} as the site needs them"
-            + (f" (and {len(more)} chart(s))" if more else "") + ":\n"
+            + (f" (and {len(more)} other artifact(s))" if more else "") + ":\n"
             + "\n".join([*(f.line() for f in findings), *more]),
-            hint="copy them there: gpu-install mirror push BUNDLE -s SITE (air-gapped) or gpu-install mirror sync -s "
-                 "SITE (a host that sees both registries); a different digest: push the bundle of this release")
+            hint="copy them there: gpu-install mirror push BUNDLE -s SITE [--repo-dir DIR] (air-gapped) or gpu-install "
+                 "mirror sync -s SITE (a host that sees both registries); a different digest: push the bundle of this "
+                 "release")
     return len(wanted)
 
 
@@ -128,3 +129,19 @@ def for_apply(plan: Any) -> int:
     ps = site.registry.pullSecret
     creds = docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
     return require(site, from_plan(plan.artifacts(()).images), config_json=creds, what="the release deploys ")
+
+
+def packages_for_apply(plan: Any) -> int:
+    """apply's package check (with packages.url): every package root the node roles install is in the site
+    repository as the nodes read it (<packages.url>/packages/<os>, the index's signature checked with packages.key);
+    PreflightError (exit 3) naming each missing one. The number of roots checked."""
+    from installer.mirror.packages import check_repo
+
+    sets = plan.artifacts(()).packages
+    missing = check_repo(plan.site, sets=sets)
+    if missing:
+        raise PreflightError(f"{len(missing)} OS package problem(s) in the site repository {plan.site.packages.url}:\n"
+                             + "\n".join(missing),
+                             hint="publish them: gpu-install mirror push BUNDLE -s SITE --repo-dir DIR (DIR served at "
+                                  "packages.url), from a bundle pulled for these nodes' OSes")
+    return sum(len(s.packages) for s in sets)

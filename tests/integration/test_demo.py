@@ -40,6 +40,9 @@ from tests.integration.registries import raw_digest
 pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
 GI = Path(sys.executable).parent / "gpu-install"
 REAL_CHART = UPSTREAM.parent / "charts" / "gpu-operator-v23.9.2.tgz"
+TOOLKIT_CHAIN = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                 "libnvidia-container1"}
+TOOLKIT_DEB = "1.17.4-1gpuinstall.upstream.standin"  # the STAND-IN upstream's build (gpu_install_lab.packages)
 
 
 def demo_chart() -> tuple[list[str], str, str]:
@@ -135,6 +138,16 @@ def test_demo_carries_images_and_chart_across_the_air_gap(demo, tmp_path):
     if REAL_CHART.is_file():  # the stand-in repository served NVIDIA's chart byte for byte
         assert chart["sha256"] == hashlib.sha256(REAL_CHART.read_bytes()).hexdigest()
 
+    # the toolkit packages: resolved by apt against the stand-in repository (its InRelease signature checked), the four
+    # pinned at the site's version though a newer one is there, published as the site's signed apt repository
+    debs = {e["name"]: e for e in lock["packages"] if e["os"] == "debian12"}
+    assert set(debs) == TOOLKIT_CHAIN and {e["version"] for e in debs.values()} == {TOOLKIT_DEB}, debs
+    assert all(e["source"].startswith(up["packages"] + "/apt/") for e in debs.values())
+    site_repo = where / "lab" / "repo" / "site"
+    assert (site_repo / "packages" / "debian12" / "dists" / "gpu-install" / "InRelease").is_file()
+    assert {p.name for p in (site_repo / "packages" / "debian12" / "pool" / "main").glob("*.deb")} == \
+        {Path(e["file"]).name for e in debs.values()}
+
     # the lab registry holds every destination by the lock's digest (mirror push, checked by mirror verify)
     certs = lab_certs(where, tmp_path)
     for e in lock["images"]:
@@ -187,7 +200,16 @@ def test_demo_apply_twice_then_uninstall(demo, tmp_path):
     stats = site_stats(state, "site")
     assert set(nodes) <= set(stats) and all(stats[n]["changed"] == 0 and stats[n]["ok"] > 0 for n in nodes), stats
 
-    # what apply did on the nodes
+    # what apply did on the nodes: the site repository with its key (signed-by, never trusted=yes), and the toolkit
+    # installed from it (the lab's own repository serves other builds of 1.17.4: the version says which one came)
+    for ip in nodes.values():
+        listed = ssh(where, ip, "cat /etc/apt/sources.list.d/gpu-install.list").stdout
+        assert "[signed-by=/etc/apt/keyrings/gpu-install.asc]" in listed and "/site/packages/debian12 gpu-install main" \
+            in listed and "trusted=yes" not in listed, listed
+        for name in TOOLKIT_CHAIN:
+            got = ssh(where, ip, f"dpkg-query -W -f='${{Status}} ${{Version}}' {name}").stdout
+            assert got == f"install ok installed {TOOLKIT_DEB}", (name, got)
+        assert "version 1.17.4" in ssh(where, ip, "nvidia-ctk --version").stdout
     for ip in nodes.values():
         dump = tomllib.loads(ssh(where, ip, "containerd config dump").stdout)
         cri = dump["plugins"]["io.containerd.grpc.v1.cri"]
@@ -222,6 +244,9 @@ def test_demo_apply_twice_then_uninstall(demo, tmp_path):
         ssh(where, ip, "systemctl is-active containerd && ctr version >/dev/null")
         # the toolkit apply installed is gone (its record said so); containerd, installed by `lab up`, stays
         assert "ii" not in ssh(where, ip, "dpkg -l nvidia-container-toolkit 2>&1 | tail -1", check=False).stdout
+        # and the site repository's definition and key with it
+        assert ssh(where, ip, "ls /etc/apt/sources.list.d/gpu-install.list /etc/apt/keyrings/gpu-install.asc",
+                   check=False).returncode != 0
         assert "ii" in ssh(where, ip, "dpkg -l containerd | tail -1").stdout
         assert ssh(where, ip, "ls /var/lib/gpu-install 2>/dev/null || true").stdout.strip() == ""
     again = subprocess.run([*base, "--yes"], env=env, capture_output=True, text=True, timeout=900)
@@ -252,7 +277,8 @@ def test_demo_apply_twice_then_uninstall(demo, tmp_path):
         assert ssh(where, ip, "cat /etc/containerd/config.toml").stdout == pre
 
     # the same bundle pushed again puts back the one image that went missing, and verify passes
-    push = subprocess.run([str(GI), "mirror", "push", str(where / "bundle"), "-s", str(site)], env=env,
+    push = subprocess.run([str(GI), "mirror", "push", str(where / "bundle"), "-s", str(site), "--repo-dir",
+                           str(where / "lab" / "repo" / "site")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert push.returncode == 0, push.stdout + push.stderr[-3000:]
     assert raw_digest(op["destination"], certs) == op["digest"]

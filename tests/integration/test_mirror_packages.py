@@ -42,7 +42,8 @@ def up(tmp_path_factory):
 
 
 def _site(tmp: Path, up, toolkit: str = TOOLKIT, repos: dict | None = None, **extra) -> Path:
-    site = {"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.example.internal:5000"},
+    # registry.host: loopback, nothing listens (the image part of these bundles is empty; nothing is pushed there)
+    site = {"operator": {"version": "v24.9.2"}, "registry": {"host": "127.0.0.1:9"},
             "driver": {"mode": "operator", "customImageOs": list(OSES)},
             "toolkit": {"mode": "host", "version": toolkit},
             "mirror": {"packageRepositories": repos if repos is not None else {
@@ -305,3 +306,70 @@ def test_pull_without_repositories_for_an_os_is_bad_input_and_writes_nothing(up,
     proc = _gi("mirror", "pull", "-s", str(site), "--os", "debian12", "--os", "rocky9.4", "-o", str(out))
     assert proc.returncode == 2 and "mirror.packageRepositories.debian12[0].suite: not set" in proc.stderr, proc.stderr
     assert not out.exists()
+
+
+def _with_packages(site: Path, url: str, key: Path, tmp: Path, **over) -> Path:
+    data = yaml.safe_load(site.read_text())
+    data["packages"] = {"url": url, "key": str(key)}
+    data.update(over)
+    out = tmp / f"site-verify-{len(list(tmp.glob('site-verify-*')))}.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out
+
+
+def _roots_missing(site: Path) -> list[str]:
+    from installer.config import load_site
+    from installer.mirror.packages import check_repo
+    from installer.plan import Options, resolve
+
+    plan = resolve(load_site(site), Options(os_tags=OSES))
+    return check_repo(plan.site, sets=plan.artifacts(()).packages)
+
+
+def test_verify_reads_the_site_repository_as_the_nodes_do(pushed, tmp_path):
+    """mirror verify with packages.url: the bundle's packages by sha256 in the signed index and served; without a
+    bundle every root at its pin; a repository signed by another key, a lost file or a missing version: exit 3."""
+    from installer.mirror import packages
+
+    repo = tmp_path / "repo"
+    shutil.copytree(pushed["repo"], repo)
+    url, server = package_upstreams.serve(repo)
+    try:
+        site = _with_packages(pushed["site"], url, repo / packages.SITE_KEY, tmp_path)
+        ok = _gi("mirror", "verify", "-s", str(site), "--os", "debian12", "--os", "rocky9.4", "--bundle",
+                 str(pushed["bundle"]))
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        n = sum(1 for e in pushed["lock"]["packages"] if not e.get("key"))
+        assert f"all {n} OS package(s) are in {url} (by the bundle's sha256" in ok.stderr, ok.stderr
+        # without a bundle (what apply's preflight runs, installer.mirror.verify.packages_for_apply): every root of
+        # the plan at its pin (the images' half of verify needs a registry, which this test has not)
+        assert _roots_missing(site) == []
+        # the site asks for a version the repository does not hold: each root named, with what is there
+        newer = _with_packages(pushed["site"], url, repo / packages.SITE_KEY, tmp_path,
+                               toolkit={"mode": "host", "version": "1.17.5"})
+        miss = "\n".join(_roots_missing(newer))
+        # 6 of 8: rocky9.4's closure brought libnvidia-container{1,-tools} 1.17.5 along (a `>=` dependency)
+        assert len(_roots_missing(newer)) == 6, miss
+        assert ("debian12/nvidia-container-toolkit=1.17.5*: not in the site repository (it has "
+                "1.17.4-1gpuinstall.upstream.standin)") in miss, miss
+        assert "rocky9.4/nvidia-container-toolkit-base-1.17.5*: not in the site repository" in miss
+        # a lost file: listed in the signed index, not served
+        deb = next(e for e in pushed["lock"]["packages"] if e["os"] == "debian12")
+        (repo / "packages" / "debian12" / "pool" / "main" / Path(deb["file"]).name).unlink()
+        lost = _gi("mirror", "verify", "-s", str(site), "--os", "debian12", "--os", "rocky9.4", "--bundle",
+                   str(pushed["bundle"]))
+        assert lost.returncode == 3, lost.stdout + lost.stderr
+        assert f"debian12/{Path(deb['file']).name}: listed in the signed index but not served" in lost.stderr
+        # the key apply would trust is not the one that signed: both repositories refused
+        other = tmp_path / "other-signing"
+        _gi("mirror", "push", str(pushed["bundle"]), "-s", str(pushed["site"]), "--repo-dir", str(tmp_path / "x"),
+            "--signing-home", str(other))
+        wrong = _with_packages(pushed["site"], url, tmp_path / "x" / packages.SITE_KEY, tmp_path)
+        bad = _gi("mirror", "verify", "-s", str(wrong), "--os", "debian12", "--os", "rocky9.4", "--bundle",
+                  str(pushed["bundle"]))
+        assert bad.returncode == 3, bad.stdout + bad.stderr
+        assert "debian12 packages:" in bad.stderr and "InRelease: signature not made by the site key" in bad.stderr
+        assert "rocky9.4 packages:" in bad.stderr and "repomd.xml: signature not made by the site key" in bad.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
