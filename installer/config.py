@@ -57,7 +57,7 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 # 1 to 65535 in at most 5 digits (leading zeros allowed, as int() reads them)
 _PORT = r"(?=[0-9]{1,5}(?![0-9]))0*(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 #: registry_host(): [IPv6]:port, a dotted name with an optional port, a single label with a port, or localhost
-_HOST_PORT = rf"\[[0-9A-Fa-f:.]+\](?::{_PORT})?|{_LABEL}(?:\.{_LABEL})+(?::{_PORT})?|{_LABEL}:{_PORT}"
+_HOST_PORT = rf"\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\](?::{_PORT})?|{_LABEL}(?:\.{_LABEL})+(?::{_PORT})?|{_LABEL}:{_PORT}"
 REGISTRY_HOST = rf"(?:{_HOST_PORT}|[Ll][Oo][Cc][Aa][Ll][Hh][Oo][Ss][Tt])"
 _PATH_COMPONENT_NO_DOT = r"[a-z0-9]+(?:(?:_|__|-+)[a-z0-9]+)*"
 #: repository_ref(): one path component, or components whose first one names a registry when it has a '.' or ':'
@@ -211,7 +211,7 @@ def registry_host(v: str) -> str:
         raise ValueError(f"{shown!r}: {len(v)} characters is not a registry host (at most 255)")
     if "://" in v or "/" in v:
         raise ValueError(f"{shown!r}: give host[:port] only, without scheme or path (use prefix for a path)")
-    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::([0-9]+))?", v)
+    m = re.fullmatch(r"(\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^:\[\]]+)(?::([0-9]+))?", v)  # IPv6: has a ':'
     if not m:
         raise ValueError(f"{shown!r} is not a host[:port]")
     host, port = m.group(1), m.group(2)

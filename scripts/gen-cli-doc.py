@@ -30,12 +30,14 @@ ENVIRONMENT = {
                          "`rootfs/`, `kubernetes/`, `packages/`",
     "GPU_INSTALL_STATE": "state root (default `$XDG_STATE_HOME/gpu-install`, i.e. `~/.local/state/gpu-install`): "
                          "`runs/<time>-<playbook>/`, one 0700 ansible-runner record per node run",
+    "GPU_INSTALL_SIGNING_HOME": "GnuPG home of the site's package signing key (`mirror push --repo-dir`; generated "
+                                "there on first use and kept; default `<state root>/signing`)",
     "GPU_INSTALL_LAB_DIR": "lab: default for `--lab-dir` (default `/var/lib/gpu-install/lab`)",
     "GPU_INSTALL_LAB_MIRROR": "lab: Debian mirror for the first node rootfs build (default `http://deb.debian.org/debian`)",
 }
 # set by scripts and CI, read by the scripts/tests rather than by gpu-install itself
 DEVELOPMENT = {
-    "GPU_INSTALL_DEMO_DIR": "scripts/demo: where the demo keeps its lab, site file and run records "
+    "GPU_INSTALL_DEMO_DIR": "scripts/demo: where the demo keeps its lab, site file, bundle and run records "
                             "(default `/var/lib/gpu-install/demo`)",
     "GPU_INSTALL_NO_APT": "scripts/bootstrap: skip the system packages",
     "GPU_INSTALL_NO_KUBERNETES": "scripts/bootstrap: do not build the lab's Kubernetes binaries",
