@@ -117,7 +117,9 @@ class Node:
     def installed(self):
         if self.manager == "apt":
             return parse_dpkg(self.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}\t${Package}\n"])[1])
-        return {ln.strip() for ln in self.run(["rpm", "-qa", "--qf", "%{NAME}\n"])[1].splitlines() if ln.strip()}
+        # gpg-pubkey: the keys dnf imported (one pseudo-package per key), not packages a removal may take
+        return {ln.strip() for ln in self.run(["rpm", "-qa", "--qf", "%{NAME}\n"])[1].splitlines()
+                if ln.strip() and ln.strip() != "gpg-pubkey"}
 
     def also_removed(self, names):
         """Installed packages outside `names` that removing `names` would remove or break."""

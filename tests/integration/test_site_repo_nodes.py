@@ -16,6 +16,7 @@ import time
 import pytest
 import yaml
 
+from gpu_install_lab.upstream import UPSTREAM_KEY_NAME
 from tests.conftest import LAB_DRIVER_OS
 from tests.integration import package_upstreams
 from tests.integration.conftest import VENV_BIN, LabHandle
@@ -104,7 +105,7 @@ def test_nodes_install_the_toolkit_from_the_signed_site_repository(sr):
         got = root(lab, RHEL, f"rpm -q --qf '%{{VERSION}}-%{{RELEASE}}' {name}").stdout
         assert got == BUILD, (name, got)
     keys = root(lab, RHEL, "rpm -q gpg-pubkey --qf '%{SUMMARY}\\n'").stdout
-    assert "gpu-install site package repository" in keys and package_upstreams.UPSTREAM_KEY_NAME in keys, keys
+    assert "gpu-install site package repository" in keys and UPSTREAM_KEY_NAME in keys, keys
     for node in (DEB, RHEL):
         assert f"version {TOOLKIT}" in root(lab, node, "nvidia-ctk --version").stdout
     # a second apply changes nothing
@@ -122,7 +123,7 @@ def test_apply_refuses_a_repository_without_the_pinned_version_before_any_host(s
     runs = set((work / "state" / "runs").glob("*"))
     proc = apply(other, "--limit", f"{DEB},{RHEL}", "--tags", "toolkit")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "debian12/nvidia-container-toolkit=1.17.9*: not in the site repository (it has 1.17.4-" in proc.stderr
+    assert f"debian12/nvidia-container-toolkit=1.17.9*: not in the site repository (it has {BUILD})" in proc.stderr
     assert "rocky9.5/nvidia-container-toolkit-1.17.9*: not in the site repository" in proc.stderr, proc.stderr
     assert set((work / "state" / "runs").glob("*")) == runs  # no playbook ran: no host was contacted
 
@@ -139,3 +140,6 @@ def test_uninstall_takes_the_packages_the_repository_and_its_key_away(sr):
                     check=False).stdout
         assert left.strip() == "", (node, left)
         assert root(lab, node, "command -v nvidia-ctk", check=False).returncode != 0
+    # the site key dnf imported leaves the rpm database too (the upstream key, imported for the packages, stays)
+    keys = root(lab, RHEL, "rpm -q gpg-pubkey --qf '%{SUMMARY}\\n'", check=False).stdout
+    assert "gpu-install site package repository" not in keys and UPSTREAM_KEY_NAME in keys, keys
