@@ -202,7 +202,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         failures.append(exc)
     if artifacts.packages:
         try:
-            packages.pull(plan.site, artifacts.packages, out, say=say(args) or (lambda m: None))
+            packages.pull(plan.site, artifacts.packages, out, say=say(args) or (lambda m: None),
+                          since=Path(args.since) if args.since else None)
         except packages.PackageFailures as exc:
             failures.append(exc)
     lock = bundle.finish(out)
@@ -375,7 +376,8 @@ def register(sub: Any) -> None:
                       help="copy manifest lists / indexes whole, every platform (the published digest)")
     p.add_argument("--since", metavar="OLD.lock.json",
                    help="incremental bundle: leave out every image whose digest this older bundle's lock already has "
-                        "at the same destination (push then requires the registry to hold those)")
+                        "at the same destination, and every OS package file it has with the same sha256 (push then "
+                        "requires the registry and the --repo-dir to hold those)")
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)

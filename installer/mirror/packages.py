@@ -47,8 +47,8 @@ from installer.errors import ConfigError, EnvironmentProblem, HostFailures
 from installer.mirror import bundle as lockfile
 from installer.util import atomic_write, sha256_file
 
-PACKAGES, SETS = "packages", "packageSets"
-KIND, SET_KIND = "package", "packageset"
+PACKAGES, SETS, BASE = "packages", "packageSets", "packageBase"
+KIND, SET_KIND, BASE_KIND = "package", "packageset", "packagebase"
 SUITE, COMPONENT = "gpu-install", "main"  # of every published apt repository
 SITE_KEY = "gpu-install-site.asc"  # DIR/<this>: the site's public key, what packages.key names
 UPSTREAM_KEYS = "RPM-GPG-KEYS-upstream.asc"  # DIR/packages/<os>/<this>: the keys the dnf packages are signed with
@@ -303,13 +303,29 @@ def _safe(name: str) -> str:
 # ---------------------------------------------------------------- pull
 
 
-def pull(site: Any, sets: Sequence[Any], bundle: Path, say: Say = lambda m: None) -> None:
+def _base_of(since: Path | None) -> dict[str, str]:
+    """--since OLD.lock.json: the package files (os/file name) that older bundle carried (or built on), with sha256."""
+    if since is None:
+        return {}
+    from installer.mirror.images import read_since
+
+    old_lock, _ = read_since(since)
+    return {f"{e.get('os')}/{Path(str(e.get('file'))).name}": str(e.get("sha256"))
+            for e in [*(old_lock.get(PACKAGES) or []), *(old_lock.get(BASE) or [])]
+            if isinstance(e, dict) and not e.get("key")}
+
+
+def pull(site: Any, sets: Sequence[Any], bundle: Path, say: Say = lambda m: None, since: Path | None = None) -> None:
     """Each OS's closure into BUNDLE/packages/<os>/ and the lock (sections packages, packageSets); raises
-    PackageFailures (exit 4) naming what failed, after trying every OS; the bundle stays incomplete then."""
+    PackageFailures (exit 4) naming what failed, after trying every OS; the bundle stays incomplete then. since: an
+    older bundle's lock: a package file it has with the same sha256 is not carried but listed in section packageBase
+    (push then requires the site repository to hold it)."""
     check_sources(site, sets)
     ca = site.mirror.upstreamCa
     lock = lockfile.load_for_update(bundle)
     old = {str(e.get("file")): e for e in lock.get(PACKAGES) or [] if isinstance(e, dict)}
+    base_of = _base_of(since)
+    base: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
@@ -334,7 +350,16 @@ def pull(site: Any, sets: Sequence[Any], bundle: Path, say: Say = lambda m: None
         if s.manager == "dnf":
             got = _check_rpms(s, sources, got, out, failed, say)
             got += _keys(s, sources, out)
-        entries += got
+        for e in got:  # --since: what the older bundle already carried stays out of this one
+            ref = f"{s.os}/{Path(str(e['file'])).name}"
+            if not e.get("key") and base_of.get(ref) == e["sha256"]:
+                (bundle / str(e["file"])).unlink(missing_ok=True)
+                base.append(e)
+            else:
+                entries.append(e)
+        if base_of:
+            say(f"packages {s.os}: {sum(1 for e in base if e['os'] == s.os)} in the base bundle, not carried")
+    lockfile.put_section(bundle, BASE_KIND, BASE, base, [])
     lockfile.put_section(bundle, SET_KIND, SETS, records, [])
     lockfile.put_section(bundle, KIND, PACKAGES, entries, failed)
     if failed:
@@ -507,6 +532,7 @@ def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | 
             say: Say = lambda m: None) -> list[str]:
     """The lock's packages into signed repositories under repo_dir/packages/<os>/; what was done, as lines."""
     entries = verify(bundle, lock)
+    require_base(lock, repo_dir)
     if not entries:
         return []
     home = signing_home(home)
@@ -539,6 +565,29 @@ def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | 
         done.append(f"packages {os_tag}: {n} in {root} ({copied} new), signed by the site key")
         say(f"packages {os_tag}: {n} package(s) published in {root} ({copied} new)")
     return done
+
+
+def _published(repo_dir: Path, e: Mapping[str, Any]) -> Path:
+    """Where publish puts a package file of the lock in repo_dir."""
+    name = Path(str(e["file"])).name
+    root = repo_dir / PACKAGES / str(e["os"])
+    return root / "pool" / COMPONENT / name if e.get("manager") == "apt" else root / name
+
+
+def require_base(lock: Mapping[str, Any], repo_dir: Path) -> None:
+    """An incremental bundle (pulled --since an older lock) builds on packages the site repository must hold
+    already (by sha256): PreflightError (exit 3) naming the missing ones, before anything is written."""
+    from installer.errors import PreflightError
+
+    base = [e for e in lock.get(BASE) or [] if isinstance(e, dict)]
+    missing = [e for e in base if not _published(repo_dir, e).is_file()
+               or sha256_file(_published(repo_dir, e)) != e.get("sha256")]
+    if missing:
+        raise PreflightError(f"the bundle builds on {len(base)} package(s) of an older bundle; {repo_dir} lacks "
+                             f"{len(missing)} of them:\n" + "\n".join(f"  {e['os']}/{Path(str(e['file'])).name}"
+                                                                       for e in missing),
+                             hint="push the bundle that --since lock belongs to into this --repo-dir first (or pull a "
+                                  "full bundle, without --since)")
 
 
 def _apt_index(root: Path, home: Path, fpr: str) -> None:
@@ -692,7 +741,7 @@ def check_repo(site: Any, *, sets: Sequence[Any] = (), lock: Mapping[str, Any] |
         return []
     wanted: dict[tuple[str, str], list[Any]] = {}
     if lock is not None:
-        for e in lock.get(PACKAGES) or []:
+        for e in [*(lock.get(PACKAGES) or []), *(lock.get(BASE) or [])]:
             if isinstance(e, dict) and not e.get("key"):
                 wanted.setdefault((str(e["os"]), str(e["manager"])), []).append(e)
     else:

@@ -54,7 +54,7 @@ def _site(tmp: Path, up, toolkit: str = TOOLKIT, repos: dict | None = None, **ex
     return path
 
 
-def _pull(site: Path, bundle: Path) -> tuple[list[str], dict]:
+def _pull(site: Path, bundle: Path, since: Path | None = None) -> tuple[list[str], dict]:
     """The package part of `mirror pull` (the image part with no images writes the lock's header)."""
     from installer.config import load_site
     from installer.mirror import bundle as lockfile
@@ -65,7 +65,7 @@ def _pull(site: Path, bundle: Path) -> tuple[list[str], dict]:
     lines: list[str] = []
     images.pull(plan, [], bundle, finish=False)
     try:
-        packages.pull(plan.site, plan.artifacts(()).packages, bundle, say=lines.append)
+        packages.pull(plan.site, plan.artifacts(()).packages, bundle, say=lines.append, since=since)
     finally:
         lock = lockfile.finish(bundle)
     return lines, lock
@@ -370,6 +370,46 @@ def test_verify_reads_the_site_repository_as_the_nodes_do(pushed, tmp_path):
         assert bad.returncode == 3, bad.stdout + bad.stderr
         assert "debian12 packages:" in bad.stderr and "InRelease: signature not made by the site key" in bad.stderr
         assert "rocky9.4 packages:" in bad.stderr and "repomd.xml: signature not made by the site key" in bad.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_incremental_bundle_carries_only_what_changed_and_push_needs_its_base(pushed, up, tmp_path):
+    """1.17.4 -> 1.17.5 with --since the 1.17.4 bundle's lock: the packages that bundle had (rocky9.4's closure
+    already brought libnvidia-container{1,-tools} 1.17.5) stay out; push needs them in the --repo-dir (exit 3
+    naming them otherwise) and then publishes both releases' packages."""
+    from installer.mirror import packages
+
+    site = _site(tmp_path, up, toolkit="1.17.5")
+    bundle = tmp_path / "bundle"
+    lines, lock = _pull(site, bundle, since=pushed["bundle"] / "bundle.lock.json")
+    assert lock["complete"] is True, lock["failed"]
+    carried = {(e["os"], e["name"], e["version"].split("-")[0]) for e in lock["packages"] if not e.get("key")}
+    base = {(e["os"], e["name"], e["version"].split("-")[0]) for e in lock["packageBase"]}
+    assert base == {("rocky9.4", "libnvidia-container-tools", "1.17.5"), ("rocky9.4", "libnvidia-container1", "1.17.5")}
+    assert carried == {(o, n, "1.17.5") for o in OSES for n in CHAIN} - base, carried
+    assert not [p for p in (bundle / "packages" / "rocky9.4").glob("libnvidia-container1-1.17.5*")]
+    assert "packages rocky9.4: 2 in the base bundle, not carried" in lines, lines
+    # an empty --repo-dir lacks the base: refused before anything is written
+    empty = tmp_path / "empty-repo"
+    proc = _gi("mirror", "push", str(bundle), "-s", str(site), "--repo-dir", str(empty), "--signing-home",
+               str(tmp_path / "signing"))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "lacks 2 of them" in proc.stderr and "rocky9.4/libnvidia-container1-1.17.5" in proc.stderr, proc.stderr
+    assert not empty.exists()
+    # the site repository the 1.17.4 bundle was pushed into: both releases installable from it
+    repo = tmp_path / "repo"
+    shutil.copytree(pushed["repo"], repo)
+    proc = _gi("mirror", "push", str(bundle), "-s", str(site), "--repo-dir", str(repo), "--signing-home",
+               str(pushed["home"]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    url, server = package_upstreams.serve(repo)
+    try:
+        for os_tag, manager in (("debian12", "apt"), ("rocky9.4", "dnf")):
+            index = packages.repo_index(url, os_tag, manager, repo / packages.SITE_KEY)
+            have = {(i["name"], i["version"].split("-")[0]) for i in index.values()}
+            assert {(n, v) for n in CHAIN for v in ("1.17.4", "1.17.5")} <= have, (os_tag, have)
     finally:
         server.shutdown()
         server.server_close()
