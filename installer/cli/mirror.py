@@ -182,7 +182,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     plan = resolve_plan(args)
     artifacts = plan.artifacts(())
-    if artifacts.packages:
+    if artifacts.packages and not args.skip_packages:
         packages.check_sources(plan.site, artifacts.packages)  # bad input: before anything is fetched
     platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
     out = Path(args.output)
@@ -200,7 +200,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
         charts.pull(plan, artifacts.charts, artifacts.files, out, say=say(args) or (lambda m: None))
     except charts.ChartFailures as exc:
         failures.append(exc)
-    if artifacts.packages:
+    if artifacts.packages and args.skip_packages:
+        packages.record_skipped(artifacts.packages, out)
+        if not args.quiet:
+            import sys
+
+            print("OS packages left out (--skip-packages): the nodes install "
+                  + "; ".join(f"{o.os}: {' '.join(p.spec for p in o.packages)}" for o in artifacts.packages)
+                  + " from repositories of their own", file=sys.stderr)
+    elif artifacts.packages:
         try:
             packages.pull(plan.site, artifacts.packages, out, say=say(args) or (lambda m: None),
                           since=Path(args.since) if args.since else None)
@@ -374,6 +382,9 @@ def register(sub: Any) -> None:
                            "is the one recorded and pushed")
     plat.add_argument("--all-platforms", action="store_true",
                       help="copy manifest lists / indexes whole, every platform (the published digest)")
+    p.add_argument("--skip-packages", action="store_true",
+                   help="leave the OS packages out of the bundle (the nodes install them from a package mirror of "
+                        "their own); the lock lists the roots as skipped")
     p.add_argument("--since", metavar="OLD.lock.json",
                    help="incremental bundle: leave out every image whose digest this older bundle's lock already has "
                         "at the same destination, and every OS package file it has with the same sha256 (push then "

@@ -370,6 +370,13 @@ def pull(site: Any, sets: Sequence[Any], bundle: Path, say: Say = lambda m: None
                                    "fetched again")
 
 
+def record_skipped(sets: Sequence[Any], bundle: Path) -> None:
+    """`mirror pull --skip-packages`: the lock says which roots were left out, per OS (nothing is fetched)."""
+    lockfile.put_section(bundle, SET_KIND, SETS, [{"os": s.os, "manager": s.manager, "roots": [p.spec for p in s.packages],
+                                                   "skipped": True} for s in sets], [])
+    lockfile.put_section(bundle, KIND, PACKAGES, [], [])
+
+
 def _fetch_all(s: Any, wanted: Sequence[Mapping[str, Any]], out: Path, old: Mapping[str, Mapping[str, Any]],
                ca: Path | None, failed: list[dict[str, str]], say: Say) -> list[dict[str, Any]]:
     got = []

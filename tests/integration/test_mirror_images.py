@@ -113,19 +113,22 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     outputs: list[str] = []
 
     # 1. an image missing upstream: named, non-zero, the bundle marked incomplete, push refuses it
-    rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
+    rc, out, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
     outputs += [out, err]
     assert rc == 4, err
     assert MISSING in err.split("could not be pulled", 1)[1] and "manifest unknown" in err, err
     lock = json.loads((bundle / "bundle.lock.json").read_text())
     assert lock["complete"] is False and [f.get("source") for f in lock["failed"]] == [MISSING]
+    # toolkit.mode host plans the toolkit packages; --skip-packages leaves them out, says so, and the lock lists them
+    assert "OS packages left out (--skip-packages): the nodes install ubuntu22.04: " in err, err
+    assert lock["packages"] == [] and [(s["os"], s["skipped"]) for s in lock["packageSets"]] == [("ubuntu22.04", True)]
     rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
     outputs += [out, err]
     assert rc == 2 and "incomplete" in err and MISSING in err, err
 
     # 2. resume: only the missing image is copied
     upstream[MISSING] = _seed(env, MISSING)
-    rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
+    rc, out, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
     outputs += [out, err]
     assert rc == 0, err
     assert f"1 copied, {len(sources) - 1} already there" in err, err
@@ -161,7 +164,7 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
     assert "B in " in err and "copied" in err  # the summary says how many bytes were copied
 
     # 3. a re-run copies nothing
-    rc, out, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
+    rc, out, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", bundle)
     outputs += [out, err]
     assert rc == 0 and f"0 copied, {len(sources)} already there" in err, err
 
@@ -297,17 +300,17 @@ def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
 
     # default: the linux/amd64 instance, its own digest, pushed as such
     one = env["root"] / "bundle-amd64"
-    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "-q")
     assert rc == 0, err
     assert lock_of(one)["platform"] == "linux/amd64" and digest_in(one) == digests["linux/amd64"]
     # another platform into the same bundle: the lock's platform differs, so everything is copied again
-    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "--platform", "linux/arm64")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", one, "--platform", "linux/arm64")
     assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
     assert lock_of(one)["platform"] == "linux/arm64" and digest_in(one) == digests["linux/arm64"]
 
     # --all-platforms: the index as published, every instance in the layout; pushed whole with the same digest
     every = env["root"] / "bundle-all"
-    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", every, "--all-platforms", "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", every, "--all-platforms", "-q")
     assert rc == 0, err
     assert lock_of(every)["platform"] == "all" and digest_in(every) == digests["all"]
     blobs = {p.name for p in (every / "images" / "blobs" / "sha256").iterdir()}
@@ -342,9 +345,9 @@ def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monke
     pinned_site.write_text(yaml.safe_dump(doc))
     source = multi.source.rsplit(":", 1)[0] + "@" + digests["all"]
     bundle = env["root"] / "bundle-pinned"
-    rc, _, err = cli("mirror", "pull", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "-q")
     assert rc == 4 and f"{source}: pinned by digest to {digests['all']}" in err and "--all-platforms" in err, err
-    rc, _, err = cli("mirror", "pull", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "--all-platforms", "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", pinned_site, "--os", "ubuntu22.04", "-o", bundle, "--all-platforms", "-q")
     assert rc == 0, err
     rc, _, err = cli("mirror", "push", bundle, "-s", pinned_site, "-q")
     assert rc == 0, err
@@ -449,7 +452,7 @@ def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
     exe = str(Path(sys.executable).parent / "gpu-install")
     penv = {**os.environ, "MIRROR_TEST_USER": CANARY_USER, "MIRROR_TEST_PASSWORD": CANARY}
     whole, killed = env["root"] / "bundle-whole", env["root"] / "bundle-killed"
-    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", whole, "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", whole, "-q")
     assert rc == 0, err
 
     def lock_images(bundle: Path) -> list[dict]:
@@ -458,14 +461,14 @@ def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
         except (OSError, ValueError, KeyError):
             return []
 
-    pull = [exe, "mirror", "pull", "-s", str(env["site"]), "--os", "ubuntu22.04", "-o", str(killed), "-j", "1"]
+    pull = [exe, "mirror", "pull", "--skip-packages", "-s", str(env["site"]), "--os", "ubuntu22.04", "-o", str(killed), "-j", "1"]
     gate = env["root"] / "gate"
     ended = _kill_when(pull, _gated(penv, gate, 2),
                        lambda _: (gate / "waiting").exists() and len(lock_images(killed)) >= 1)
     assert ended is None, f"pull finished before it could be killed: {ended}"
     done = len(lock_images(killed))  # what the lock holds after the kill: the truth
     assert done == 1 and json.loads((killed / "bundle.lock.json").read_text())["complete"] is False
-    rc, _, err = cli("mirror", "pull", "-s", env["site"], "--os", "ubuntu22.04", "-o", killed)
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--os", "ubuntu22.04", "-o", killed)
     assert rc == 0 and f"{len(images) - done} copied, {done} already there" in err, err
     digests = {e["source"]: e["digest"] for e in lock_images(killed)}
     assert digests == {e["source"]: e["digest"] for e in lock_images(whole)}
@@ -483,7 +486,7 @@ def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
     doc["registry"]["prefix"] = "killed"
     site = env["root"] / "killed-site.yaml"
     site.write_text(yaml.safe_dump(doc))
-    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
     assert rc == 0, err  # the destinations follow the prefix: the same blobs, a new lock
     push = [exe, "mirror", "push", str(killed), "-s", str(site), "-j", "1"]
     ended = _kill_when(push, _gated(penv, gate, 2), lambda text: (gate / "waiting").exists() and ": done," in text)
@@ -498,7 +501,7 @@ def test_kill_9_mid_pull_and_mid_push_then_resume(env, cli, monkeypatch):
     # a flipped byte in a layer: refused (exit 2, naming the image) before anything is pushed
     doc["registry"]["prefix"] = "tampered"
     site.write_text(yaml.safe_dump(doc))
-    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", site, "--os", "ubuntu22.04", "-o", killed, "-q")
     assert rc == 0, err
     first = lock_images(killed)[0]
     manifest = json.loads((killed / "images" / "blobs" / "sha256" / first["digest"].split(":")[1]).read_bytes())
@@ -528,7 +531,7 @@ def test_incremental_bundle_since_an_older_lock(env, cli, monkeypatch):
     site = env["root"] / "inc-site.yaml"
     site.write_text(yaml.safe_dump(doc))
     old, new = env["root"] / "bundle-old", env["root"] / "bundle-new"
-    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", old, "-q")
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", site, "--os", "ubuntu22.04", "-o", old, "-q")
     assert rc == 0, err
     rc, _, err = cli("mirror", "push", old, "-s", site, "-q")
     assert rc == 0, err
@@ -541,7 +544,7 @@ def test_incremental_bundle_since_an_older_lock(env, cli, monkeypatch):
                               f"docker://{pull_from(changed.source, remap)}"], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, out.stderr
-        rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", new, "--since",
+        rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", site, "--os", "ubuntu22.04", "-o", new, "--since",
                          old / "bundle.lock.json")
         assert rc == 0 and f"1 copied, {len(images) - 1} already there" in err, err
         lock = json.loads((new / "bundle.lock.json").read_text())
@@ -555,7 +558,7 @@ def test_incremental_bundle_since_an_older_lock(env, cli, monkeypatch):
         # another destination prefix: the old lock has none of its destinations, so every image is carried
         fresh = env["root"] / "inc-fresh-site.yaml"
         fresh.write_text(site.read_text().replace("prefix: inc", "prefix: inc-fresh"))
-        rc, _, err = cli("mirror", "pull", "-s", fresh, "--os", "ubuntu22.04", "-o", env["root"] / "bundle-nb",
+        rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", fresh, "--os", "ubuntu22.04", "-o", env["root"] / "bundle-nb",
                          "--since", old / "bundle.lock.json")
         assert rc == 0 and f"{len(images)} copied, 0 already there" in err, err
         rc, _, err = cli("mirror", "push", new, "-s", site, "-q")
