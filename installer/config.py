@@ -356,8 +356,31 @@ class TimeSlicing(_Model):
     renameByDefault: StrictBool = Field(False, description="advertise nvidia.com/gpu.shared instead of nvidia.com/gpu")
 
 
+class Mps(_Model):
+    replicas: StrictInt = Field(0, ge=0, le=48, description="MPS clients per GPU (device plugin v0.15.0+, GPU Operator "
+                                                          "v24.3.0+; at most 48); 0 or 1 = off")
+    renameByDefault: StrictBool = Field(False, description="advertise nvidia.com/gpu.shared instead of nvidia.com/gpu")
+
+
 class DevicePlugin(_Model):
     timeSlicing: TimeSlicing = Field(default_factory=TimeSlicing)
+    mps: Mps = Field(default_factory=Mps, description="share each GPU through CUDA MPS (full GPUs only, not with "
+                                                      "mig.strategy mixed)")
+
+    @model_validator(mode="after")
+    def _one_sharing(self) -> DevicePlugin:
+        if self.timeSlicing.replicas > 1 and self.mps.replicas > 1:
+            raise ValueError("timeSlicing and mps are both on: the device plugin shares a node's GPUs one way; set one "
+                             "of the replicas to 0")
+        return self
+
+    def sharing(self) -> tuple[str, int, bool]:
+        """(method, replicas, renameByDefault) of the sharing in force: ("", 0, False) when none."""
+        if self.mps.replicas > 1:
+            return "mps", self.mps.replicas, self.mps.renameByDefault
+        if self.timeSlicing.replicas > 1:
+            return "timeSlicing", self.timeSlicing.replicas, self.timeSlicing.renameByDefault
+        return "", 0, False
 
 
 class Cdi(_Model):
@@ -950,6 +973,8 @@ mig:
 devicePlugin:
   timeSlicing:
     replicas: 0             # >1 shares each GPU between that many pods
+  mps:
+    replicas: 0             # >1: CUDA MPS, that many clients per GPU (v24.3.0+; not with timeSlicing or MIG mixed)
 
 cdi:
   enabled: null             # null: release default

@@ -18,7 +18,8 @@ from installer.config import Registry, Site
 from installer.errors import ConfigError
 
 TIME_SLICING_CONFIGMAP = "time-slicing-config"
-TIME_SLICING_KEY = "any"
+TIME_SLICING_KEY = "any"  # the config's key in the ConfigMap (time-slicing and MPS alike)
+MPS_CONFIGMAP = "mps-config"
 
 
 @dataclass(frozen=True)
@@ -329,25 +330,34 @@ def _render_mig(site: Site, release: Release, values: dict[str, Any]) -> None:
 
 
 def _render_device_plugin(site: Site, release: Release, values: dict[str, Any]) -> None:
-    ts = site.devicePlugin.timeSlicing
-    if ts.replicas <= 1:
+    """GPU sharing through the device plugin's config (a ConfigMap the chart creates): time-slicing, or CUDA MPS
+    (device plugin v0.15.0+: GPU Operator v24.3.0+, whose chart sets the plugin's MPS root, devicePlugin.mps.root)."""
+    method, replicas, rename = site.devicePlugin.sharing()
+    if not method:
         return
-    _require(release, "devicePlugin.config.create", "devicePlugin.timeSlicing",
+    field_name = f"devicePlugin.{method}"
+    _require(release, "devicePlugin.config.create", field_name,
              "a chart-created device plugin config needs v22.9.1 or newer")
+    if method == "mps":
+        _require(release, "devicePlugin.mps.root", field_name,
+                 "MPS sharing needs device plugin v0.15.0, first pinned by v24.3.0")
+        if site.mig.strategy == "mixed":
+            raise ConfigError("devicePlugin.mps: the device plugin refuses MPS with mig.strategy mixed (MPS shares "
+                              "full GPUs only)", hint="use mig.strategy single or none, or devicePlugin.timeSlicing")
     import yaml
 
     config = {
         "version": "v1",
         "flags": {"migStrategy": site.mig.strategy},
         "sharing": {
-            "timeSlicing": {
-                "renameByDefault": ts.renameByDefault,
-                "resources": [{"name": "nvidia.com/gpu", "replicas": ts.replicas}],
+            method: {
+                "renameByDefault": rename,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
             }
         },
     }
     _set(values, "devicePlugin.config.create", True)
-    _set(values, "devicePlugin.config.name", TIME_SLICING_CONFIGMAP)
+    _set(values, "devicePlugin.config.name", TIME_SLICING_CONFIGMAP if method == "timeSlicing" else MPS_CONFIGMAP)
     _set(values, "devicePlugin.config.default", TIME_SLICING_KEY)
     _set(values, "devicePlugin.config.data", {TIME_SLICING_KEY: yaml.safe_dump(config, sort_keys=False)})
 

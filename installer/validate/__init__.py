@@ -137,8 +137,9 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
             if progress:
                 progress(f"cluster: {len(nodes)} GPU node(s)")
             report.add(*node_checks)
-            ts = plan.site.devicePlugin.timeSlicing
-            report.add(*cluster.count_checks(objs, facts, ts.replicas, ts.renameByDefault))
+            method, replicas, rename = plan.site.devicePlugin.sharing()
+            report.add(*cluster.count_checks(objs, facts, replicas, rename,
+                                             "MPS" if method == "mps" else "time-slicing"))
             report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
         if "smoke" in layers:
             report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))

@@ -143,10 +143,12 @@ def operator_checks(core: Any, custom: Any, namespace: str, registry_host: str,
     return out
 
 
-def count_checks(node_objs: dict[str, Any], facts: dict[str, Any], replicas: int = 0, rename: bool = False) -> list[Check]:
+def count_checks(node_objs: dict[str, Any], facts: dict[str, Any], replicas: int = 0, rename: bool = False,
+                 method: str = "time-slicing") -> list[Check]:
     """Per GPU node the node layer read (facts: node -> NvidiaSmi): the device plugin advertises as many GPUs as
-    nvidia-smi counted (x the time-slicing replicas; nvidia.com/gpu.shared when renamed), and GFD's labels, where
-    present, agree (nvidia.com/gpu.count, nvidia.com/gpu.product). Nodes with MIG on are the MIG layer's."""
+    nvidia-smi counted (x the sharing replicas, time-slicing or MPS; nvidia.com/gpu.shared when renamed), and GFD's
+    labels, where present, agree (nvidia.com/gpu.count, nvidia.com/gpu.product). Nodes with MIG on are the MIG
+    layer's."""
     out = []
     shared = replicas > 1
     resource = f"{GPU}.shared" if shared and rename else GPU
@@ -162,12 +164,13 @@ def count_checks(node_objs: dict[str, Any], facts: dict[str, Any], replicas: int
             have = int((node.status.capacity or {}).get(resource, "0"))
         except ValueError:
             have = 0
-        times = f" x {replicas} time-slicing replicas" if shared else ""
+        times = f" x {replicas} {method} replicas" if shared else ""
         out.append(_check("cluster.gpu-count", name, have == want,
                           f"{have} {resource} in capacity, nvidia-smi counts {n} GPU(s){times}" if have != want else
                           f"{have} {resource} = {n} GPU(s){times}",
                           "the device plugin sees other GPUs than the driver: restart its pod on the node; with "
-                          "time-slicing, check devicePlugin.timeSlicing in the site file against the plugin's config"))
+                          "sharing, check devicePlugin.timeSlicing / devicePlugin.mps in the site file against the "
+                          "plugin's config"))
         labels = node.metadata.labels or {}
         problems = []
         if labels.get("nvidia.com/gpu.count") not in (None, str(n)):

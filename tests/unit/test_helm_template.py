@@ -64,3 +64,22 @@ def test_helm_template_catches_an_unrewritten_image():
 
     pairs = images_and_secrets(template(CHART, {}))
     assert any(not img.startswith("registry.lab:5000/") for img, _ in pairs)
+
+
+def test_real_chart_creates_the_mps_config():
+    """NVIDIA's real v24.9.2 chart (../shared/upstream/charts) renders the device plugin ConfigMap our MPS values ask
+    for and points the ClusterPolicy's device plugin at it (the MPS root is the operator's own default there)."""
+    from installer.helm import template
+    from tests.conftest import UPSTREAM
+
+    chart = UPSTREAM.parent / "charts" / "gpu-operator-v24.9.2.tgz"
+    need(chart.is_file(), f"the real chart is not at {chart}")
+    site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
+                       "devicePlugin": {"mps": {"replicas": 3}}})
+    resources = template(chart, plan_of(site).values)
+    (cm,) = [r for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == "mps-config"]
+    assert yaml.safe_load(cm["data"]["any"])["sharing"]["mps"]["resources"] == [{"name": "nvidia.com/gpu",
+                                                                                   "replicas": 3}]
+    (policy,) = [r for r in resources if r["kind"] == "ClusterPolicy"]
+    plugin = policy["spec"]["devicePlugin"]
+    assert plugin["config"] == {"name": "mps-config", "default": "any"}

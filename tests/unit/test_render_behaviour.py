@@ -93,6 +93,29 @@ def test_time_slicing_config_map():
         values_of(site("v22.9.0", devicePlugin={"timeSlicing": {"replicas": 2}}))
 
 
+def test_mps_config_map():
+    """CUDA MPS through the same chart-created device plugin config (device plugin v0.15.0+, v24.3.0+)."""
+    v = values_of(site(devicePlugin={"mps": {"replicas": 4, "renameByDefault": True}}, mig={"strategy": "single"}))
+    cfg = v["devicePlugin"]["config"]
+    assert cfg["create"] is True and cfg["default"] == "any" and cfg["name"] == "mps-config"
+    inner = yaml.safe_load(cfg["data"]["any"])
+    assert inner["sharing"] == {"mps": {"renameByDefault": True,
+                                        "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
+    assert inner["flags"]["migStrategy"] == "single"
+    assert "config" not in values_of(site(devicePlugin={"mps": {"replicas": 1}})).get("devicePlugin", {})
+    # v23.9.2 pins device plugin v0.14.x: no MPS there
+    with pytest.raises(ConfigError, match=r"devicePlugin.mps: not available in GPU Operator v23.9.2: MPS sharing "
+                                          r"needs device plugin v0.15.0"):
+        values_of(site("v23.9.2", devicePlugin={"mps": {"replicas": 2}}))
+    # the device plugin refuses MPS with MIG mixed, and one sharing method at a time
+    with pytest.raises(ConfigError, match="refuses MPS with mig.strategy mixed"):
+        values_of(site(devicePlugin={"mps": {"replicas": 2}}, mig={"strategy": "mixed"}))
+    with pytest.raises(ConfigError, match="timeSlicing and mps are both on"):
+        site(devicePlugin={"mps": {"replicas": 2}, "timeSlicing": {"replicas": 2}})
+    with pytest.raises(ConfigError, match="devicePlugin.mps.replicas"):
+        site(devicePlugin={"mps": {"replicas": 49}})
+
+
 def test_mig_config_is_checked_against_the_release():
     assert values_of(site(mig={"config": "all-1g.10gb"}))["migManager"]["config"]["default"] == "all-1g.10gb"
     with pytest.raises(ConfigError, match=r"mig.config: all-1g.11gb is not in .*nearest: .*all-1g.10gb"):

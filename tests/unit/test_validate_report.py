@@ -223,5 +223,7 @@ def test_gpu_count_and_gfd_labels_against_real_nvidia_smi_documents():
     shared = _gfd_node("g1", {"nvidia.com/gpu.shared": str(4 * n)}, {"nvidia.com/gpu.product": "NVIDIA-A10G-SHARED"})
     (ts,) = count_checks({"g1": shared}, {"g1": a10g}, replicas=4, rename=True)
     assert ts.status == "pass" and "x 4 time-slicing replicas" in ts.message
+    (mps,) = count_checks({"g1": shared}, {"g1": a10g}, replicas=4, rename=True, method="MPS")
+    assert mps.status == "pass" and "x 4 MPS replicas" in mps.message
     assert count_checks({"m1": _gfd_node("m1", {"nvidia.com/mig-1g.5gb": "7"})}, {"m1": mig}) == []
     assert count_checks({}, {"gone": a10g}) == []
