@@ -27,6 +27,7 @@ import ssl
 import subprocess
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -134,10 +135,13 @@ def _pull_chart(c: Any, dest: Path, ca: Path | None, env: Mapping[str, str]) -> 
     return None
 
 
-def _fetch(source: str, dest: Path, ca: Path | None) -> None:
-    """A file from an http(s) URL (the system CAs and ca trusted) or a path on this machine, into dest atomically."""
+def fetch(source: str, dest: Path, ca: Path | None) -> None:
+    """A file from an http(s) URL (the system CAs and ca trusted), a file: URL (apt names local archives so) or a path
+    on this machine, into dest atomically (through a .part name: a killed fetch leaves no half file under dest)."""
     tmp = dest.with_name(f".{dest.name}.part")
-    if source.startswith(("http://", "https://")):
+    if source.startswith("file:"):
+        shutil.copyfile(urllib.parse.unquote(urllib.parse.urlparse(source).path), tmp)
+    elif source.startswith(("http://", "https://")):
         ctx = ssl.create_default_context()
         if ca:
             ctx.load_verify_locations(cafile=str(ca))
@@ -186,7 +190,7 @@ def pull(plan: Any, charts: Sequence[Any], files: Sequence[Any], bundle: Path, s
         dest.parent.mkdir(exist_ok=True)
         say(f"file {f.name}: from {f.source}")
         try:
-            _fetch(f.source, dest, ca)
+            fetch(f.source, dest, ca)
         except (OSError, ValueError, ssl.SSLError) as exc:
             failed["file"].append({"ref": f.source, "error": str(getattr(exc, "reason", None) or exc)})
             say(f"file {f.name}: FAILED: {exc}")

@@ -45,6 +45,7 @@ from typing import Any
 
 from installer.errors import ConfigError, EnvironmentProblem, HostFailures
 from installer.mirror import bundle as lockfile
+from installer.mirror.charts import fetch
 from installer.util import atomic_write, sha256_file
 
 PACKAGES, SETS, BASE = "packages", "packageSets", "packageBase"
@@ -231,20 +232,6 @@ def _dnf_resolve(s: Any, sources: Sequence[Any], ca: Path | None, work: Path, de
 # ---------------------------------------------------------------- fetch and check
 
 
-def _fetch(uri: str, dest: Path, ca: Path | None) -> None:
-    """A package from http(s):// or file: (apt writes file:/path) into dest, through a .part name."""
-    tmp = dest.with_name(f".{dest.name}.part")
-    if uri.startswith("file:"):
-        shutil.copyfile(urllib.parse.unquote(urllib.parse.urlparse(uri).path), tmp)
-    else:
-        ctx = ssl.create_default_context()
-        if ca:
-            ctx.load_verify_locations(cafile=str(ca))
-        with urllib.request.urlopen(uri, timeout=120, context=ctx) as resp, open(tmp, "wb") as out:  # noqa: S310
-            shutil.copyfileobj(resp, out, 1 << 20)
-    os.replace(tmp, dest)
-
-
 @contextlib.contextmanager
 def _rpm_keyring(keys: Sequence[Path]) -> Iterator[Path]:
     """A throw-away rpm database that trusts exactly these keys."""
@@ -395,7 +382,7 @@ def _fetch_all(s: Any, wanted: Sequence[Mapping[str, Any]], out: Path, old: Mapp
             continue
         if s.manager == "dnf" or not dest.is_file():  # apt fetched and checked its files already
             try:
-                _fetch(str(w["uri"]), dest, ca)
+                fetch(str(w["uri"]), dest, ca)
             except (OSError, ValueError, ssl.SSLError) as exc:
                 failed.append({"ref": f"{s.os}/{name}", "error": f"{w['uri']}: {getattr(exc, 'reason', None) or exc}"})
                 say(f"packages {s.os}: {name}: FAILED: {exc}")
