@@ -391,14 +391,13 @@ class SandboxWorkloads(_Model):
     enabled: StrictBool = Field(False, description="VM workloads (KubeVirt/Kata): deploys and mirrors the sandbox components")
 
 
-class ComponentOverride(_Model):
+class ImageOverride(_Model):
     version: VersionText | None = Field(None, description="image tag or sha256 digest", json_schema_extra=rules(
         {"pattern": rf"^(?:{TAG}|{DIGEST})$"}, integer={"minimum": 0}))
     repository: str | None = Field(None, description="upstream source repository (mapped by registry.layout)",
                                    json_schema_extra=rules({"pattern": REPOSITORY, "maxLength": 255}))
     image: str | None = Field(None, description="image name inside the repository", pattern=rf"^{PATH_COMPONENT}$",
                               json_schema_extra=rules({"pattern": rf"^{PATH_COMPONENT}$"}))
-    enabled: StrictBool | None = None
 
     @field_validator("version")
     @classmethod
@@ -409,6 +408,10 @@ class ComponentOverride(_Model):
     @classmethod
     def _repository(cls, v: str | None) -> str | None:
         return None if v is None else repository_ref(v)
+
+
+class ComponentOverride(ImageOverride):
+    enabled: StrictBool | None = None
 
 
 class ManagedResource(_Model):
@@ -522,6 +525,107 @@ class Scheduler(_Model):
         if v and self.format == "policy" and kubernetes_minor(v) >= (1, 23):
             raise ValueError(f"format: policy is gone from Kubernetes 1.23 (kubernetesVersion {v}); use auto or config")
         return self
+
+
+#: a label key as Kubernetes takes it: [DNS-subdomain prefix/]name
+LABEL_KEY = (r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def vcuda_request(core: int, memory: int, where: str = "") -> None:
+    """A tencent.com/vcuda-core / vcuda-memory request GPUManager can grant, else ValueError saying why: 100 cores are
+    one GPU, below 100 a share of one GPU (then memory, in 256 MiB units, must be given), from 100 whole GPUs only in
+    multiples of 100 (gpu-manager refuses 150 at admission: "cores are greater than 100, must be multiple of 100")."""
+    at = f"{where}: " if where else ""
+    if core < 1:
+        raise ValueError(f"{at}tencent.com/vcuda-core {core}: must be at least 1 (100 = one GPU)")
+    if core > 100 and core % 100:
+        raise ValueError(f"{at}tencent.com/vcuda-core {core} is not possible: below 100 it is a share of one GPU, "
+                         f"above 100 only whole GPUs in multiples of 100 (use {core // 100 * 100} or "
+                         f"{(core // 100 + 1) * 100}, or a share below 100)")
+    if core < 100 and memory < 1:
+        raise ValueError(f"{at}a GPU share (tencent.com/vcuda-core {core} < 100) needs tencent.com/vcuda-memory >= 1 "
+                         "(256 MiB units): gpu-manager refuses a share without memory")
+
+
+class VcudaRequest(_Model):
+    core: StrictInt = Field(50, description="tencent.com/vcuda-core of validate's smoke pod: below 100 a share of one "
+                            "GPU, 100 one GPU, above only multiples of 100", json_schema_extra=rules(minimum=1))
+    memory: StrictInt = Field(4, description="tencent.com/vcuda-memory of validate's smoke pod, in 256 MiB units",
+                              json_schema_extra=rules(minimum=0))
+
+    @model_validator(mode="after")
+    def _possible(self) -> VcudaRequest:
+        vcuda_request(self.core, self.memory)
+        return self
+
+
+class GpuManager(_Model):
+    """tkestack GPUManager (vGPU by CUDA interception) and its scheduler extender gpu-quota-admission."""
+
+    namespace: str = Field("kube-system", description="namespace of gpu-manager and gpu-quota-admission",
+                           json_schema_extra=rules({"pattern": DNS_LABEL}))
+    manager: ImageOverride = Field(default_factory=ImageOverride,
+                                   description="gpu-manager image (default: values/sharing/gpumanager.yaml)")
+    admission: ImageOverride = Field(default_factory=ImageOverride,
+                                     description="gpu-quota-admission image (default: values/sharing/gpumanager.yaml)")
+    cgroupDriver: Literal["cgroupfs", "systemd"] = Field(
+        "cgroupfs", description="the kubelet's cgroup driver on the GPU nodes (gpu-manager finds pods' cgroups by it)")
+    runtimeEndpoint: str | None = Field(
+        None, description="CRI socket path gpu-manager talks to; default: /var/run/containerd/containerd.sock "
+        "(containerd), /var/run/dockershim.sock (docker)", json_schema_extra=rules({"pattern": r"^/[^\s]*$"}))
+    extenderUrl: str | None = Field(
+        None, description="URL kube-scheduler calls the extender at; default: "
+        "http://gpu-quota-admission.<namespace>.svc:3456/scheduler", json_schema_extra=rules({"pattern": URL_PREFIX}))
+    quotaConfigMapName: str = Field("gpuquota", description="ConfigMap with the per-namespace GPU quota (key gpu_quota)",
+                                    json_schema_extra=rules({"pattern": DNS_LABEL}))
+    quotaConfigMapNamespace: str = Field("kube-system", description="namespace of that ConfigMap",
+                                         json_schema_extra=rules({"pattern": DNS_LABEL}))
+    gpuModelLabel: str = Field("gaia.tencent.com/gpu-model", description="node label holding the GPU model",
+                               json_schema_extra=rules({"pattern": LABEL_KEY}))
+    gpuPoolLabel: str = Field("gaia.tencent.com/gpu-pool", description="node label holding the GPU pool",
+                              json_schema_extra=rules({"pattern": LABEL_KEY}))
+    logLevel: StrictInt = Field(4, ge=0, le=10, description="klog verbosity of both components")
+    smoke: VcudaRequest = Field(default_factory=VcudaRequest, description="what validate's fractional smoke pod asks")
+
+    @field_validator("namespace", "quotaConfigMapName", "quotaConfigMapNamespace")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
+            raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
+        return v
+
+    @field_validator("gpuModelLabel", "gpuPoolLabel")
+    @classmethod
+    def _label_key(cls, v: str) -> str:
+        if not re.fullmatch(LABEL_KEY, v):
+            raise ValueError(f"{v!r} is not a label key such as gaia.tencent.com/gpu-model")
+        return v
+
+    @field_validator("runtimeEndpoint")
+    @classmethod
+    def _socket(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if v.startswith("unix://"):
+            raise ValueError(f"{v!r}: gpu-manager dials a plain socket path; drop the unix:// prefix")
+        if not re.fullmatch(r"/[^\s]*", v):
+            raise ValueError(f"{v!r} is not an absolute socket path such as /var/run/containerd/containerd.sock")
+        return v
+
+    @field_validator("extenderUrl")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", v):
+            raise ValueError(f"{v!r} is not an http(s) URL such as http://gpu-quota-admission.kube-system.svc:3456/scheduler")
+        return v
+
+
+class Sharing(_Model):
+    mode: Literal["none", "gpumanager"] = Field(
+        "none", description="none | gpumanager: tkestack GPUManager on every GPU node (tencent.com/vcuda-core/-memory), "
+        "its extender gpu-quota-admission wired into kube-scheduler")
+    gpumanager: GpuManager = Field(default_factory=GpuManager, description="settings of sharing.mode gpumanager")
 
 
 def chart_repository(v: str) -> str:
@@ -707,6 +811,7 @@ class Site(_Model):
         default_factory=dict, description="extra Helm values merged last (checked against the release's keys)"
     )
     scheduler: Scheduler = Field(default_factory=Scheduler, description="kube-scheduler extenders (control plane)")
+    sharing: Sharing = Field(default_factory=Sharing, description="GPU sharing by a component of its own (GPUManager)")
     mirror: Mirror = Field(default_factory=Mirror,
                            description="gpu-install mirror: where the chart and the images come from")
     packages: Packages = Field(default_factory=Packages,
@@ -999,6 +1104,13 @@ scheduler:                  # kube-scheduler extenders, patched into its static 
   #    managedResources: [{name: nvidia.com/gpu, ignoredByScheduler: false}]
   format: auto              # auto (Policy below 1.23, KubeSchedulerConfiguration from 1.23) | policy | config
   kubernetesVersion: null   # null: read from the kube-scheduler image tag in the manifest
+
+sharing:                    # GPU sharing by a component of its own (docs/sharing.md)
+  mode: none                # none | gpumanager (tkestack GPUManager: tencent.com/vcuda-core, vcuda-memory)
+  # gpumanager:
+  #   namespace: kube-system
+  #   cgroupDriver: cgroupfs          # the kubelet's cgroup driver on the GPU nodes: cgroupfs | systemd
+  #   smoke: {core: 50, memory: 4}    # validate's fractional pod: half a GPU, 1 GiB (256 MiB units)
 
 mirror:                     # gpu-install mirror (connected side): where the artifacts come from
   chartRepository: https://helm.ngc.nvidia.com/nvidia   # or oci://registry.example.com:5000/charts

@@ -66,6 +66,16 @@ def mig_models_file() -> Path:
     return root() / "values" / "mig" / "models.yaml"
 
 
+def sharing_pins_file(mode: str) -> Path:
+    """values/sharing/<mode>.yaml: the pinned images of a sharing mode."""
+    return root() / "values" / "sharing" / f"{mode}.yaml"
+
+
+def chart_dir(name: str) -> Path:
+    """charts/<name>: a Helm chart of gpu-install's own (e.g. gpu-manager for sharing.mode gpumanager)."""
+    return root() / "charts" / name
+
+
 def fqcn(name: str) -> str:
     """gpu_install.node.<name>: how playbooks, roles and tests name the collection's roles and modules."""
     return f"{COLLECTION}.{name}"

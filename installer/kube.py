@@ -356,8 +356,9 @@ def node_labels(client: ApiClient, names: list[str]) -> dict[str, dict[str, str]
     return out
 
 
-def set_node_label(client: ApiClient, name: str, key: str, value: str) -> None:
-    """Set one label on a Node (a strategic-merge patch of metadata.labels: other labels untouched)."""
+def set_node_label(client: ApiClient, name: str, key: str, value: str | None) -> None:
+    """Set one label on a Node, or remove it with value None (a strategic-merge patch of metadata.labels: other
+    labels untouched)."""
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 

@@ -120,8 +120,8 @@ def _nodes_detail(res: RunResult) -> str:
 
 def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: Summary,
               display: Display | None = None) -> Summary:
-    """preflight → nodes → operator → mig; raises the first stage's error after recording it in summary."""
-    from installer import operator
+    """preflight → nodes → operator → sharing → mig; raises the first stage's error after recording it in summary."""
+    from installer import operator, sharing
 
     say = _say(display)
     site = plan.site
@@ -135,6 +135,10 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
             note = operator.check_cluster(plan, prepared.kubeconfig)
             if note:
                 say(f"note: {note}")
+            if sharing.enabled(site):  # GPUs already advertised by something else; docker on 1.24+ (exit 3)
+                from installer import kube
+
+                sharing.check_cluster(plan, kube.api_client(prepared.kubeconfig), site.operator.namespace)
             if op.mirror_check:  # every image the operator stage deploys is in the site registry (read-only)
                 from installer.mirror.verify import for_apply
 
@@ -161,6 +165,8 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
 
     if skip_reason or prepared is None:
         summary.add("operator", "skipped", skip_reason or "")
+        if sharing.enabled(site):
+            summary.add("sharing", "skipped", "runs with the operator stage")
         summary.add("mig", "skipped", "runs with the operator stage")
         summary.add("validate", "skipped", "runs after the operator stage: run `gpu-install validate` once the "
                                            "operator is up" if op.validate else "--skip-validate")
@@ -180,9 +186,18 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
             summary.add("operator", "changed" if done.changed else "unchanged", done.lines()[-2])
     except GpuInstallError as exc:
         summary.add("operator", "FAILED", exc.message[:300])
+        if sharing.enabled(site):
+            summary.add("sharing", "not run")
         summary.add("mig", "not run")
         summary.add("validate", "not run")
         raise
+    if sharing.enabled(site):
+        try:
+            run_sharing(plan, run.check, op, prepared.kubeconfig, summary, say)
+        except GpuInstallError:
+            summary.add("mig", "not run")
+            summary.add("validate", "not run")
+            raise
     if not plan.mig:
         summary.add("mig", "skipped", "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)")
     else:
@@ -228,6 +243,26 @@ def run_validate(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, kubecon
                                  hint="fix them and run `gpu-install validate` (apply again where the fix says so)")
 
 
+def run_sharing(plan: Plan, check: bool, op: OperatorOptions, kubeconfig: Any, summary: Summary,
+                say: Progress) -> None:
+    """sharing.mode gpumanager: the gpu-manager release and the node label (installer.sharing); check mode: what
+    would change."""
+    from installer import sharing
+
+    say("stage sharing: gpu-manager + gpu-quota-admission" + (" (check mode)" if check else ""))
+    try:
+        if check:
+            changed, what = sharing.preview(plan, kubeconfig)
+            summary.add("sharing", "would change" if changed else "unchanged", what)
+            return
+        rep = sharing.install(plan, kubeconfig, timeout=op.timeout, wait=op.wait,
+                              progress=lambda m: say(f"sharing: {m}"))
+    except GpuInstallError as exc:
+        summary.add("sharing", "FAILED", exc.message[:300])
+        raise
+    summary.add("sharing", "changed" if rep.changed else "unchanged", "; ".join(rep.lines()[:2]))
+
+
 def run_mig(plan: Plan, check: bool, kubeconfig: str, summary: Summary, say: Progress) -> None:
     """Label the GPU nodes nvidia.com/mig.config (installer.mig: every node checked before any is labelled);
     in check mode only report what would be set."""
@@ -255,6 +290,12 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
     out: list[str] = []
     if skipped:
         out.append(f"not the GPU Operator release: {skipped}")
+    if op.enabled and site.sharing.mode == "gpumanager":
+        g = site.sharing.gpumanager
+        out.append(f"Helm release gpu-manager (gpu-manager, gpu-quota-admission) in namespace {g.namespace}, the node "
+                   "label nvidia-device-enable from the GPU nodes"
+                   + (f", pull Secret {g.namespace}/{site.registry.pullSecret.name} (only if gpu-install made it)"
+                      if site.registry.pullSecret and g.namespace != site.operator.namespace else ""))
     if op.enabled:
         ns, rel = site.operator.namespace, site.operator.releaseName
         out.append(f"Helm release {rel} and its resources in namespace {ns}")
@@ -307,7 +348,7 @@ def removed_packages(res: RunResult) -> dict[str, list[str]]:
 
 def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: bool, summary: Summary,
                   display: Display | None = None) -> Summary:
-    from installer import kube, operator
+    from installer import kube, operator, sharing
 
     say = _say(display)
     skip_reason = operator_selected(run, op, plan.limit)
@@ -325,6 +366,16 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
             raise _with_skip_hint(exc) from None
     for line in todo:
         say(f"uninstall: {line}")
+    if op.enabled and sharing.enabled(plan.site):
+        assert kubeconfig is not None
+        try:
+            done = sharing.uninstall(plan, kubeconfig, timeout=op.timeout, progress=lambda m: say(f"sharing: {m}"))
+            summary.add("sharing", "removed" if done else "unchanged", "; ".join(done) or "nothing of it was there")
+        except GpuInstallError as exc:
+            summary.add("sharing", "FAILED", exc.message[:300])
+            summary.add("operator", "not run")
+            summary.add("nodes", "not run")
+            raise
     if op.enabled:
         try:
             rep = operator.uninstall(plan, kubeconfig, yes=True, delete_namespace=op.delete_namespace,

@@ -105,9 +105,11 @@ class Plan:
     @cached_property
     def images(self) -> tuple[Image, ...]:
         """Every image the deployed components pull (driver tags per node OS); fails closed."""
+        from installer import sharing
         from installer.artifacts import images
 
-        return tuple(images(self.site, self.release, self.components.values(), self.values, self.nodes))
+        return tuple(sorted([*images(self.site, self.release, self.components.values(), self.values, self.nodes),
+                             *sharing.images(self.site)]))
 
     def artifacts(self, kernels: Sequence[str] = ()) -> ArtifactPlan:
         """What an air-gapped site must hold: these images, the chart, the runfile, the OS package roots per node OS
@@ -137,7 +139,7 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
             facts: Sequence[Node] | None = None) -> Plan:
     """The one place the site, the catalog and the inventory meet; raises ConfigError (exit 2) on any mismatch.
     facts: GPU nodes already known without an inventory (instead of --os/--kernel)."""
-    from installer import mig
+    from installer import mig, sharing
     from installer.render.role_vars import role_vars
     from installer.render.values import build_values, resolve_components
 
@@ -153,12 +155,14 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
                               hint="set gpu_install_os / gpu_install_kernel in the inventory instead")
         inventory = load_inventory(opts.inventory, opts.limit)
         gpu_vars = gpu_host_vars(inventory)
-        if site.scheduler.extenders and not inventory.all_groups.get(CONTROL_PLANE_GROUP):
+        if sharing.extenders(site) and not inventory.all_groups.get(CONTROL_PLANE_GROUP):
+            why = "scheduler.extenders are" if site.scheduler.extenders else \
+                "sharing.mode gpumanager wires gpu-quota-admission as an extender"
             raise ConfigError(
                 f"inventory {inventory.path}: group '{CONTROL_PLANE_GROUP}' is missing or empty, and the scheduler "
-                "stage needs it: scheduler.extenders are patched into kube-scheduler on those hosts",
+                f"stage needs it: {why} patched into kube-scheduler on those hosts",
                 hint=f"add the control-plane hosts to group {CONTROL_PLANE_GROUP} (see inventories/sample/hosts.yml), "
-                     "or drop scheduler.extenders")
+                     "or drop scheduler.extenders / sharing.mode")
         nodes = tuple(node_from_vars(name, hv) for name, hv in gpu_vars)
         assignments = tuple(mig.assignments(site, gpu_vars))
     else:

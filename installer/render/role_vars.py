@@ -41,13 +41,17 @@ def _toolkit_version(site: Site, release: Release) -> str:
 
 def role_vars(site: Site, release: Release) -> dict[str, Any]:
     """The variables Python hands to the roles (each declared in a role's meta/argument_specs.yml)."""
+    from installer import sharing
+
     host_toolkit = site.toolkit.mode == "host"  # operator mode: the toolkit container configures the runtime
-    nvidia_default = site.cdi.enabled is not True  # with CDI, pods pick the runtime through a RuntimeClass
+    # with CDI, pods pick the runtime through a RuntimeClass; GPUManager needs plain runc as the default (installer.sharing)
+    nvidia_default = site.cdi.enabled is not True and not sharing.enabled(site)
     trust = bool(site.registry.ca or site.registry.insecure)
     return {
         "gpu_install_action": "deploy",
         "preflight_runtime": site.runtime,
         "preflight_driver_mode": site.driver.mode,
+        "preflight_sharing_mode": site.sharing.mode,
         "docker_runtime_enabled": site.runtime == "docker" and host_toolkit,
         "docker_runtime_default_runtime": "nvidia" if nvidia_default else "",
         "docker_runtime_insecure_registries": [site.registry.host] if site.registry.insecure else [],
@@ -80,9 +84,9 @@ def role_vars(site: Site, release: Release) -> dict[str, Any]:
         "package_repo_key_src": str(Path(site.packages.key).expanduser().absolute()) if site.packages.key else "",
         "nvidia_container_toolkit_enabled": host_toolkit,
         **({"nvidia_container_toolkit_version": _toolkit_version(site, release)} if host_toolkit else {}),
-        # control plane: no extenders -> the role does nothing
+        # control plane: no extenders -> the role does nothing; sharing.mode gpumanager adds gpu-quota-admission's
         "scheduler_policy_extenders": [e.model_dump(exclude_none=True, exclude_defaults=True) | {"urlPrefix": e.urlPrefix}
-                                       for e in site.scheduler.extenders],
+                                       for e in sharing.extenders(site)],
         "scheduler_policy_format": site.scheduler.format,
         "scheduler_policy_kubernetes_version": site.scheduler.kubernetesVersion or "",
     }

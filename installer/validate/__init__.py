@@ -137,9 +137,13 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
             if progress:
                 progress(f"cluster: {len(nodes)} GPU node(s)")
             report.add(*node_checks)
-            method, replicas, rename = plan.site.devicePlugin.sharing()
-            report.add(*cluster.count_checks(objs, facts, replicas, rename,
-                                             "MPS" if method == "mps" else "time-slicing"))
+            if plan.site.sharing.mode == "gpumanager":  # gpu-manager: 100 tencent.com/vcuda-core per GPU
+                report.add(*cluster.count_checks(objs, facts, 100, False, "vcuda-core (gpu-manager)",
+                                                 resource=cluster.VCUDA_CORE))
+            else:
+                method, replicas, rename = plan.site.devicePlugin.sharing()
+                report.add(*cluster.count_checks(objs, facts, replicas, rename,
+                                                 "MPS replicas" if method == "mps" else "time-slicing replicas"))
             report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
         if "smoke" in layers:
             report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))
@@ -176,15 +180,23 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
         return [Check("smoke", "smoke.gpu-pod", n, "fail", f"namespace {ns} does not exist",
                       "install the operator first (gpu-install apply / operator install): the smoke pods run in its "
                       "namespace, with its pull Secret") for n in nodes]
+    g = plan.site.sharing.gpumanager
+    gpumanager = plan.site.sharing.mode == "gpumanager"
     targets, out = [], []
     for n in nodes:
         if n not in objs:
             out.append(Check("smoke", "smoke.gpu-pod", n, "skip", f"no Node {n} (cluster layer: node-present)"))
             continue
+        if gpumanager:
+            targets.append(smoke.Target(n, f"{cluster.VCUDA_CORE} {g.smoke.core}",
+                                        limits={cluster.VCUDA_CORE: str(g.smoke.core),
+                                                "tencent.com/vcuda-memory": str(g.smoke.memory)}))
+            continue
         res = cluster.gpu_resources(objs[n].status.allocatable) or cluster.gpu_resources(objs[n].status.capacity)
         resource = cluster.GPU if cluster.GPU in res or not res else sorted(res)[0]
         targets.append(smoke.Target(n, resource))
-    rc = runtime_class(client, plan.effective("operator.runtimeClass") or "nvidia")
+    # gpu-manager containers run with plain runc: it mounts the driver and its CUDA interception itself
+    rc = None if gpumanager else runtime_class(client, plan.effective("operator.runtimeClass") or "nvidia")
     out += smoke.run(core, ns, targets, smi, vector, secret, rc, timeout=timeout, keep_failed=keep_failed,
                      progress=progress)
     return out

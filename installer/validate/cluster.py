@@ -12,13 +12,14 @@ from installer.validate.report import CLUSTER, Check, Status
 LAYER = "cluster"
 GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
+VCUDA_CORE = "tencent.com/vcuda-core"  # sharing.mode gpumanager: 100 per GPU
 
 
 def gpu_resources(allocatable: dict[str, str] | None) -> dict[str, int]:
-    """{nvidia.com/gpu | nvidia.com/mig-<profile>: count} with count > 0."""
+    """{nvidia.com/gpu | nvidia.com/mig-<profile> | tencent.com/vcuda-core: count} with count > 0."""
     out = {}
     for k, v in (allocatable or {}).items():
-        if k == GPU or k.startswith(MIG_PREFIX):
+        if k in (GPU, VCUDA_CORE) or k.startswith(MIG_PREFIX):
             try:
                 n = int(v)
             except ValueError:
@@ -71,10 +72,11 @@ def node_checks(node_objs: dict[str, Any], names: list[str]) -> list[Check]:
                               "and the node layer's findings; drain and reset the GPU or reboot the node"))
         else:
             out.append(_check("cluster.gpu-allocatable", name, False,
-                              f"no {GPU} or {MIG_PREFIX}* advertised",
-                              "the NVIDIA device plugin is not running on this node: check the operator's "
+                              f"no {GPU}, {MIG_PREFIX}* or {VCUDA_CORE} advertised",
+                              "the device plugin is not running on this node: check the operator's "
                               "nvidia-device-plugin-daemonset pod there (node labelled "
-                              "nvidia.com/gpu.deploy.device-plugin? driver and toolkit ready?)"))
+                              "nvidia.com/gpu.deploy.device-plugin? driver and toolkit ready?), or with sharing.mode "
+                              "gpumanager the gpu-manager pod (node labelled nvidia-device-enable=enable?)"))
     return out
 
 
@@ -144,14 +146,14 @@ def operator_checks(core: Any, custom: Any, namespace: str, registry_host: str,
 
 
 def count_checks(node_objs: dict[str, Any], facts: dict[str, Any], replicas: int = 0, rename: bool = False,
-                 method: str = "time-slicing") -> list[Check]:
+                 method: str = "time-slicing replicas", resource: str | None = None) -> list[Check]:
     """Per GPU node the node layer read (facts: node -> NvidiaSmi): the device plugin advertises as many GPUs as
     nvidia-smi counted (x the sharing replicas, time-slicing or MPS; nvidia.com/gpu.shared when renamed), and GFD's
     labels, where present, agree (nvidia.com/gpu.count, nvidia.com/gpu.product). Nodes with MIG on are the MIG
     layer's."""
     out = []
     shared = replicas > 1
-    resource = f"{GPU}.shared" if shared and rename else GPU
+    resource = resource or (f"{GPU}.shared" if shared and rename else GPU)
     for name, smi in sorted(facts.items()):
         node = node_objs.get(name)
         if node is None or not smi.gpus:
@@ -164,7 +166,7 @@ def count_checks(node_objs: dict[str, Any], facts: dict[str, Any], replicas: int
             have = int((node.status.capacity or {}).get(resource, "0"))
         except ValueError:
             have = 0
-        times = f" x {replicas} {method} replicas" if shared else ""
+        times = f" x {replicas} {method}" if shared else ""
         out.append(_check("cluster.gpu-count", name, have == want,
                           f"{have} {resource} in capacity, nvidia-smi counts {n} GPU(s){times}" if have != want else
                           f"{have} {resource} = {n} GPU(s){times}",

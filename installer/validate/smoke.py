@@ -34,7 +34,8 @@ UNSCHEDULABLE_GRACE = 20.0  # seconds a pod may stay unschedulable before it is 
 @dataclass
 class Target:
     node: str
-    resource: str  # nvidia.com/gpu or nvidia.com/mig-<profile>
+    resource: str  # nvidia.com/gpu or nvidia.com/mig-<profile> (as shown: one of it is asked), or a description
+    limits: dict[str, str] | None = None  # what the containers ask instead of one `resource` (gpu-manager's vcuda)
     pod: str = ""
     started: float = field(default_factory=time.monotonic)
     unschedulable_since: float | None = None
@@ -47,7 +48,7 @@ def run_id() -> str:
 
 def pod_body(t: Target, namespace: str, run: str, smi_image: str, vector_image: str, pull_secret: str | None,
              runtime_class: str | None) -> dict[str, Any]:
-    limits = {t.resource: "1"}
+    limits = dict(t.limits) if t.limits else {t.resource: "1"}
     env = [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",

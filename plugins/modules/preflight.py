@@ -21,6 +21,7 @@ options:
   require_gpu: {type: bool, default: true}
   allow_secure_boot: {type: bool, default: false}
   require_kernel_headers: {type: bool, default: true, description: with driver_mode host or runfile; false only where the module cannot be built anyway (the lab)}
+  sharing: {type: str, choices: [none, gpumanager], default: none, description: site.yaml sharing.mode; gpumanager needs the cgroup v1 memory controller}
 author: gpu-install
 """
 
@@ -112,13 +113,19 @@ def probe(root, run, kernel=None, arch=None, check_headers=False):
         "gpus": pci_gpus(root),
         "runtimes": dict((n, which(root, RUNTIME_BINS[n][0])) for n in RUNTIME_BINS),
         "kernel_headers": headers(root, kernel, family, run) if check_headers else "not checked",
+        # cgroup2fs: the unified hierarchy (v2); tmpfs with controller directories: v1 (or hybrid)
+        "cgroup_v1_memory": os.path.isdir(os.path.join(root, "sys/fs/cgroup/memory")),
     }
     return facts
 
 
 def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu, allow_secure_boot,
-             require_kernel_headers=True):
+             require_kernel_headers=True, sharing="none"):
     out = []
+    if sharing == "gpumanager" and not f.get("cgroup_v1_memory"):
+        out.append("sharing.mode gpumanager: gpu-manager finds containers' cgroups under /sys/fs/cgroup/memory (cgroup "
+                   "v1 only), and this node has no such directory (cgroup v2, the unified hierarchy): boot it with "
+                   "systemd.unified_cgroup_hierarchy=0, or use another sharing mode for it")
     versions = [str(v) for v in supported_os.get(f["os_id"], [])]
     ver = f["os_version"]
     if not any(ver == v or ver.split(".")[0] == v for v in versions):
@@ -172,6 +179,7 @@ def main():
             require_gpu=dict(type="bool", default=True),
             allow_secure_boot=dict(type="bool", default=False),
             require_kernel_headers=dict(type="bool", default=True),
+            sharing=dict(type="str", choices=["none", "gpumanager"], default="none"),
         ),
         supports_check_mode=True,
     )
@@ -179,7 +187,7 @@ def main():
     facts = probe(p["root"], module.run_command, check_headers=p["driver_mode"] in ("host", "runfile"))
     facts["disk_path"], facts["disk_free_gb"] = p["disk_path"], free_gb(p["root"], p["disk_path"])
     found = problems(facts, p["runtime"], p["driver_mode"], p["supported_os"], p["architectures"], p["min_free_gb"],
-                     p["require_gpu"], p["allow_secure_boot"], p["require_kernel_headers"])
+                     p["require_gpu"], p["allow_secure_boot"], p["require_kernel_headers"], p["sharing"])
     module.exit_json(changed=False, facts=facts, problems=found)
 
 

@@ -223,7 +223,15 @@ def test_gpu_count_and_gfd_labels_against_real_nvidia_smi_documents():
     shared = _gfd_node("g1", {"nvidia.com/gpu.shared": str(4 * n)}, {"nvidia.com/gpu.product": "NVIDIA-A10G-SHARED"})
     (ts,) = count_checks({"g1": shared}, {"g1": a10g}, replicas=4, rename=True)
     assert ts.status == "pass" and "x 4 time-slicing replicas" in ts.message
-    (mps,) = count_checks({"g1": shared}, {"g1": a10g}, replicas=4, rename=True, method="MPS")
+    (mps,) = count_checks({"g1": shared}, {"g1": a10g}, replicas=4, rename=True, method="MPS replicas")
     assert mps.status == "pass" and "x 4 MPS replicas" in mps.message
+    # sharing.mode gpumanager: 100 tencent.com/vcuda-core per GPU nvidia-smi counts
+    vcuda = "tencent.com/vcuda-core"
+    (gm,) = count_checks({"g1": _gfd_node("g1", {vcuda: str(100 * n)})}, {"g1": a10g}, 100, False,
+                         "vcuda-core (gpu-manager)", resource=vcuda)
+    assert gm.status == "pass" and f"{100 * n} {vcuda} = {n} GPU(s) x 100 vcuda-core" in gm.message, gm.message
+    (short,) = count_checks({"g1": _gfd_node("g1", {vcuda: "50"})}, {"g1": a10g}, 100, False, "vcuda-core",
+                            resource=vcuda)
+    assert short.status == "fail" and f"50 {vcuda} in capacity, nvidia-smi counts {n} GPU(s)" in short.message
     assert count_checks({"m1": _gfd_node("m1", {"nvidia.com/mig-1g.5gb": "7"})}, {"m1": mig}) == []
     assert count_checks({}, {"gone": a10g}) == []
