@@ -5,7 +5,12 @@ A small test extender (HTTP on 127.0.0.1, in this process) records every call; i
 node. The role is driven through the real CLI (`gpu-install apply --limit bastion --tags scheduler`), the broken
 policy through installer.apply with role variables that bypass the site validation (a prioritizeVerb with weight 0,
 which kube-scheduler 1.20 refuses). Order matters (one lab): legacy Policy, KubeSchedulerConfiguration v1beta1,
-broken policy rolled back, removal.
+sharing.mode gpumanager's gpu-quota-admission extender in both formats, broken policy rolled back, removal.
+
+For gpu-quota-admission the test extender plays a STAND-IN of its filter at the URL the site gives
+(sharing.gpumanager.extenderUrl; the real one is a Service in the cluster): verb `predicates`, whole Node objects,
+"no GPU device" for a node without tencent.com/vcuda-core, and it refuses a request gpu-manager cannot grant (150
+cores) with gpu-manager's own words -- so that a pod the extender rejects is seen staying Pending with its reason.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from tests.conftest import LAB_DRIVER_OS
 
 pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
 VENV_BIN = Path(sys.executable).parent
+VCUDA_CORE, VCUDA_MEMORY = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
 
 
 class Extender:
@@ -35,6 +41,23 @@ class Extender:
         self.calls: list[dict] = []
         self.chosen = ""
         outer = self
+
+        def vcuda(args: dict, names: list[str]) -> dict:
+            """STAND-IN of gpu-quota-admission's filter (verb predicates)."""
+            limits = {}
+            for c in (args.get("Pod") or {}).get("spec", {}).get("containers", []):
+                limits.update((c.get("resources") or {}).get("limits") or {})
+            core = int(limits.get(VCUDA_CORE, "0"))
+            failed, keep = {}, []
+            for node in (args.get("Nodes") or {}).get("items") or []:
+                name = node["metadata"]["name"]
+                if int((node.get("status", {}).get("capacity") or {}).get(VCUDA_CORE, "0")) <= 0:
+                    failed[name] = "no GPU device"
+                elif core > 100 and core % 100:
+                    failed[name] = "cores are greater than 100, must be multiple of 100"
+                else:
+                    keep.append(node)
+            return {"Nodes": {"items": keep}, "FailedNodes": failed, "Error": ""}
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args) -> None:  # quiet
@@ -49,7 +72,9 @@ class Extender:
                 else:
                     names = [n["metadata"]["name"] for n in (args.get("Nodes") or {}).get("items") or []]
                 outer.calls.append({"verb": verb, "pod": pod, "nodes": names, "cached": args.get("NodeNames") is not None})
-                if verb == "filter":
+                if verb == "predicates":
+                    body = vcuda(args, names)
+                elif verb == "filter":
                     keep = [n for n in names if n == outer.chosen]
                     body = {"FailedNodes": {n: "not the extender's choice" for n in names if n not in keep}, "Error": ""}
                     if args.get("NodeNames") is not None:
@@ -91,10 +116,11 @@ class Scheduling:
     def env(self) -> dict[str, str]:
         return {**os.environ, "GPU_INSTALL_STATE": str(self.state), "ANSIBLE_LOCAL_TEMP": str(self.state / "tmp")}
 
-    def site(self, **scheduler) -> Path:
+    def site(self, extra: dict | None = None, **scheduler) -> Path:
         path = self.work / "site.yaml"
         path.write_text(yaml.safe_dump({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
-                                        "scheduler": scheduler, "driver": {"customImageOs": LAB_DRIVER_OS}}))
+                                        "scheduler": scheduler, "driver": {"customImageOs": LAB_DRIVER_OS},
+                                        **(extra or {})}))
         return path
 
     def cli(self, site: Path) -> subprocess.CompletedProcess:
@@ -120,8 +146,8 @@ class Scheduling:
         pid = self.scheduler()["pid"]
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
 
-    def pod(self, name: str, gpus: int) -> dict:
-        limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    def pod(self, name: str, gpus: int, limits: dict[str, str] | None = None, scheduled: bool = True) -> dict:
+        limits = limits if limits is not None else {"nvidia.com/gpu": str(gpus)} if gpus else {}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                 "spec": {"restartPolicy": "Never", "containers": [
                     {"name": "c", "image": "lab.invalid/cuda:1", "resources": {"limits": limits}}]}}
@@ -141,6 +167,9 @@ class Scheduling:
             p = self.api.read_namespaced_pod(name, "default")
             if p.spec.node_name:
                 return {"node": p.spec.node_name}
+            cond = next((c for c in p.status.conditions or [] if c.type == "PodScheduled"), None)
+            if not scheduled and cond is not None and cond.reason == "Unschedulable":
+                return {"node": None, "message": cond.message}
             time.sleep(0.5)
         raise AssertionError(f"pod {name} was not scheduled: {self.api.read_namespaced_pod(name, 'default').status}")
 
@@ -219,6 +248,55 @@ def test_config_format_v1beta1(sched):
     assert not (sched.etc / "gpu-install-scheduler-policy.json").exists()  # the other format's file is gone
     assert "--config=/etc/kubernetes/gpu-install-scheduler-config.yaml" in sched.scheduler_cmdline()
     _extender_case(sched, nodes[0], "config", **ext)
+
+
+def _vcuda_capacity(sched, node: str, cores: int | None) -> None:
+    """What gpu-manager's device plugin would advertise (the lab's hollow kubelets keep extended resources they do
+    not manage); None takes it away again."""
+    value = None if cores is None else str(cores)
+    mem = None if cores is None else str(cores // 100 * 64)
+    patch = {"status": {"capacity": {VCUDA_CORE: value, VCUDA_MEMORY: mem},
+                        "allocatable": {VCUDA_CORE: value, VCUDA_MEMORY: mem}}}
+    sched.api.patch_node_status(node, patch)
+
+
+@pytest.mark.parametrize("fmt", ["policy", "config"])
+def test_gpu_quota_admission_extender(sched, fmt):
+    """sharing.mode gpumanager wires gpu-quota-admission exactly as it is configured (POST <url>/predicates, whole
+    Node objects, plain HTTP, managed resources tencent.com/vcuda-core and -memory), in the legacy Policy and as a
+    KubeSchedulerConfiguration; kube-scheduler consults it for vcuda pods only, a share lands on the node with vGPU
+    capacity, and a pod the extender rejects stays Pending with the extender's reason."""
+    nodes = sorted(sched.lab.nodes)
+    gpu_node, plain = nodes[0], nodes[1]
+    extra = {"sharing": {"mode": "gpumanager", "gpumanager": {"extenderUrl": sched.ext.url}},
+             "toolkit": {"mode": "host"}, "components": {"devicePlugin": {"enabled": False}}}
+    _ok(sched.cli(sched.site(extra, format=fmt)))
+    if fmt == "policy":
+        ext = json.loads((sched.etc / "gpu-install-scheduler-policy.json").read_text())["extenders"]
+    else:
+        ext = yaml.safe_load((sched.etc / "gpu-install-scheduler-config.yaml").read_text())["extenders"]
+    assert ext == [{"urlPrefix": sched.ext.url, "filterVerb": "predicates",
+                    "managedResources": [{"name": VCUDA_CORE, "ignoredByScheduler": False},
+                                         {"name": VCUDA_MEMORY, "ignoredByScheduler": False}]}], ext
+    _vcuda_capacity(sched, gpu_node, 200)
+    try:
+        before = len(sched.ext.calls)
+        share = sched.pod(f"vcuda-50-{fmt}", 0, {VCUDA_CORE: "50", VCUDA_MEMORY: "4"})
+        assert share["node"] == gpu_node, (share, sched.ext.calls[before:])
+        sched.pod(f"cpu-{fmt}", 0)
+        calls = sched.ext.calls[before:]
+        assert calls and all(c["verb"] == "predicates" and not c["cached"] for c in calls), calls
+        assert {c["pod"] for c in calls} == {f"vcuda-50-{fmt}"}, calls  # the CPU pod never goes there
+        bad = sched.pod(f"vcuda-150-{fmt}", 0, {VCUDA_CORE: "150", VCUDA_MEMORY: "4"}, scheduled=False)
+        assert bad["node"] is None
+        assert "cores are greater than 100, must be multiple of 100" in bad["message"], bad
+        p = sched.api.read_namespaced_pod(f"vcuda-150-{fmt}", "default")
+        assert p.status.phase == "Pending" and not p.spec.node_name
+        print(f"{fmt}: vcuda-150 Pending: {bad['message']}")
+    finally:
+        sched.delete_pods()
+        _vcuda_capacity(sched, gpu_node, None)
+    assert plain != gpu_node and sched.scheduler()["healthy"]
 
 
 def _apply_control_plane(sched, site, run):
