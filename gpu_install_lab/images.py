@@ -5,6 +5,9 @@ the lab CA.
   STAND-IN pause image  <registry>/gpu-install-lab/pause:3.6   the real nodes' containerd sandbox image
                         (busybox `sleep`; the real one is a 700-byte C program we cannot fetch here)
   test image            <registry>/gpu-install-lab/hello:v1    prints a line and exits (real-node tests)
+  STAND-IN gpu-manager, gpu-quota-admission  at the site registry paths sharing.mode gpumanager renders
+                        (push_sharing_standins, called by the tests that need them): print their environment and
+                        mounts, then sleep
 """
 
 from __future__ import annotations
@@ -102,4 +105,33 @@ def ensure_lab_images(registry: str, ca: Path, work: Path) -> dict[str, str]:
         ref = f"{registry}/{repo}:{tag}"
         push(layout, tag, ref, ca)
         refs[name] = ref
+    return refs
+
+
+#: STAND-INs of sharing.mode gpumanager's images (component name as installer.sharing names it -> what it prints):
+#: busybox printing the environment and mount points the chart gave it, then sleeping. They run no GPU code and
+#: register no device plugin; they let the lab check that the objects apply, the pods are scheduled on the labelled
+#: nodes, pull from the site registry and get the arguments and mounts gpu-install renders.
+SHARING_STANDIN_MARK = "STAND-IN (gpu-install lab)"
+_SHARING_SCRIPTS = {
+    "gpuManager": ('echo "{mark} gpu-manager: no GPU, no device plugin"; echo "LOG_LEVEL=$LOG_LEVEL"; '
+                   'echo "EXTRA_FLAGS=$EXTRA_FLAGS"; echo "NODE_NAME=$NODE_NAME"; '
+                   'while read -r dev mnt rest; do echo "mount $mnt"; done < /proc/self/mounts; '
+                   'exec sleep 2147483647'),
+    "gpuQuotaAdmission": ('echo "{mark} gpu-quota-admission: no scheduler extender"; echo "LOG_LEVEL=$LOG_LEVEL"; '
+                          'echo "EXTRA_FLAGS=$EXTRA_FLAGS"; echo "config $(cat /etc/kubernetes/gpu-quota-admission.config)"; '
+                          'exec sleep 2147483647'),
+}
+
+
+def push_sharing_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[str, str]:
+    """Build and push the STAND-IN images of sharing.mode gpumanager to refs ({component: destination reference},
+    e.g. from installer.sharing.destinations(site)); returns refs."""
+    busybox = busybox_binary()
+    for comp, ref in refs.items():
+        tag = ref.rpartition(":")[2]
+        layout = work / f"standin-{comp}"
+        write_layout(layout, tag, ["/bin/sh", "-c"], [_SHARING_SCRIPTS[comp].format(mark=SHARING_STANDIN_MARK)],
+                     busybox=busybox)
+        push(layout, tag, ref, ca)
     return refs

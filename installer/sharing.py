@@ -168,12 +168,12 @@ def conflicts(plan: Plan) -> list[str]:
         out.append("the GPU Operator's NVIDIA device plugin would run on the GPU nodes too and advertise the same GPUs "
                    "as nvidia.com/gpu beside gpu-manager's tencent.com/vcuda-*: set components.devicePlugin.enabled: "
                    "false")
-    tk = plan.components.get("toolkit")
+    tk = plan.components.get("toolkit")  # toolkit.mode decides the chart's toolkit.enabled
     if site.toolkit.mode == "operator" and tk is not None and plan.deployed(tk):
         out.append("toolkit.mode operator: the operator's toolkit makes nvidia the default runtime, and every "
                    "container with NVIDIA_VISIBLE_DEVICES (most CUDA images) would then see all GPUs past "
-                   "gpu-manager's limits (it needs plain runc): set toolkit.mode: host (gpu-install keeps runc the "
-                   "default there) or components.toolkit.enabled: false")
+                   "gpu-manager's limits (it needs plain runc): set toolkit.mode: host (gpu-install's roles install "
+                   "the toolkit and keep runc the default runtime on GPUManager sites)")
     method, replicas, _ = site.devicePlugin.sharing()
     if replicas > 1:
         out.append(f"devicePlugin.{method}.replicas {replicas}: time-slicing and MPS are the NVIDIA device plugin's, "

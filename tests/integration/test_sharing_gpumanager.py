@@ -1,0 +1,176 @@
+"""sharing.mode gpumanager on real lab nodes (`lab up --kubernetes --kubelet real`, 2 debian12 nodes).
+
+What the lab can show without GPUs: the conflict preflights refuse the bad combinations with exit 3 and change
+nothing; the cluster check sees GPUs already advertised by the lab's STAND-IN device plugin (a systemd unit, no pod);
+then the sharing stage installs charts/gpu-manager: the objects apply to the real API server, gpu-manager lands on
+the labelled nodes and gpu-quota-admission on one, both pulled from the site registry by the nodes' containerd, with
+the environment and host mounts gpu-install renders. The images are STAND-INs at the pinned paths
+(gpu_install_lab/images.py: busybox printing what it got); no GPU code runs and no vGPU capacity appears. The
+extender's behaviour in kube-scheduler is tested in test_scheduler_policy.py. Tests run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.test_lab_real_nodes import kubectl, real_lab
+from tests.integration.test_runtime_roles import Applier, _ok, apply_inventory, root
+
+pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
+NODES = ("node1", "node2")
+NS = "kube-system"
+MOUNTS = ("/var/lib/kubelet/device-plugins", "/etc/gpu-manager/vdriver", "/etc/gpu-manager/vm",
+          "/etc/gpu-manager/checkpoint", "/var/log/gpu-manager", "/var/run", "/sys/fs/cgroup", "/usr/local/host")
+
+
+@pytest.fixture(scope="module")
+def gm(tmp_path_factory):
+    yield from real_lab(tmp_path_factory, "gm", len(NODES))
+
+
+def _site(gm, **extra) -> Path:
+    h, work = gm["h"], gm["work"]
+    doc = {"operator": {"version": "v24.9.2"},
+           "registry": {"host": h.status["registry"], "ca": str(h.ca)}, "runtime": "containerd",
+           "driver": {"mode": "operator", "customImageOs": ["debian12"]},
+           "sharing": {"mode": "gpumanager"}, **extra}
+    path = work / "site.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# what gpumanager needs: no operator device plugin; the toolkit from the roles, runc staying the default runtime
+GOOD = {"toolkit": {"mode": "host"}, "components": {"devicePlugin": {"enabled": False}}}
+
+
+def _plan(gm, site):
+    from installer.config import load_site
+    from tests.conftest import plan_of
+
+    return plan_of(load_site(site), inventory=str(apply_inventory(gm["h"], gm["work"])))
+
+
+def _client(gm):
+    from installer import kube
+
+    return kube.api_client(gm["h"].dir / "kube" / "kubeconfig")
+
+
+def test_site_conflicts_are_refused_with_exit_3_before_any_host(gm):
+    h, work = gm["h"], gm["work"]
+    site = _site(gm, devicePlugin={"timeSlicing": {"replicas": 4}})  # the operator's toolkit and device plugin: on
+    apply = Applier(apply_inventory(h, work), work / "state-conflict")
+    proc = apply(site)
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr
+    assert "sharing.mode gpumanager conflicts with the site" in err, err
+    assert "components.devicePlugin.enabled: false" in err and "toolkit.mode operator" in err, err
+    assert "devicePlugin.timeSlicing.replicas 4" in err, err
+    assert "nothing was changed on any host" in err, err
+    assert not (work / "state-conflict" / "runs").exists() or not list((work / "state-conflict" / "runs").iterdir())
+    assert root(h, "node1", "test -e /etc/containerd/certs.d", check=False).returncode != 0
+
+
+def test_cluster_conflict_names_the_nodes_advertising_gpus(gm):
+    from installer import sharing
+    from installer.errors import PreflightError
+
+    plan = _plan(gm, _site(gm, **GOOD))
+    assert sharing.conflicts(plan) == []
+    client = _client(gm)
+    with pytest.raises(PreflightError) as exc:
+        sharing.check_cluster(plan, client, "gpu-operator")
+    msg = exc.value.message
+    assert exc.value.exit_code == 3
+    for node in NODES:  # the lab's STAND-IN device plugin is a systemd unit: no pod of it on the node
+        assert f"node {node} already advertises 1 nvidia.com/gpu, by a device plugin outside Kubernetes" in msg, msg
+    for node in NODES:
+        root(gm["h"], node, "systemctl stop gpu-install-lab-device-plugin.service")
+    deadline = time.monotonic() + 60
+    while (left := sharing.cluster_conflicts(plan, client, "gpu-operator")):
+        assert time.monotonic() < deadline, left
+        time.sleep(1)
+
+
+def test_gpumanager_runs_on_the_labelled_real_nodes(gm):
+    from gpu_install_lab import images
+    from installer import sharing
+
+    h, work = gm["h"], gm["work"]
+    site = _site(gm, **GOOD)
+    _ok(Applier(apply_inventory(h, work), work / "state")(site))  # the nodes trust the site registry now
+    # the toolkit's runtime is there, but runc stays containerd's default (gpu-manager's isolation needs it)
+    dropin = root(h, "node1", "cat /etc/containerd/conf.d/99-nvidia.toml").stdout
+    assert "runtimes.nvidia" in dropin and "default_runtime_name" not in dropin, dropin
+    plan = _plan(gm, site)
+    refs = sharing.destinations(plan.site)
+    reg = h.status["registry"]
+    assert refs == {"gpuManager": f"{reg}/tkestack/gpu-manager:v1.1.5",
+                    "gpuQuotaAdmission": f"{reg}/tkestack/gpu-quota-admission:v1.0.0"}
+    images.push_sharing_standins(refs, h.ca, work)
+    kc = h.dir / "kube" / "kubeconfig"
+    t0 = time.monotonic()
+    rep = sharing.install(plan, kc, timeout=240, progress=lambda m: print(m, flush=True))
+    print(f"BENCHMARK sharing stage (gpu-manager on {len(NODES)} real nodes): {time.monotonic() - t0:.1f}s")
+    assert rep.changed and sorted(rep.labelled) == list(NODES), rep
+    nodes = json.loads(kubectl(gm, "get", "nodes", "-o", "json").stdout)["items"]
+    assert all(n["metadata"]["labels"].get("nvidia-device-enable") == "enable" for n in nodes)
+
+    pods = json.loads(kubectl(gm, "-n", NS, "get", "pods", "-l", "app.kubernetes.io/part-of=gpu-install-sharing",
+                              "-o", "json").stdout)["items"]
+    managers = {p["spec"]["nodeName"]: p for p in pods if p["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-manager"}
+    assert sorted(managers) == list(NODES), list(managers)
+    for node, p in managers.items():
+        assert p["status"]["phase"] == "Running", p["status"]
+        spec = p["spec"]
+        assert spec["hostPID"] is True and spec["containers"][0]["securityContext"]["privileged"] is True
+        st = p["status"]["containerStatuses"][0]
+        assert st["image"] == refs["gpuManager"] and st["imageID"], st  # pulled by the node from the site registry
+        log = kubectl(gm, "-n", NS, "logs", p["metadata"]["name"]).stdout
+        assert images.SHARING_STANDIN_MARK in log, log
+        assert ("EXTRA_FLAGS=--logtostderr=true --container-runtime-endpoint=/var/run/containerd/containerd.sock "
+                "--cgroup-driver=cgroupfs") in log, log
+        assert f"NODE_NAME={node}" in log and "LOG_LEVEL=4" in log, log
+        mounted = {line.split(" ", 1)[1] for line in log.splitlines() if line.startswith("mount ")}
+        assert set(MOUNTS) <= mounted, sorted(mounted)
+        # DirectoryOrCreate: the kubelet made gpu-manager's state and log directories on the node
+        assert root(h, node, "test -d /etc/gpu-manager/vm && test -d /var/log/gpu-manager", check=False).returncode == 0
+    (adm,) = [p for p in pods if p["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-quota-admission"]
+    assert adm["status"]["phase"] == "Running" and adm["spec"]["nodeName"] in NODES
+    assert adm["status"]["containerStatuses"][0]["image"] == refs["gpuQuotaAdmission"]
+    log = kubectl(gm, "-n", NS, "logs", adm["metadata"]["name"]).stdout
+    assert "EXTRA_FLAGS=--incluster-mode=true --logtostderr --config=/etc/kubernetes/gpu-quota-admission.config" in log
+    config = json.loads(log.split("config ", 1)[1].splitlines()[0])
+    assert config == {"QuotaConfigMapName": "gpuquota", "QuotaConfigMapNamespace": "kube-system",
+                      "GPUModelLabel": "gaia.tencent.com/gpu-model", "GPUPoolLabel": "gaia.tencent.com/gpu-pool"}
+    svc = json.loads(kubectl(gm, "-n", NS, "get", "service", "gpu-quota-admission", "-o", "json").stdout)
+    assert [p["port"] for p in svc["spec"]["ports"]] == [3456]
+    # a second run changes nothing
+    again = sharing.install(plan, kc, timeout=120)
+    assert not again.changed and again.labelled == [], again
+    changed, what = sharing.preview(plan, kc)
+    assert not changed, what
+
+
+def test_uninstall_removes_release_and_labels(gm):
+    from installer import sharing
+
+    plan = _plan(gm, _site(gm, **GOOD))
+    kc = gm["h"].dir / "kube" / "kubeconfig"
+    done = sharing.uninstall(plan, kc, timeout=120)
+    assert any("Helm release gpu-manager" in d for d in done) and any("nvidia-device-enable" in d for d in done), done
+    nodes = json.loads(kubectl(gm, "get", "nodes", "-o", "json").stdout)["items"]
+    assert not any("nvidia-device-enable" in n["metadata"]["labels"] for n in nodes)
+    deadline = time.monotonic() + 90
+    while kubectl(gm, "-n", NS, "get", "pods", "-l", "app.kubernetes.io/part-of=gpu-install-sharing",
+                  "-o", "name").stdout.strip():
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    assert sharing.uninstall(plan, kc, timeout=60) == []  # nothing left: a second removal does nothing
+    changed, what = sharing.preview(plan, kc)
+    assert changed and "would install" in what, what
