@@ -232,7 +232,10 @@ def chart_version(plan: Plan) -> str:
 
 
 def _image(plan: Plan, img: Image) -> ImageArtifact:
-    comp = plan.components[img.component]
+    comp = plan.components.get(img.component)
+    if comp is None:  # an image of the sharing mode (installer.sharing), not of the operator's chart
+        need = Need(img.component, f"sharing.mode={plan.site.sharing.mode}")
+        return ImageArtifact(img.source, img.destination, img.component, (need,))
     return ImageArtifact(img.source, img.destination, img.component, tuple(_image_needs(plan, comp, img)))
 
 

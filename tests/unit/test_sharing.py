@@ -1,0 +1,213 @@
+"""sharing.mode gpumanager without a cluster: the site block, the plan (images, extender, role variables,
+conflicts), charts/gpu-manager through the real helm binary, the node preflight's cgroup check, validate's pod."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from installer import sharing
+from installer.config import parse_site
+from installer.errors import ConfigError, PreflightError
+from installer.facts import Node
+from tests.conftest import ROOT, need, plan_of
+
+GOOD = {"toolkit": {"mode": "host"}, "components": {"devicePlugin": {"enabled": False}}}
+NODES = [Node("gpu1", "ubuntu", "22.04", None, "gpu1")]
+
+
+def site(**extra):
+    doc = {"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.example.com:5000"},
+           "sharing": {"mode": "gpumanager"}, **GOOD}
+    for k, v in extra.items():
+        doc[k] = v
+    return parse_site(doc)
+
+
+def gm(**fields):
+    return site(sharing={"mode": "gpumanager", "gpumanager": fields})
+
+
+@pytest.mark.parametrize("fields,expect", [
+    ({"smoke": {"core": 150}}, "tencent.com/vcuda-core 150 is not possible"),
+    ({"smoke": {"core": 250, "memory": 8}}, "(use 200 or 300, or a share below 100)"),
+    ({"smoke": {"core": 50, "memory": 0}}, "needs tencent.com/vcuda-memory >= 1"),
+    ({"smoke": {"core": 0}}, "sharing.gpumanager.smoke"),
+    ({"runtimeEndpoint": "unix:///run/containerd/containerd.sock"}, "drop the unix:// prefix"),
+    ({"runtimeEndpoint": "run/x.sock"}, "not an absolute socket path"),
+    ({"gpuModelLabel": "Bad Label"}, "sharing.gpumanager.gpuModelLabel"),
+    ({"namespace": "Kube_System"}, "sharing.gpumanager.namespace"),
+    ({"extenderUrl": "gpu-quota-admission:3456"}, "not an http(s) URL"),
+    ({"cgroupDriver": "cgroupv2"}, "sharing.gpumanager.cgroupDriver"),
+])
+def test_bad_gpumanager_block_is_exit_2_naming_the_field(fields, expect):
+    with pytest.raises(ConfigError) as exc:
+        gm(**fields)
+    assert exc.value.exit_code == 2 and expect in str(exc.value.message), exc.value.message
+
+
+def test_whole_gpus_and_shares_are_accepted():
+    for core, mem in ((1, 1), (50, 4), (99, 1), (100, 0), (200, 0), (800, 64)):
+        assert gm(smoke={"core": core, "memory": mem}).sharing.gpumanager.smoke.core == core
+
+
+def test_images_join_the_plan_and_the_mirror_plan():
+    plan = plan_of(site(registry={"host": "registry.example.com:5000", "layout": "keep-host", "prefix": "gpu"}),
+                   NODES)
+    by = {i.component: (i.source, i.destination) for i in plan.images}
+    assert by["gpuManager"] == ("docker.io/tkestack/gpu-manager:v1.1.5",
+                                "registry.example.com:5000/gpu/docker.io/tkestack/gpu-manager:v1.1.5")
+    assert by["gpuQuotaAdmission"][0] == "docker.io/tkestack/gpu-quota-admission:v1.0.0"
+    arts = {a.component: a for a in plan.artifacts().images}
+    assert [n.setting for n in arts["gpuManager"].needs] == ["sharing.mode=gpumanager"]
+    # site overrides per field; off: no image of it
+    over = plan_of(site(sharing={"mode": "gpumanager", "gpumanager": {"manager": {"version": "v1.1.4"},
+                                                                      "admission": {"repository": "quay.io/acme"}}}),
+                   NODES)
+    srcs = {i.component: i.source for i in over.images}
+    assert srcs["gpuManager"] == "docker.io/tkestack/gpu-manager:v1.1.4"
+    assert srcs["gpuQuotaAdmission"] == "quay.io/acme/gpu-quota-admission:v1.0.0"
+    off = plan_of(parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"}}), NODES)
+    assert not [i for i in off.images if i.component.startswith("gpu") and "tkestack" in i.source]
+
+
+def test_extender_is_appended_last_and_runc_stays_default():
+    own = {"urlPrefix": "http://127.0.0.1:9999/other", "filterVerb": "filter"}
+    plan = plan_of(site(scheduler={"extenders": [own]}), NODES)
+    ext = plan.role_vars["scheduler_policy_extenders"]
+    assert ext[0]["urlPrefix"] == own["urlPrefix"]
+    assert ext[1] == {"urlPrefix": "http://gpu-quota-admission.kube-system.svc:3456/scheduler",
+                      "filterVerb": "predicates",
+                      "managedResources": [{"name": "tencent.com/vcuda-core"}, {"name": "tencent.com/vcuda-memory"}]}
+    rv = plan.role_vars
+    assert rv["containerd_runtime_set_default"] is False and rv["preflight_sharing_mode"] == "gpumanager"
+    docker = plan_of(site(runtime="docker"), NODES).role_vars
+    assert docker["docker_runtime_default_runtime"] == ""
+    plain = plan_of(parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"},
+                                "toolkit": {"mode": "host"}}), NODES).role_vars
+    assert plain["containerd_runtime_set_default"] is True and plain["scheduler_policy_extenders"] == []
+
+
+def test_a_site_extender_at_the_same_url_is_refused():
+    dup = {"urlPrefix": "http://gpu-quota-admission.kube-system.svc:3456/scheduler/", "filterVerb": "predicates"}
+    with pytest.raises(ConfigError) as exc:
+        plan_of(site(scheduler={"extenders": [dup]}), NODES)
+    assert "scheduler.extenders.0" in exc.value.message and "already wires" in exc.value.message
+
+
+def test_conflicts_are_listed_together_with_their_fixes():
+    doc = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"},
+                      "sharing": {"mode": "gpumanager"}, "devicePlugin": {"mps": {"replicas": 4}},
+                      "mig": {"config": "all-1g.10gb"}})
+    plan = plan_of(doc, NODES)
+    found = sharing.conflicts(plan)
+    assert len(found) == 4, found
+    assert "components.devicePlugin.enabled: false" in found[0]
+    assert "toolkit.mode: host" in found[1]
+    assert "devicePlugin.mps.replicas 4" in found[2]
+    assert "MIG layout" in found[3]
+    with pytest.raises(PreflightError) as exc:
+        sharing.check(plan)
+    assert exc.value.exit_code == 3 and "nothing was changed" in (exc.value.hint or "")
+    assert sharing.conflicts(plan_of(site(), NODES)) == []
+
+
+def test_runtime_endpoint_and_its_mount():
+    assert sharing.chart_values(site())["manager"]["runtimeEndpoint"] == "/var/run/containerd/containerd.sock"
+    assert sharing.chart_values(site(runtime="docker"))["manager"]["runtimeEndpoint"] == "/var/run/dockershim.sock"
+    v = sharing.chart_values(gm(runtimeEndpoint="/opt/cri/cri.sock"))["manager"]
+    assert v["runtimeDir"] == "/opt/cri"
+    assert sharing.runtime_dir("/run/containerd/containerd.sock") == ""  # under /run (= /var/run): mounted already
+
+
+@pytest.mark.helm
+def test_chart_renders_what_the_site_says():
+    from installer import helm
+    from installer.tools import find_helm
+
+    need(find_helm(), "helm not installed (scripts/bootstrap installs it)")
+    s = site(registry={"host": "registry.example.com:5000",
+                       "pullSecret": {"name": "regcred", "usernameEnv": "U", "passwordEnv": "P"}},
+             sharing={"mode": "gpumanager", "gpumanager": {"cgroupDriver": "systemd", "runtimeEndpoint": "/opt/cri/c.sock",
+                                                           "quotaConfigMapName": "quota", "logLevel": 2}})
+    res = helm.template(sharing.chart_dir(), sharing.chart_values(s), release_name="gpu-manager",
+                        namespace="kube-system")
+    kinds = sorted(f"{r['kind']}/{r['metadata']['name']}" for r in res)
+    assert kinds == ["ClusterRole/gpu-install:gpu-manager", "ClusterRole/gpu-install:gpu-quota-admission",
+                     "ClusterRoleBinding/gpu-install:gpu-manager", "ClusterRoleBinding/gpu-install:gpu-quota-admission",
+                     "ConfigMap/gpu-quota-admission", "DaemonSet/gpu-manager", "Deployment/gpu-quota-admission",
+                     "Service/gpu-manager-metric", "Service/gpu-quota-admission", "ServiceAccount/gpu-manager",
+                     "ServiceAccount/gpu-quota-admission"]
+    by = {(r["kind"], r["metadata"]["name"]): r for r in res}
+    ds = by[("DaemonSet", "gpu-manager")]["spec"]["template"]["spec"]
+    assert ds["hostPID"] is True and ds["nodeSelector"] == {"nvidia-device-enable": "enable"}
+    assert ds["imagePullSecrets"] == [{"name": "regcred"}]
+    (c,) = ds["containers"]
+    assert c["image"] == "registry.example.com:5000/tkestack/gpu-manager:v1.1.5" and c["securityContext"]["privileged"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["EXTRA_FLAGS"] == ("--logtostderr=true --container-runtime-endpoint=/opt/cri/c.sock "
+                                  "--cgroup-driver=systemd") and env["LOG_LEVEL"] == "2"
+    vols = {v["name"]: v["hostPath"]["path"] for v in ds["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert {mounts[n]: vols[n] for n in mounts} == {
+        "/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
+        "/etc/gpu-manager/vdriver": "/etc/gpu-manager/vdriver", "/etc/gpu-manager/vm": "/etc/gpu-manager/vm",
+        "/etc/gpu-manager/checkpoint": "/etc/gpu-manager/checkpoint", "/var/log/gpu-manager": "/var/log/gpu-manager",
+        "/var/run": "/var/run", "/sys/fs/cgroup": "/sys/fs/cgroup", "/usr/local/host": "/usr", "/opt/cri": "/opt/cri"}
+    dep = by[("Deployment", "gpu-quota-admission")]["spec"]["template"]["spec"]
+    assert dep["containers"][0]["image"] == "registry.example.com:5000/tkestack/gpu-quota-admission:v1.0.0"
+    import json
+
+    cfg = json.loads(by[("ConfigMap", "gpu-quota-admission")]["data"]["gpu-quota-admission.config"])
+    assert cfg["QuotaConfigMapName"] == "quota" and cfg["GPUPoolLabel"] == "gaia.tencent.com/gpu-pool"
+    assert [p["port"] for p in by[("Service", "gpu-quota-admission")]["spec"]["ports"]] == [3456]
+    # least privilege: no wildcard anywhere
+    for name in ("gpu-install:gpu-manager", "gpu-install:gpu-quota-admission"):
+        for rule in by[("ClusterRole", name)]["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+
+
+def test_node_preflight_needs_the_cgroup_v1_memory_controller(tmp_path):
+    sys.path.insert(0, str(ROOT / "plugins" / "modules"))
+    try:
+        import preflight as probe
+    finally:
+        sys.path.pop(0)
+    facts = {"os_id": "ubuntu", "os_version": "22.04", "arch": "x86_64", "disk_free_gb": 50, "disk_path": "/var/lib",
+             "kernel_headers": "installed", "secure_boot": False, "nouveau_loaded": False, "nvidia_loaded": False,
+             "gpus": ["x"], "runtimes": {"containerd": "/usr/bin/containerd"}, "kernel": "6"}
+    args = ("containerd", "operator", {"ubuntu": ["22.04"]}, ["x86_64"], 10, True, False)
+    v2 = probe.problems({**facts, "cgroup_v1_memory": False}, *args, sharing="gpumanager")
+    assert len(v2) == 1 and "systemd.unified_cgroup_hierarchy=0" in v2[0], v2
+    assert probe.problems({**facts, "cgroup_v1_memory": True}, *args, sharing="gpumanager") == []
+    assert probe.problems({**facts, "cgroup_v1_memory": False}, *args) == []  # only with gpumanager
+    (tmp_path / "sys/fs/cgroup/memory").mkdir(parents=True)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/os-release").write_text("ID=ubuntu\nVERSION_ID=22.04\n")
+    assert probe.probe(str(tmp_path), lambda c: (0, "", ""))["cgroup_v1_memory"] is True
+
+
+def test_smoke_pod_asks_the_vcuda_share_without_runtime_class():
+    from installer.validate import smoke
+
+    t = smoke.Target("gpu1", "tencent.com/vcuda-core 50",
+                     limits={"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}, pod="p")
+    body = smoke.pod_body(t, "gpu-operator", "run", "reg/cuda:12", "reg/validator:v1", None, None)
+    for c in body["spec"]["initContainers"] + body["spec"]["containers"]:
+        assert c["resources"]["limits"] == {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}
+    assert "runtimeClassName" not in body["spec"]
+
+
+def test_validate_refuses_an_impossible_smoke_request_with_exit_2(tmp_path):
+    path = tmp_path / "site.yaml"
+    path.write_text("operator: {version: v24.9.2}\nregistry: {host: r.example.com:5000}\nsharing: {mode: gpumanager}\n")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        gpu1: {gpu_install_os: ubuntu22.04}\n")
+    proc = subprocess.run([sys.executable, "-m", "installer.cli", "validate", "-s", str(path), "-i", str(inv),
+                           "--set", "sharing.gpumanager.smoke.core=150", "--only", "smoke"],
+                          capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "sharing.gpumanager.smoke: tencent.com/vcuda-core 150 is not possible" in proc.stderr, proc.stderr
