@@ -345,10 +345,76 @@ class Toolkit(_Model):
                                         json_schema_extra=rules({"pattern": rf"^{TAG}$"}, integer={"minimum": 0}))
 
 
+MIG_PROFILE = r"^[0-9]+g\.[0-9]+gb(?:[+-](?:me|gfx|me\.all))?$"
+MIG_CONFIG_NAME = r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+
+
+class MigDevices(_Model):
+    """One entry of a mig-parted config (its `version: v1` format, same keys)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    devices: Literal["all"] | list[Annotated[StrictInt, Field(ge=0, le=63)]] = Field(
+        "all", description="GPU indices on the node, or all")
+    device_filter: str | list[str] | None = Field(
+        None, alias="device-filter", description="PCI device IDs this entry applies to, e.g. 0x233010DE")
+    mig_enabled: StrictBool = Field(alias="mig-enabled", description="MIG mode on these GPUs")
+    mig_devices: dict[str, Annotated[StrictInt, Field(ge=0, le=7)]] = Field(
+        default_factory=dict, alias="mig-devices", description="profile (1g.10gb, 1g.10gb+me) -> instances per GPU")
+
+    @field_validator("devices")
+    @classmethod
+    def _unique(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or len(set(v)) != len(v)):
+            raise ValueError("a non-empty list of distinct GPU indices, or all")
+        return v
+
+    @field_validator("device_filter")
+    @classmethod
+    def _filter(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for d in [v] if isinstance(v, str) else v or []:
+            if not re.fullmatch(r"0x[0-9A-Fa-f]{8}", d):
+                raise ValueError(f"{d!r} is not a PCI device ID such as 0x233010DE (device << 16 | vendor 10de)")
+        return v
+
+    @field_validator("mig_devices")
+    @classmethod
+    def _profiles(cls, v: dict[str, int]) -> dict[str, int]:
+        for name in v:
+            if not re.fullmatch(MIG_PROFILE, name):
+                raise ValueError(f"{name!r} is not a MIG profile such as 1g.10gb, 3g.40gb or 1g.10gb+me")
+        return v
+
+    @model_validator(mode="after")
+    def _enabled(self) -> MigDevices:
+        if not self.mig_enabled and any(self.mig_devices.values()):
+            raise ValueError("mig-devices with mig-enabled: false: turn MIG on for these GPUs, or drop the devices")
+        return self
+
+
 class Mig(_Model):
     strategy: Literal["none", "single", "mixed"] = Field("single", description="MIG strategy of the device plugin")
     config: str | None = Field(None, description="default MIG config name (nvidia.com/mig.config), e.g. all-1g.10gb")
     configMap: str | None = Field(None, description="custom mig-parted ConfigMap (key config.yaml) instead of the default")
+    customConfigs: dict[str, list[MigDevices]] = Field(
+        default_factory=dict, description="mig-parted configs of the site (name -> entries), shipped as the operator's "
+        "MIG ConfigMap (v24.6.0+) beside all-disabled; names usable in mig.config and gpu_install_mig_config")
+
+    @field_validator("customConfigs")
+    @classmethod
+    def _names(cls, v: dict[str, list[MigDevices]]) -> dict[str, list[MigDevices]]:
+        for name, entries in v.items():
+            if not re.fullmatch(MIG_CONFIG_NAME, name):
+                raise ValueError(f"{name!r} is not a valid label value (it becomes nvidia.com/mig.config=<name>)")
+            if not entries:
+                raise ValueError(f"{name}: no entries (at least one {{devices, mig-enabled, mig-devices}})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Mig:
+        if self.customConfigs and self.configMap:
+            raise ValueError("customConfigs and configMap both name the MIG ConfigMap: keep one")
+        return self
 
 
 class TimeSlicing(_Model):
@@ -1074,6 +1140,8 @@ toolkit:
 mig:
   strategy: single          # none | single | mixed
   config: null              # default MIG layout, e.g. all-1g.10gb (null: release default all-disabled)
+  customConfigs: {}         # your own layouts (v24.6.0+), e.g. {half: [{devices: [0,1], mig-enabled: true,
+                            #   mig-devices: {3g.40gb: 2}}, {devices: [2,3], mig-enabled: false}]} (docs/mig.md)
 
 devicePlugin:
   timeSlicing:

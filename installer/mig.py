@@ -46,6 +46,24 @@ class Model:
     products: tuple[re.Pattern[str], ...]
     configs: frozenset[str]
     all_balanced_from: str | None
+    profiles: tuple[tuple[str, int], ...] = ()  # profile -> most instances per GPU
+    device_ids: frozenset[str] = frozenset()
+
+    @property
+    def slices(self) -> int:
+        """Compute slices of the GPU (7, or 4 on A30): the largest <N>g profile."""
+        return max((int(p.split("g", 1)[0]) for p, _ in self.profiles), default=0)
+
+    def memory_slices(self, profile: str | None = None) -> int:
+        """Memory slices a profile takes (the smallest 1g profile's memory is one), or the GPU's total (8; 4 on
+        A30) when profile is None."""
+        def gb(p: str) -> float:
+            return float(re.split(r"[+-]", p.split(".", 1)[1])[0].removesuffix("gb"))
+
+        unit = min((gb(p) for p, _ in self.profiles if p.startswith("1g.")), default=0.0)
+        if not unit:
+            return 0
+        return round((gb(profile) if profile else max(gb(p) for p, _ in self.profiles)) / unit)
 
 
 @lru_cache(maxsize=1)
@@ -54,7 +72,64 @@ def models(path: Path | None = None) -> tuple[Model, ...]:
 
     doc = yaml.safe_load((path or content.mig_models_file()).read_text())
     return tuple(Model(m["model"], tuple(re.compile(p, re.I) for p in m["products"]), frozenset(m["configs"]),
-                       m.get("allBalancedFrom")) for m in doc["models"])
+                       m.get("allBalancedFrom"), tuple(sorted((m.get("profiles") or {}).items())),
+                       frozenset(str(d).lower() for d in m.get("deviceIds") or [])) for m in doc["models"])
+
+
+CUSTOM_CONFIGMAP = "gpu-install-mig-parted-config"
+
+
+def misfit(model: Model, entries: list[Any]) -> str | None:
+    """Why a custom config's entries cannot be applied to this GPU model (None: they can). An entry with a
+    device-filter applies only to the models whose device IDs it names (mig-parted skips it on the others)."""
+    have = dict(model.profiles)
+    for i, e in enumerate(entries):
+        if e.device_filter is not None:
+            wanted = {d.lower() for d in ([e.device_filter] if isinstance(e.device_filter, str) else e.device_filter)}
+            if not wanted & model.device_ids:
+                continue
+        if not e.mig_enabled:
+            continue
+        used = memory = 0
+        for profile, count in e.mig_devices.items():
+            if profile not in have:
+                return f"entry {i}: {model.name} has no MIG profile {profile} (it has {', '.join(sorted(have))})"
+            if count > have[profile]:
+                return f"entry {i}: {model.name} fits at most {have[profile]} x {profile}, not {count}"
+            used += int(profile.split("g", 1)[0]) * count
+            memory += model.memory_slices(profile) * count
+        layout = " + ".join(f"{n} x {p}" for p, n in e.mig_devices.items())
+        if used > model.slices:
+            return f"entry {i}: {layout} needs {used} compute slices, {model.name} has {model.slices}"
+        if memory > model.memory_slices():
+            return f"entry {i}: {layout} needs {memory} memory slices, {model.name} has {model.memory_slices()}"
+    return None
+
+
+def custom_models(entries: list[Any]) -> tuple[list[Model], list[str]]:
+    """(the GPU models a custom config applies to, why not for each of the others)."""
+    fits, why = [], []
+    for m in models():
+        problem = misfit(m, entries)
+        if problem is None:
+            fits.append(m)
+        else:
+            why.append(problem)
+    return fits, why
+
+
+def custom_configmap(site: Site) -> dict[str, Any] | None:
+    """The mig-parted config gpu-install ships as the operator's MIG ConfigMap (key config.yaml): all-disabled (the
+    chart's default label value) and the site's customConfigs. None without customConfigs."""
+    import yaml
+
+    custom = site.mig.customConfigs
+    if not custom:
+        return None
+    configs: dict[str, Any] = {DISABLED: [{"devices": "all", "mig-enabled": False}]}
+    for name, entries in custom.items():
+        configs[name] = [e.model_dump(by_alias=True, exclude_none=True) for e in entries]
+    return {"config.yaml": yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=False)}
 
 
 def model_of(product: str | None) -> Model | None:
@@ -113,20 +188,37 @@ def site_default(site: Site, assigned: tuple[Assignment, ...] | list[Assignment]
 
 
 def check_names(site: Site, release: Release, plans: list[Assignment]) -> None:
-    """Every config is one the release's mig-manager knows (or a valid label value with a custom ConfigMap)."""
+    """Every config is one the release's mig-manager knows (or a valid label value with a custom ConfigMap); with
+    mig.customConfigs, one of those (or all-disabled), each applicable to some known GPU model."""
     problems = []
+    custom = site.mig.customConfigs
+    for name, entries in custom.items():
+        fits, why = custom_models(entries)
+        if not fits:
+            near = [w for w in why if "has no MIG profile" not in w]  # models that have the profiles, but not room
+            if near:
+                detail = "; ".join(near)
+            else:
+                wanted = sorted({p for e in entries for p in e.mig_devices})
+                where = {p: [m.name for m in models() if p in dict(m.profiles)] for p in wanted}
+                detail = "no model has all of its profiles (" + "; ".join(
+                    f"{p}: {', '.join(ms) or 'none'}" for p, ms in where.items()) + ")"
+            problems.append(f"mig.customConfigs.{name}: no MIG-capable GPU model can take it: {detail}")
     for p in plans:
         where = f"host {p.host}: {HOST_VAR}" if p.source.startswith("inventory") else "mig.config"
         if not _LABEL_VALUE.match(p.config):
             problems.append(f"{where}: {p.config!r} is not a valid label value")
-        elif not site.mig.configMap and release.mig_configs and p.config not in release.mig_configs:
+        elif custom and p.config not in custom and p.config != DISABLED:
+            problems.append(f"{where}: {p.config} is not in mig.customConfigs ({', '.join(sorted(custom))}) nor "
+                            f"{DISABLED}: the site's MIG ConfigMap replaces the release's default configs")
+        elif not site.mig.configMap and not custom and release.mig_configs and p.config not in release.mig_configs:
             close = difflib.get_close_matches(p.config, release.mig_configs, n=3, cutoff=0.5)
             problems.append(f"{where}: {p.config} is not in GPU Operator {release.version}'s default MIG configs"
                             + (f"; nearest: {', '.join(close)}" if close else ""))
     if problems:
         raise ConfigError("; ".join(sorted(set(problems))),
-                          hint="use a name from the release's default mig-parted config (gpu-install catalog show), "
-                               "or set mig.configMap to your own ConfigMap; nothing was labelled")
+                          hint="use a name from the release's default mig-parted config (gpu-install catalog show) or "
+                               "from mig.customConfigs, or set mig.configMap to your own ConfigMap; nothing was labelled")
 
 
 def check_node(site: Site, release: Release, p: Assignment, labels: dict[str, str]) -> str | None:
@@ -138,6 +230,12 @@ def check_node(site: Site, release: Release, p: Assignment, labels: dict[str, st
         return None  # a custom ConfigMap: its configs are not ours to know
     model = model_of(labels.get(PRODUCT_LABEL))
     if model is None:
+        return None
+    if p.config in site.mig.customConfigs:
+        problem = misfit(model, site.mig.customConfigs[p.config])
+        return None if problem is None else (f"node {p.node}: {p.config} ({p.source}) does not apply to its GPU "
+                                             f"{labels[PRODUCT_LABEL]}: mig.customConfigs.{p.config} {problem}")
+    if site.mig.customConfigs and p.config == DISABLED:
         return None
     ok = model.configs & set(release.mig_configs or model.configs)
     if p.config == "all-balanced" and model.all_balanced_from and not release.at_least(model.all_balanced_from):

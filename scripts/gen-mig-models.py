@@ -55,6 +55,9 @@ def build(upstream: Path) -> dict:
             "alsoCovers": list(m.get("also_covers") or []),
             "products": patterns,
             "profiles": dict(sorted((m.get("mig_profiles_max_instances") or {}).items())),
+            # PCI device IDs (device << 16 | 0x10de) the operator's configs name for it: a custom config's
+            # device-filter is matched against them
+            "deviceIds": sorted(str(d).upper().replace("0X", "0x") for d in m.get("device_ids_in_config") or []),
             "configs": list(m["applicable_default_config_names"]),
             # all-balanced has an entry for (some of) this model's device IDs from this release on
             "allBalancedFrom": with_balanced[0] if with_balanced else None,

@@ -324,6 +324,15 @@ def _render_mig(site: Site, release: Release, values: dict[str, Any]) -> None:
     _set(values, "mig.strategy", site.mig.strategy)
     if site.mig.configMap:
         _set(values, "migManager.config.name", site.mig.configMap)
+    if site.mig.customConfigs:  # the chart creates the ConfigMap from data (installer.mig: configs checked there)
+        from installer.mig import CUSTOM_CONFIGMAP, custom_configmap
+
+        _require(release, "migManager.config.create", "mig.customConfigs",
+                 "the chart creates a MIG ConfigMap from values from v24.6.0; below, create your own and name it in "
+                 "mig.configMap")
+        _set(values, "migManager.config.name", CUSTOM_CONFIGMAP)
+        _set(values, "migManager.config.create", True)
+        _set(values, "migManager.config.data", custom_configmap(site))
     if site.mig.config:  # the name is checked against the release with the nodes' layouts (installer.mig)
         _require(release, "migManager.config.default", "mig.config", "a default MIG config needs v23.3.0 or newer")
         _set(values, "migManager.config.default", site.mig.config)

@@ -30,7 +30,9 @@ NODE = "node1"  # debian12
 CONTENT = ["ansible.cfg", "meta/runtime.yml", "playbooks/site.yml", "playbooks/uninstall.yml",
            "playbooks/tasks/validate_inventory.yml", "plugins/modules/daemon_json.py",
            "plugins/module_utils/first_change.py", "roles/nvidia_driver/tasks/main.yml",
-           "roles/registry_trust/templates/hosts.toml.j2", "values/catalog/v24.9.2.yaml", "values/mig/models.yaml"]
+           "roles/registry_trust/templates/hosts.toml.j2", "values/catalog/v24.9.2.yaml", "values/mig/models.yaml",
+           "values/sharing/gpumanager.yaml", "charts/gpu-manager/Chart.yaml",
+           "charts/gpu-manager/templates/gpu-manager.yaml", "charts/gpu-manager/templates/_helpers.tpl"]
 STANDIN_RUNTIME = "/usr/local/bin/containerd"
 
 

@@ -83,3 +83,25 @@ def test_real_chart_creates_the_mps_config():
     (policy,) = [r for r in resources if r["kind"] == "ClusterPolicy"]
     plugin = policy["spec"]["devicePlugin"]
     assert plugin["config"] == {"name": "mps-config", "default": "any"}
+
+
+def test_real_chart_ships_the_custom_mig_configs():
+    """mig.customConfigs through NVIDIA's real v24.9.2 chart: its ConfigMap with all-disabled and the site's configs
+    (mig-parted's format), named in the ClusterPolicy's migManager.config with the site's default."""
+    from installer.helm import template
+    from tests.conftest import UPSTREAM
+
+    chart = UPSTREAM.parent / "charts" / "gpu-operator-v24.9.2.tgz"
+    need(chart.is_file(), f"the real chart is not at {chart}")
+    half = [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
+            {"devices": [2, 3], "mig-enabled": False}]
+    site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
+                       "mig": {"strategy": "mixed", "config": "half", "customConfigs": {"half": half}}})
+    resources = template(chart, plan_of(site).values)
+    (cm,) = [r for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == "gpu-install-mig-parted-config"]
+    doc = yaml.safe_load(cm["data"]["config.yaml"])
+    assert doc["version"] == "v1" and list(doc["mig-configs"]) == ["all-disabled", "half"]
+    assert doc["mig-configs"]["half"][0] == half[0]
+    assert doc["mig-configs"]["half"][1]["mig-enabled"] is False
+    (policy,) = [r for r in resources if r["kind"] == "ClusterPolicy"]
+    assert policy["spec"]["migManager"]["config"] == {"name": "gpu-install-mig-parted-config", "default": "half"}
