@@ -200,9 +200,9 @@ def check_names(site: Site, release: Release, plans: list[Assignment]) -> None:
                 detail = "; ".join(near)
             else:
                 wanted = sorted({p for e in entries for p in e.mig_devices})
-                where = {p: [m.name for m in models() if p in dict(m.profiles)] for p in wanted}
+                having = {p: [m.name for m in models() if p in dict(m.profiles)] for p in wanted}
                 detail = "no model has all of its profiles (" + "; ".join(
-                    f"{p}: {', '.join(ms) or 'none'}" for p, ms in where.items()) + ")"
+                    f"{p}: {', '.join(ms) or 'none'}" for p, ms in having.items()) + ")"
             problems.append(f"mig.customConfigs.{name}: no MIG-capable GPU model can take it: {detail}")
     for p in plans:
         where = f"host {p.host}: {HOST_VAR}" if p.source.startswith("inventory") else "mig.config"
