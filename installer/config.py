@@ -687,11 +687,77 @@ class GpuManager(_Model):
         return v
 
 
+class HamiSmoke(_Model):
+    memory: StrictInt = Field(1024, ge=1, description="nvidia.com/gpumem (MiB) of validate's smoke pod")
+    cores: StrictInt = Field(30, ge=1, le=100, description="nvidia.com/gpucores (% of one GPU) of validate's smoke pod")
+
+
+class Hami(_Model):
+    """Project-HAMi: vGPU by CUDA interception, its own scheduler (kube-scheduler + extender) and device plugin."""
+
+    chart: str | None = Field(
+        None, description="the HAMi chart apply installs: .tgz, directory or oci://<registry>/<path>/hami (mirror push "
+        "prints it); a relative path is relative to the site file")
+    version: VersionText | None = Field(None, description="HAMi chart version (2.7.0+); default: "
+                                        "values/sharing/hami.yaml")
+    namespace: str = Field("kube-system", description="namespace of the release",
+                           json_schema_extra=rules({"pattern": DNS_LABEL}))
+    releaseName: str = Field("hami", description="Helm release name", json_schema_extra=rules({"pattern": DNS_LABEL}))
+    kubernetesVersion: str = Field(
+        description="the cluster's Kubernetes version, vX.Y.Z: HAMi runs a kube-scheduler of exactly that version "
+        "(its image is mirrored at that tag; apply checks it against the cluster)",
+        json_schema_extra=rules({"pattern": r"^v?[0-9]+\.[0-9]+\.[0-9]+$"}))
+    deviceSplitCount: StrictInt = Field(10, ge=1, le=100, description="pods per GPU at most (nvidia.com/gpu = GPUs x this)")
+    deviceMemoryScaling: float = Field(1.0, gt=0, le=10, description="GPU memory advertised as this x the real memory "
+                                       "(> 1 oversubscribes)")
+    deviceCoreScaling: float = Field(1.0, gt=0, le=10, description="GPU cores advertised as this x 100%")
+    smoke: HamiSmoke = Field(default_factory=HamiSmoke, description="what validate's smoke pod asks besides one GPU")
+
+    @field_validator("namespace", "releaseName")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
+            raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
+        return v
+
+    @field_validator("kubernetesVersion")
+    @classmethod
+    def _kube(cls, v: str) -> str:
+        if not re.fullmatch(r"v?[0-9]+\.[0-9]+\.[0-9]+", v):
+            raise ValueError(f"{v!r}: give the cluster's exact version, e.g. v1.27.4 (kubectl version): the "
+                             "kube-scheduler image HAMi runs is tagged with it")
+        return v if v.startswith("v") else "v" + v
+
+    @field_validator("version")
+    @classmethod
+    def _chart_version(cls, v: str | None) -> str | None:
+        from packaging.version import InvalidVersion, Version
+
+        if v is None:
+            return v
+        try:
+            ok = Version(v.lstrip("v")) >= Version("2.7.0")
+        except InvalidVersion:
+            raise ValueError(f"{v!r} is not a HAMi chart version such as 2.10.0") from None
+        if not ok:
+            raise ValueError(f"{v}: gpu-install renders values for HAMi charts 2.7.0 and later (global.imageRegistry, "
+                             "<component>.image.*); use 2.7.0 or newer")
+        return v.lstrip("v")
+
+
 class Sharing(_Model):
-    mode: Literal["none", "gpumanager"] = Field(
+    mode: Literal["none", "gpumanager", "hami"] = Field(
         "none", description="none | gpumanager: tkestack GPUManager on every GPU node (tencent.com/vcuda-core/-memory), "
-        "its extender gpu-quota-admission wired into kube-scheduler")
+        "its extender gpu-quota-admission wired into kube-scheduler | hami: Project-HAMi (nvidia.com/gpu shared, "
+        "nvidia.com/gpumem, nvidia.com/gpucores), its own scheduler")
     gpumanager: GpuManager = Field(default_factory=GpuManager, description="settings of sharing.mode gpumanager")
+    hami: Hami | None = Field(None, description="settings of sharing.mode hami (kubernetesVersion required)")
+
+    @model_validator(mode="after")
+    def _hami(self) -> Sharing:
+        if self.mode == "hami" and self.hami is None:
+            raise ValueError("mode hami needs sharing.hami with at least kubernetesVersion (the cluster's vX.Y.Z)")
+        return self
 
 
 def chart_repository(v: str) -> str:
@@ -933,6 +999,8 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
             src.key = local(src.key)
     if site.packages.key:
         site.packages.key = local(site.packages.key)
+    if site.sharing.hami and site.sharing.hami.chart and "://" not in site.sharing.hami.chart:
+        site.sharing.hami.chart = str(local(Path(site.sharing.hami.chart)))
     if reg.pullSecret and reg.pullSecret.dockerConfigFile:
         reg.pullSecret.dockerConfigFile = local(reg.pullSecret.dockerConfigFile)
     return site
@@ -1174,7 +1242,12 @@ scheduler:                  # kube-scheduler extenders, patched into its static 
   kubernetesVersion: null   # null: read from the kube-scheduler image tag in the manifest
 
 sharing:                    # GPU sharing by a component of its own (docs/sharing.md)
-  mode: none                # none | gpumanager (tkestack GPUManager: tencent.com/vcuda-core, vcuda-memory)
+  mode: none                # none | hami (Project-HAMi, recommended vGPU) | gpumanager (tkestack GPUManager)
+  # hami:
+  #   kubernetesVersion: v1.27.4      # the cluster's exact version: HAMi's kube-scheduler image has that tag
+  #   chart: oci://registry.example.com:5000/charts/hami:2.10.0   # what `mirror push` printed
+  #   deviceSplitCount: 10            # pods per GPU at most
+  #   deviceMemoryScaling: 1          # > 1 oversubscribes GPU memory
   # gpumanager:
   #   namespace: kube-system
   #   cgroupDriver: cgroupfs          # the kubelet's cgroup driver on the GPU nodes: cgroupfs | systemd

@@ -128,6 +128,8 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
     summary.check = run.check
     skip_reason = operator_selected(run, op, plan.limit)
     prepared = None if skip_reason else prepare_operator(plan, op)
+    if prepared is not None and sharing.active(site):  # the sharing stage's chart, before any host (exit 2)
+        sharing.check_chart(site)
 
     stage = "preflight"
     try:
@@ -135,7 +137,7 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
             note = operator.check_cluster(plan, prepared.kubeconfig)
             if note:
                 say(f"note: {note}")
-            if sharing.enabled(site):  # GPUs already advertised by something else; docker on 1.24+ (exit 3)
+            if sharing.active(site):  # GPUs already advertised by something else; docker on 1.24+ (exit 3)
                 from installer import kube
 
                 sharing.check_cluster(plan, kube.api_client(prepared.kubeconfig), site.operator.namespace)
@@ -165,7 +167,7 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
 
     if skip_reason or prepared is None:
         summary.add("operator", "skipped", skip_reason or "")
-        if sharing.enabled(site):
+        if sharing.active(site):
             summary.add("sharing", "skipped", "runs with the operator stage")
         summary.add("mig", "skipped", "runs with the operator stage")
         summary.add("validate", "skipped", "runs after the operator stage: run `gpu-install validate` once the "
@@ -186,12 +188,12 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
             summary.add("operator", "changed" if done.changed else "unchanged", done.lines()[-2])
     except GpuInstallError as exc:
         summary.add("operator", "FAILED", exc.message[:300])
-        if sharing.enabled(site):
+        if sharing.active(site):
             summary.add("sharing", "not run")
         summary.add("mig", "not run")
         summary.add("validate", "not run")
         raise
-    if sharing.enabled(site):
+    if sharing.active(site):
         try:
             run_sharing(plan, run.check, op, prepared.kubeconfig, summary, say)
         except GpuInstallError:
@@ -245,11 +247,12 @@ def run_validate(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, kubecon
 
 def run_sharing(plan: Plan, check: bool, op: OperatorOptions, kubeconfig: Any, summary: Summary,
                 say: Progress) -> None:
-    """sharing.mode gpumanager: the gpu-manager release and the node label (installer.sharing); check mode: what
+    """sharing.mode hami / gpumanager: the mode's release and node label (installer.sharing); check mode: what
     would change."""
     from installer import sharing
 
-    say("stage sharing: gpu-manager + gpu-quota-admission" + (" (check mode)" if check else ""))
+    what = "HAMi" if sharing.hami(plan.site) else "gpu-manager + gpu-quota-admission"
+    say(f"stage sharing: {what}" + (" (check mode)" if check else ""))
     try:
         if check:
             changed, what = sharing.preview(plan, kubeconfig)
@@ -290,12 +293,14 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
     out: list[str] = []
     if skipped:
         out.append(f"not the GPU Operator release: {skipped}")
-    if op.enabled and site.sharing.mode == "gpumanager":
-        g = site.sharing.gpumanager
-        out.append(f"Helm release gpu-manager (gpu-manager, gpu-quota-admission) in namespace {g.namespace}, the node "
-                   "label nvidia-device-enable from the GPU nodes"
-                   + (f", pull Secret {g.namespace}/{site.registry.pullSecret.name} (only if gpu-install made it)"
-                      if site.registry.pullSecret and g.namespace != site.operator.namespace else ""))
+    if op.enabled and site.sharing.mode in ("gpumanager", "hami"):
+        from installer import sharing
+
+        sns, label = sharing.namespace(site), sharing.node_label(site)
+        out.append(f"Helm release {sharing.release_name(site)} ({site.sharing.mode}) in namespace {sns}, the node "
+                   f"label {label[0]} from the GPU nodes"
+                   + (f", pull Secret {sns}/{site.registry.pullSecret.name} (only if gpu-install made it)"
+                      if site.registry.pullSecret and sns != site.operator.namespace else ""))
     if op.enabled:
         ns, rel = site.operator.namespace, site.operator.releaseName
         out.append(f"Helm release {rel} and its resources in namespace {ns}")
@@ -366,7 +371,7 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
             raise _with_skip_hint(exc) from None
     for line in todo:
         say(f"uninstall: {line}")
-    if op.enabled and sharing.enabled(plan.site):
+    if op.enabled and sharing.active(plan.site):
         assert kubeconfig is not None
         try:
             done = sharing.uninstall(plan, kubeconfig, timeout=op.timeout, progress=lambda m: say(f"sharing: {m}"))

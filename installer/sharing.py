@@ -1,6 +1,9 @@
-"""GPU sharing by a component of its own: sharing.mode gpumanager (tkestack GPUManager + gpu-quota-admission).
+"""GPU sharing by a component of its own: sharing.mode hami (Project-HAMi) and gpumanager (tkestack GPUManager +
+gpu-quota-admission).
 
-One place for what the mode means, read by the plan and the stages:
+One place for what the modes mean, read by the plan and the stages (gpumanager below; hami the same way with
+HAMi's chart from the site's chart repository, its own scheduler instead of an extender in kube-scheduler, the node
+label gpu=on, nvidia as the default runtime):
 
 - images(): the two pinned images (values/sharing/gpumanager.yaml, site overrides) → Plan.images, so they are in
   `gpu-install images`, the mirror plan and apply's registry check like the operator's;
@@ -17,7 +20,7 @@ One place for what the mode means, read by the plan and the stages:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +34,9 @@ if TYPE_CHECKING:
     from installer.plan import Plan
 
 GPUMANAGER = "gpumanager"
+HAMI = "hami"
 RELEASE = "gpu-manager"  # Helm release and chart name
+HAMI_LABEL = ("gpu", "on")  # HAMi's device plugin DaemonSet selects these nodes (devicePlugin.nvidiaNodeSelector)
 NODE_LABEL = ("nvidia-device-enable", "enable")  # gpu-manager's DaemonSet selects these nodes
 VCUDA_CORE = "tencent.com/vcuda-core"
 VCUDA_MEMORY = "tencent.com/vcuda-memory"
@@ -43,7 +48,29 @@ Progress = Callable[[str], None]
 
 
 def enabled(site: Site) -> bool:
+    """sharing.mode gpumanager (gpu-install's own chart, extender in kube-scheduler)."""
     return site.sharing.mode == GPUMANAGER
+
+
+def hami(site: Site) -> bool:
+    return site.sharing.mode == HAMI
+
+
+def active(site: Site) -> bool:
+    """A sharing mode with a stage of its own (hami or gpumanager)."""
+    return site.sharing.mode in (GPUMANAGER, HAMI)
+
+
+def namespace(site: Site) -> str:
+    return site.sharing.hami.namespace if hami(site) and site.sharing.hami else site.sharing.gpumanager.namespace
+
+
+def release_name(site: Site) -> str:
+    return site.sharing.hami.releaseName if hami(site) and site.sharing.hami else RELEASE
+
+
+def node_label(site: Site) -> tuple[str, str]:
+    return HAMI_LABEL if hami(site) else NODE_LABEL
 
 
 @lru_cache(maxsize=4)
@@ -58,6 +85,45 @@ def pins() -> dict[str, dict[str, str]]:
     from installer import content
 
     return _pins(str(content.sharing_pins_file(GPUMANAGER)))
+
+
+@lru_cache(maxsize=4)
+def _hami_pins(path: str) -> dict[str, Any]:
+    from installer.config import read_yaml
+
+    doc = read_yaml(Path(path), what="HAMi pins")
+    return {"chart": {k: str(v) for k, v in doc["chart"].items()},
+            "images": {k: {f: str(v) for f, v in d.items()} for k, d in doc["images"].items()}}
+
+
+def hami_pins() -> dict[str, Any]:
+    from installer import content
+
+    return _hami_pins(str(content.sharing_pins_file(HAMI)))
+
+
+def hami_chart(site: Site) -> tuple[str, str, str]:
+    """(name, version, upstream repository) of the HAMi chart."""
+    c = hami_pins()["chart"]
+    h = site.sharing.hami
+    return c["name"], (h.version if h and h.version else c["version"]), c["repository"]
+
+
+def hami_sources(site: Site) -> dict[str, str]:
+    """HAMi's images (component -> upstream reference): hami (the chart's appVersion, v<chart version>),
+    kube-scheduler at the cluster's version, the certgen image the chart picks for that Kubernetes minor."""
+    from installer.config import kubernetes_minor
+
+    h = site.sharing.hami
+    assert h is not None
+    imgs = hami_pins()["images"]
+    _name, version, _repo = hami_chart(site)
+    legacy = kubernetes_minor(h.kubernetesVersion) < (1, 22)
+    cert = imgs["certgenLegacy" if legacy else "certgen"]
+    return {"hami": f"{imgs['hami']['repository']}/{imgs['hami']['image']}:v{version}",
+            "hami.kubeScheduler": f"{imgs['kubeScheduler']['repository']}/{imgs['kubeScheduler']['image']}:"
+                                  f"{h.kubernetesVersion}",
+            "hami.certgen": f"{cert['repository']}/{cert['image']}:{cert['version']}"}
 
 
 def sources(site: Site) -> dict[str, str]:
@@ -75,17 +141,12 @@ def sources(site: Site) -> dict[str, str]:
 def images(site: Site) -> list[Image]:
     """The mode's images, source -> destination in the site registry (none when sharing is off)."""
     from installer.artifacts import Image
-    from installer.render.values import destination_repository
+    from installer.render.values import destination_ref
 
-    if not enabled(site):
+    if not active(site):
         return []
-    out = []
-    for comp, src in sources(site).items():
-        sep = "@" if "@" in src else ":"
-        repo, _, ref = src.rpartition(sep)
-        repo_path, _, _name = repo.rpartition("/")
-        out.append(Image(src, f"{destination_repository(repo_path, site.registry)}/{_name}{sep}{ref}", comp))
-    return out
+    return [Image(src, destination_ref(src, site.registry), comp)
+            for comp, src in (hami_sources(site) if hami(site) else sources(site)).items()]
 
 
 def destinations(site: Site) -> dict[str, str]:
@@ -129,6 +190,66 @@ def runtime_dir(endpoint: str) -> str:
     return "" if any(parent == p or parent.startswith(p + "/") for p in ("/var/run", "/run")) else parent
 
 
+def _split_ref(dest: str, site: Site) -> dict[str, str]:
+    """A site-registry reference as HAMi's image values: {registry, repository, tag}."""
+    base = site.registry.host + (f"/{site.registry.prefix}" if site.registry.prefix else "")
+    repo, _, tag = dest.rpartition(":")
+    assert repo.startswith(base + "/"), (repo, base)
+    return {"registry": base, "repository": repo[len(base) + 1:], "tag": tag}
+
+
+def hami_values(site: Site) -> dict[str, Any]:
+    """The HAMi chart's values (layout of 2.7.0+): every image from the site registry (global.imageRegistry and each
+    image's repository/tag, so that both registry layouts work), the pull Secret, the scheduler's kube-scheduler at
+    the cluster's version, the device plugin's split and scaling, its node selector gpu=on."""
+    h = site.sharing.hami
+    assert h is not None
+    dest = destinations(site)
+    ps = site.registry.pullSecret
+    base = site.registry.host + (f"/{site.registry.prefix}" if site.registry.prefix else "")
+    img = _split_ref(dest["hami"], site)
+    cert = _split_ref(dest["hami.certgen"], site)
+    return {
+        "global": {"imageRegistry": base, "imagePullSecrets": [ps.name] if ps else [], "imageTag": img["tag"]},
+        "scheduler": {
+            "kubeScheduler": {"image": _split_ref(dest["hami.kubeScheduler"], site)},
+            "extender": {"image": dict(img)},
+            # the chart uses imageNew from Kubernetes 1.22, image below: both point at the one mirrored
+            "patch": {"image": dict(cert), "imageNew": dict(cert)},
+        },
+        "devicePlugin": {"image": dict(img), "monitor": {"image": dict(img)},
+                         "deviceSplitCount": h.deviceSplitCount, "deviceMemoryScaling": h.deviceMemoryScaling,
+                         "deviceCoreScaling": h.deviceCoreScaling,
+                         "nvidiaNodeSelector": {HAMI_LABEL[0]: HAMI_LABEL[1]}},
+    }
+
+
+def release_values(site: Site) -> dict[str, Any]:
+    return hami_values(site) if hami(site) else chart_values(site)
+
+
+def release_chart(site: Site) -> str | Path:
+    """The chart the sharing stage installs: HAMi's from sharing.hami.chart, else gpu-install's own gpu-manager."""
+    if hami(site):
+        h = site.sharing.hami
+        assert h is not None
+        if not h.chart:
+            raise ConfigError("sharing.mode hami: sharing.hami.chart is not set, and apply installs HAMi from it",
+                              hint="give the chart `gpu-install mirror push` printed (oci://<registry>/charts/hami:<v>) "
+                                   "or the .tgz in the bundle; or pass --skip-operator to configure the nodes only")
+        return h.chart
+    return chart_dir()
+
+
+def check_chart(site: Site) -> None:
+    """The sharing stage's chart is there (exit 2 before any host): HAMi's sharing.hami.chart as a local path."""
+    ref = release_chart(site)
+    if isinstance(ref, str) and "://" not in ref and not Path(ref).exists():
+        raise ConfigError(f"sharing.hami.chart {ref}: no such file or directory",
+                          hint="give the hami-<version>.tgz of the bundle (BUNDLE/charts/) or the oci:// reference "
+                               "`gpu-install mirror push` printed")
+
+
 def chart_values(site: Site) -> dict[str, Any]:
     """charts/gpu-manager's values for this site."""
     g = site.sharing.gpumanager
@@ -158,39 +279,45 @@ def chart_dir() -> Path:
 
 
 def conflicts(plan: Plan) -> list[str]:
-    """What in the site contradicts sharing.mode gpumanager, each with its fix (empty: none, or sharing off)."""
+    """What in the site contradicts its sharing.mode, each with its fix (empty: none, or sharing off)."""
     site = plan.site
-    if not enabled(site):
+    if not active(site):
         return []
     out = []
     dp = plan.components.get("devicePlugin")
     if dp is not None and plan.deployed(dp):
+        other = ("HAMi's device plugin advertises them itself (nvidia.com/gpu split, nvidia.com/gpumem, gpucores)"
+                 if hami(site) else "beside gpu-manager's tencent.com/vcuda-*")
         out.append("the GPU Operator's NVIDIA device plugin would run on the GPU nodes too and advertise the same GPUs "
-                   "as nvidia.com/gpu beside gpu-manager's tencent.com/vcuda-*: set components.devicePlugin.enabled: "
-                   "false")
+                   f"as nvidia.com/gpu, {other}: set components.devicePlugin.enabled: false")
     tk = plan.components.get("toolkit")  # toolkit.mode decides the chart's toolkit.enabled
-    if site.toolkit.mode == "operator" and tk is not None and plan.deployed(tk):
+    if hami(site):
+        if site.cdi.enabled is True:
+            out.append("cdi.enabled: true: nvidia is then not the default runtime, and HAMi needs it to be (its "
+                       "containers get no runtime class): leave cdi.enabled unset or false")
+    elif site.toolkit.mode == "operator" and tk is not None and plan.deployed(tk):
         out.append("toolkit.mode operator: the operator's toolkit makes nvidia the default runtime, and every "
                    "container with NVIDIA_VISIBLE_DEVICES (most CUDA images) would then see all GPUs past "
                    "gpu-manager's limits (it needs plain runc): set toolkit.mode: host (gpu-install's roles install "
                    "the toolkit and keep runc the default runtime on GPUManager sites)")
+    who = "HAMi" if hami(site) else "gpu-manager"
     method, replicas, _ = site.devicePlugin.sharing()
     if replicas > 1:
         out.append(f"devicePlugin.{method}.replicas {replicas}: time-slicing and MPS are the NVIDIA device plugin's, "
-                   "which does not run with gpu-manager: set the replicas to 0")
+                   f"which does not run with {who}: set the replicas to 0")
     migs = sorted({a.node for a in plan.mig})
     if site.mig.config or migs:
         where = f" (nodes {', '.join(migs)})" if migs else ""
-        out.append(f"a MIG layout is set{where}: gpu-manager shares whole GPUs and does not handle MIG devices: "
-                   "drop mig.config / gpu_install_mig_config")
+        out.append(f"a MIG layout is set{where}: {who} shares whole GPUs here (gpu-install does not drive MIG "
+                   "under it): drop mig.config / gpu_install_mig_config")
     return out
 
 
 def check(plan: Plan) -> None:
     found = conflicts(plan)
     if found:
-        raise PreflightError("sharing.mode gpumanager conflicts with the site:\n    " + "\n    ".join(found),
-                             hint="fix the site file; nothing was changed on any host")
+        raise PreflightError(f"sharing.mode {plan.site.sharing.mode} conflicts with the site:\n    "
+                             + "\n    ".join(found), hint="fix the site file; nothing was changed on any host")
 
 
 def cluster_conflicts(plan: Plan, client: Any, operator_namespace: str) -> list[str]:
@@ -203,11 +330,16 @@ def cluster_conflicts(plan: Plan, client: Any, operator_namespace: str) -> list[
     from installer.config import kubernetes_minor
 
     site = plan.site
-    if not enabled(site):
+    if not active(site):
         return []
     out = []
     version = kube.server_version(client)
-    if site.runtime == "docker" and kubernetes_minor(version) >= (1, 24) and not site.sharing.gpumanager.runtimeEndpoint:
+    h = site.sharing.hami
+    if hami(site) and h is not None and version.split("+")[0].split("-")[0] != h.kubernetesVersion:
+        out.append(f"sharing.hami.kubernetesVersion is {h.kubernetesVersion} but the cluster runs {version}: HAMi's "
+                   "scheduler runs a kube-scheduler of the cluster's exact version, mirrored at that tag: set "
+                   f"sharing.hami.kubernetesVersion: {version.split('+')[0].split('-')[0]}, mirror and push again")
+    if enabled(site) and site.runtime == "docker" and kubernetes_minor(version) >= (1, 24) and not site.sharing.gpumanager.runtimeEndpoint:
         out.append(f"runtime docker on Kubernetes {version}: the dockershim socket gpu-manager talks CRI to is gone "
                    "since 1.24: set sharing.gpumanager.runtimeEndpoint to your CRI socket (cri-dockerd) or use "
                    "containerd")
@@ -229,23 +361,40 @@ def cluster_conflicts(plan: Plan, client: Any, operator_namespace: str) -> list[
                           lambda: core.list_pod_for_all_namespaces(field_selector=selector).items)  # noqa: B023
         operator_plugin = any(p.metadata.namespace == operator_namespace and "device-plugin" in p.metadata.name
                               for p in pods)
-        if operator_plugin:
+        own = any(p.metadata.namespace == namespace(site) and p.metadata.name.startswith(release_name(site))
+                  and "device-plugin" in p.metadata.name for p in pods)  # HAMi's own, from an earlier apply
+        if operator_plugin or own:
             continue  # the operator's: this apply disables it (components.devicePlugin.enabled false)
         others = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods if "device-plugin" in p.metadata.name)
         by = f"pod(s) {', '.join(others)}" if others else "a device plugin outside Kubernetes (no pod of it on the node)"
-        out.append(f"node {name} already advertises {gpus} nvidia.com/gpu, by {by}: gpu-manager would hand out the "
-                   "same GPUs again as tencent.com/vcuda-*: remove that device plugin from the node first")
+        again = "as tencent.com/vcuda-*" if enabled(site) else "through HAMi's device plugin"
+        out.append(f"node {name} already advertises {gpus} nvidia.com/gpu, by {by}: {site.sharing.mode} would hand "
+                   f"out the same GPUs again {again}: remove that device plugin from the node first")
     return out
 
 
 def check_cluster(plan: Plan, client: Any, operator_namespace: str) -> None:
     found = cluster_conflicts(plan, client, operator_namespace)
     if found:
-        raise PreflightError("sharing.mode gpumanager conflicts with the cluster:\n    " + "\n    ".join(found),
-                             hint="fix these first; nothing was changed on any host")
+        raise PreflightError(f"sharing.mode {plan.site.sharing.mode} conflicts with the cluster:\n    "
+                             + "\n    ".join(found), hint="fix these first; nothing was changed on any host")
 
 
 # ---------------------------------------------------------------- the sharing stage
+
+
+def hami_fullname(site: Site) -> str:
+    """The HAMi chart's name for its objects: the release name when it contains "hami", else <release>-hami."""
+    rel = release_name(site)
+    return rel if "hami" in rel else f"{rel}-hami"
+
+
+def workloads(site: Site) -> tuple[str, str]:
+    """(the DaemonSet that must run on every GPU node, the Deployment that must be available) of the mode."""
+    if hami(site):
+        full = hami_fullname(site)
+        return f"{full}-device-plugin", f"{full}-scheduler"
+    return RELEASE, ADMISSION
 
 
 @dataclass
@@ -254,6 +403,7 @@ class Report:
     namespace: str
     changed: bool
     revision: int | None
+    label: tuple[str, str]
     labelled: list[str] = field(default_factory=list)
     secret: str = "none"
     seconds: float = 0.0
@@ -261,44 +411,45 @@ class Report:
     def lines(self) -> list[str]:
         return [f"release {self.release} in {self.namespace}: revision {self.revision}"
                 + (" (changed)" if self.changed else " (unchanged)"),
-                f"label {NODE_LABEL[0]}={NODE_LABEL[1]} set on {len(self.labelled)} node(s)"
+                f"label {self.label[0]}={self.label[1]} set on {len(self.labelled)} node(s)"
                 + (f" ({', '.join(self.labelled)})" if self.labelled else ""),
                 f"done in {self.seconds:.1f}s"]
 
 
 def install(plan: Plan, kubeconfig: Path, timeout: float = 300, wait: bool = True,
             progress: Progress | None = None) -> Report:
-    """Pull Secret in the namespace, `helm upgrade --install` of charts/gpu-manager, then the node label on every
-    GPU node of the plan (gpu-manager's DaemonSet starts there)."""
+    """Pull Secret in the namespace, `helm upgrade --install` of the mode's chart (gpu-install's charts/gpu-manager,
+    or HAMi's from sharing.hami.chart), then the mode's node label on every GPU node of the plan (its device plugin
+    DaemonSet starts there), then a wait until that runs on every node and the scheduler part is available."""
     from installer import helm, kube
 
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
     site = plan.site
-    ns = site.sharing.gpumanager.namespace
+    ns, rel, label = namespace(site), release_name(site), node_label(site)
+    chart = release_chart(site)
     client = kube.api_client(kubeconfig)
     kube.ensure_namespace(client, ns, timeout=timeout)
     secret = "none"
     if site.registry.pullSecret:
         secret = kube.ensure_secret(client, kube.pull_secret_body(site.registry, ns))
         say(f"pull secret {ns}/{site.registry.pullSecret.name}: {secret}")
-    say(f"helm upgrade --install {RELEASE} {chart_dir()} -n {ns}" + (f" (wait up to {timeout:.0f}s)" if wait else ""))
-    # no --wait on helm: gpu-manager's pods only start once the nodes are labelled, below; rollout() waits then
-    state = helm.install_or_upgrade(chart_dir(), RELEASE, ns, chart_values(site), kubeconfig, timeout=timeout,
-                                    wait=False)
+    say(f"helm upgrade --install {rel} {chart} -n {ns}" + (f" (wait up to {timeout:.0f}s)" if wait else ""))
+    # no --wait on helm: the device plugin's pods only start once the nodes are labelled, below; rollout() waits then
+    state = helm.install_or_upgrade(chart, rel, ns, release_values(site), kubeconfig, timeout=timeout, wait=False)
     labelled = []
     for node in (n.node_name for n in plan.nodes):
         current = kube.node_labels(client, [node]).get(node)
         if current is None:
             raise ConfigError(f"no Node {node} in the cluster for GPU host {node}",
                               hint="join the node, or set gpu_install_node_name to its Kubernetes name")
-        if current.get(NODE_LABEL[0]) != NODE_LABEL[1]:
-            kube.set_node_label(client, node, *NODE_LABEL)
+        if current.get(label[0]) != label[1]:
+            kube.set_node_label(client, node, *label)
             labelled.append(node)
     if wait:
-        rollout(client, ns, [n.node_name for n in plan.nodes], timeout=max(30.0, timeout - (time.monotonic() - t0)),
-                progress=say)
-    return Report(RELEASE, ns, bool(state.changed) or bool(labelled), state.revision, labelled, secret,
+        rollout(client, site, [n.node_name for n in plan.nodes],
+                timeout=max(30.0, timeout - (time.monotonic() - t0)), progress=say)
+    return Report(rel, ns, bool(state.changed) or bool(labelled), state.revision, label, labelled, secret,
                   time.monotonic() - t0)
 
 
@@ -307,83 +458,84 @@ def preview(plan: Plan, kubeconfig: Path) -> tuple[bool, str]:
     from installer import helm, kube
 
     site = plan.site
-    ns = site.sharing.gpumanager.namespace
-    rp = helm.plan_release(chart_dir(), RELEASE, ns, chart_values(site), kubeconfig)
+    ns, rel, label = namespace(site), release_name(site), node_label(site)
+    rp = helm.plan_release(release_chart(site), rel, ns, release_values(site), kubeconfig)
     labels = kube.node_labels(kube.api_client(kubeconfig), [n.node_name for n in plan.nodes])
-    todo = sorted(n for n, ls in labels.items() if ls is None or ls.get(NODE_LABEL[0]) != NODE_LABEL[1])
-    what = f"release {RELEASE} in {ns}: {'would ' + rp.action if rp.action != 'unchanged' else 'unchanged'}; " + (
-        f"would label {', '.join(todo)} {NODE_LABEL[0]}={NODE_LABEL[1]}" if todo else "node labels in place")
+    todo = sorted(n for n, ls in labels.items() if ls is None or ls.get(label[0]) != label[1])
+    what = f"release {rel} in {ns}: {'would ' + rp.action if rp.action != 'unchanged' else 'unchanged'}; " + (
+        f"would label {', '.join(todo)} {label[0]}={label[1]}" if todo else "node labels in place")
     return rp.action != "unchanged" or bool(todo), what
 
 
-def rollout(client: Any, namespace: str, nodes: list[str], timeout: float, progress: Progress,
+def rollout(client: Any, site: Site, nodes: list[str], timeout: float, progress: Progress,
             poll: float = 1.0) -> None:
-    """Wait until gpu-manager runs on every labelled node and gpu-quota-admission is available; a pod that cannot
-    pull its image or keeps crashing ends the wait with the kubelet's message."""
+    """Wait until the mode's DaemonSet runs a pod on every GPU node and its Deployment is available; a pod that
+    cannot pull its image ends the wait with the kubelet's message."""
     from kubernetes import client as k
 
     from installer.errors import ClusterError
 
     core: Any = k.CoreV1Api(client)
     apps: Any = k.AppsV1Api(client)
+    ns = namespace(site)
+    daemon, deployment = workloads(site)
     deadline = time.monotonic() + timeout
     last = ""
     while True:
-        pods = core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/part-of=gpu-install-sharing").items
-        running = {p.spec.node_name for p in pods if p.metadata.labels.get("app.kubernetes.io/name") == RELEASE
-                   and p.status.phase == "Running"}
-        dep = apps.read_namespaced_deployment(ADMISSION, namespace)
-        ready = (dep.status.available_replicas or 0) >= 1
+        pods = [p for p in core.list_namespaced_pod(ns).items
+                if p.metadata.name.startswith((daemon + "-", deployment + "-"))]
+        running = {p.spec.node_name for p in pods
+                   if p.metadata.name.startswith(daemon + "-") and p.status.phase == "Running"}
+        try:
+            dep = apps.read_namespaced_deployment(deployment, ns)
+            ready = (dep.status.available_replicas or 0) >= 1
+        except k.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
+            ready = False
         missing = sorted(set(nodes) - running)
         stuck = []
         for p in pods:
-            for s in (p.status.container_statuses or []):
-                w = s.state.waiting if s.state else None
+            for st in (p.status.container_statuses or []) + (p.status.init_container_statuses or []):
+                w = st.state.waiting if st.state else None
                 if w and w.reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
                                       "CreateContainerConfigError"):
                     stuck.append(f"{p.metadata.name} on {p.spec.node_name}: {w.reason} {w.message or ''}".strip())
         if not missing and ready:
-            progress(f"gpu-manager running on {len(nodes)} node(s), {ADMISSION} available")
+            progress(f"{daemon} running on {len(nodes)} node(s), {deployment} available")
             return
-        state = f"gpu-manager missing on {', '.join(missing) or 'none'}; {ADMISSION} {'ready' if ready else 'not ready'}"
+        state = f"{daemon} missing on {', '.join(missing) or 'none'}; {deployment} {'ready' if ready else 'not ready'}"
         if state != last:
             progress(state)
             last = state
         if time.monotonic() > deadline or any("ImagePull" in s or "InvalidImage" in s for s in stuck):
             raise ClusterError(f"sharing: {state}" + (f" ({'; '.join(stuck[:5])})" if stuck else "")
                                + f" after {timeout - max(0.0, deadline - time.monotonic()):.0f}s",
-                               hint=f"kubectl -n {namespace} get pods -l app.kubernetes.io/part-of=gpu-install-sharing "
-                                    "-o wide; images: gpu-install mirror push; the pull Secret")
+                               hint=f"kubectl -n {ns} get pods -o wide; images: gpu-install mirror push; the pull "
+                                    "Secret")
         time.sleep(poll)
 
 
 def uninstall(plan: Plan, kubeconfig: Path, timeout: float = 300, progress: Progress | None = None) -> list[str]:
-    """The Helm release, the node label from the GPU nodes, the pull Secret (only if gpu-install made it)."""
+    """The Helm release, the mode's node label from the GPU nodes, the pull Secret (only if gpu-install made it)."""
     from installer import helm, kube
 
     say = progress or (lambda _m: None)
     site = plan.site
-    ns = site.sharing.gpumanager.namespace
+    ns, rel, label = namespace(site), release_name(site), node_label(site)
     client = kube.api_client(kubeconfig)
     done = []
-    if helm.uninstall(RELEASE, ns, kubeconfig, timeout=timeout):
-        done.append(f"Helm release {RELEASE} in {ns} removed")
+    if helm.uninstall(rel, ns, kubeconfig, timeout=timeout):
+        done.append(f"Helm release {rel} in {ns} removed")
     labels = kube.node_labels(client, [n.node_name for n in plan.nodes])
-    unlabelled = [n for n, ls in labels.items() if ls is not None and NODE_LABEL[0] in ls]
+    unlabelled = [n for n, ls in labels.items() if ls is not None and label[0] in ls]
     for node in unlabelled:
-        kube.set_node_label(client, node, NODE_LABEL[0], None)
+        kube.set_node_label(client, node, label[0], None)
     if unlabelled:
-        done.append(f"label {NODE_LABEL[0]} removed from {', '.join(sorted(unlabelled))}")
+        done.append(f"label {label[0]} removed from {', '.join(sorted(unlabelled))}")
     ps = site.registry.pullSecret
     if ps and ns != site.operator.namespace and kube.delete_secret_if_ours(client, ns, ps.name):
         done.append(f"pull Secret {ns}/{ps.name} removed")
     for line in done:
         say(line)
     return done
-
-
-def release_state(site: Site, kubeconfig: Path) -> Mapping[str, Any] | None:
-    from installer import helm
-
-    st = helm.release_state(RELEASE, site.sharing.gpumanager.namespace, kubeconfig)
-    return None if st is None else {"revision": st.revision, "status": st.status}

@@ -204,7 +204,13 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
         Need("GPU Operator chart", f"mirror.chartRepository={site.mirror.chartRepository}"
              + ("" if "mirror" in site.model_fields_set and "chartRepository" in site.mirror.model_fields_set
                 else " (default)"))))
+    charts = [chart]
     notes: list[str] = []
+    if site.sharing.mode == "hami":  # HAMi's chart, from its own repository (installer.sharing pins it)
+        from installer import sharing
+
+        name, version, repository = sharing.hami_chart(site)
+        charts.append(ChartArtifact(name, version, repository, (Need("HAMi chart", "sharing.mode=hami"),)))
     if site.operator.chart:
         where = ("push the mirrored chart to that registry path" if "://" in site.operator.chart
                  else f"put the mirrored {chart.file} at that path on the air-gapped controller")
@@ -217,7 +223,7 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
     carried = "mirror pull/push carry the images, the chart" + (" and the runfile" if files else "")
     notes.append(carried + ("; the OS packages with their closure, resolved at pull against "
                             "mirror.packageRepositories, and published signed by push --repo-dir" if packages else ""))
-    return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=(chart,),
+    return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=tuple(charts),
                         files=files, packages=packages, kernels=extra, notes=tuple(notes))
 
 

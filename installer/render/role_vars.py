@@ -44,7 +44,8 @@ def role_vars(site: Site, release: Release) -> dict[str, Any]:
     from installer import sharing
 
     host_toolkit = site.toolkit.mode == "host"  # operator mode: the toolkit container configures the runtime
-    # with CDI, pods pick the runtime through a RuntimeClass; GPUManager needs plain runc as the default (installer.sharing)
+    # with CDI, pods pick the runtime through a RuntimeClass; GPUManager needs plain runc as the default, HAMi nvidia
+    # (installer.sharing refuses HAMi with CDI on)
     nvidia_default = site.cdi.enabled is not True and not sharing.enabled(site)
     trust = bool(site.registry.ca or site.registry.insecure)
     return {

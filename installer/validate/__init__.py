@@ -84,7 +84,10 @@ def runtime_expectations(plan: Plan, host_vars: dict[str, Any]) -> Any:
     host_toolkit = site.toolkit.mode == "host"
     cdi = plan.effective("cdi.enabled") is True if site.cdi.enabled is None else site.cdi.enabled
     name = str(host_vars.get("containerd_runtime_name") or "nvidia") if site.runtime == "containerd" else "nvidia"
-    return RuntimeExpect(runtime=site.runtime, name=name, default=(True if host_toolkit and not cdi else None),
+    # HAMi needs nvidia as the default runtime whoever configures it (installer.sharing); GPUManager plain runc
+    default = (True if (host_toolkit or site.sharing.mode == "hami") and not cdi and site.sharing.mode != "gpumanager"
+               else None)
+    return RuntimeExpect(runtime=site.runtime, name=name, default=default,
                          cdi=bool(cdi), by="gpu-install apply" if host_toolkit else
                          "the GPU Operator's toolkit daemonset (toolkit.mode operator)")
 
@@ -137,9 +140,12 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
             if progress:
                 progress(f"cluster: {len(nodes)} GPU node(s)")
             report.add(*node_checks)
+            h = plan.site.sharing.hami
             if plan.site.sharing.mode == "gpumanager":  # gpu-manager: 100 tencent.com/vcuda-core per GPU
                 report.add(*cluster.count_checks(objs, facts, 100, False, "vcuda-core (gpu-manager)",
                                                  resource=cluster.VCUDA_CORE))
+            elif plan.site.sharing.mode == "hami" and h is not None:  # HAMi: nvidia.com/gpu x deviceSplitCount
+                report.add(*cluster.count_checks(objs, facts, h.deviceSplitCount, False, "HAMi deviceSplitCount"))
             else:
                 method, replicas, rename = plan.site.devicePlugin.sharing()
                 report.add(*cluster.count_checks(objs, facts, replicas, rename,
@@ -182,6 +188,7 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
                       "namespace, with its pull Secret") for n in nodes]
     g = plan.site.sharing.gpumanager
     gpumanager = plan.site.sharing.mode == "gpumanager"
+    hs = plan.site.sharing.hami.smoke if plan.site.sharing.mode == "hami" and plan.site.sharing.hami else None
     targets, out = [], []
     for n in nodes:
         if n not in objs:
@@ -191,6 +198,11 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
             targets.append(smoke.Target(n, f"{cluster.VCUDA_CORE} {g.smoke.core}",
                                         limits={cluster.VCUDA_CORE: str(g.smoke.core),
                                                 "tencent.com/vcuda-memory": str(g.smoke.memory)}))
+            continue
+        if hs is not None:  # a HAMi share: one GPU slice with a memory and core limit
+            targets.append(smoke.Target(n, f"{cluster.GPU} 1 ({hs.memory} MiB, {hs.cores}% cores)",
+                                        limits={cluster.GPU: "1", "nvidia.com/gpumem": str(hs.memory),
+                                                "nvidia.com/gpucores": str(hs.cores)}))
             continue
         res = cluster.gpu_resources(objs[n].status.allocatable) or cluster.gpu_resources(objs[n].status.capacity)
         resource = cluster.GPU if cluster.GPU in res or not res else sorted(res)[0]
