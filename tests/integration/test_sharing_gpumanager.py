@@ -149,7 +149,7 @@ def test_gpumanager_runs_on_the_labelled_real_nodes(gm):
     # the toolkit's runtime is there, but runc stays containerd's default (gpu-manager's isolation needs it)
     dropin = root(h, "node1", "cat /etc/containerd/conf.d/99-nvidia.toml").stdout
     assert "runtimes.nvidia" in dropin and "default_runtime_name" not in dropin, dropin
-    sharing.rollout(_client(gm), NS, list(NODES), timeout=180, progress=print)
+    sharing.rollout(_client(gm), plan.site, list(NODES), timeout=180, progress=print)
     nodes = json.loads(kubectl(gm, "get", "nodes", "-o", "json").stdout)["items"]
     assert all(n["metadata"]["labels"].get("nvidia-device-enable") == "enable" for n in nodes)
 
