@@ -39,6 +39,8 @@ ENVIRONMENT = {
 DEVELOPMENT = {
     "GPU_INSTALL_DEMO_DIR": "scripts/demo: where the demo keeps its lab, site file, bundle and run records "
                             "(default `/var/lib/gpu-install/demo`)",
+    "GPU_INSTALL_HAMI_CHART": "tests: HAMi's chart (its charts/hami directory or a .tgz) to render gpu-install's "
+                              "HAMi values with; without it that test skips (the chart is not shipped with the tests)",
     "GPU_INSTALL_NO_APT": "scripts/bootstrap: skip the system packages",
     "GPU_INSTALL_NO_KUBERNETES": "scripts/bootstrap: do not build the lab's Kubernetes binaries",
     "GPU_INSTALL_REQUIRE_LAB": "tests: a missing lab prerequisite fails instead of skipping (set by CI)",
