@@ -8,6 +8,7 @@ the lab CA.
   STAND-IN gpu-manager, gpu-quota-admission  at the site registry paths sharing.mode gpumanager renders
                         (push_sharing_standins, called by the tests that need them): print their environment and
                         mounts, then sleep
+  STAND-IN hami, kube-scheduler, kube-webhook-certgen  the same for sharing.mode hami (push_hami_standins)
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def busybox_binary() -> bytes:
 
 
 def write_layout(out: Path, tag: str, entrypoint: list[str], cmd: list[str] | None = None,
-                 busybox: bytes | None = None) -> None:
-    """An OCI image layout at out with one image (tag): busybox at /bin/busybox, /bin/sh and /bin/sleep links."""
+                 busybox: bytes | None = None, scripts: dict[str, str] | None = None) -> None:
+    """An OCI image layout at out with one image (tag): busybox at /bin/busybox, /bin/sh and /bin/sleep links;
+    scripts: more executables, {"bin/<name>": text}."""
     busybox = busybox if busybox is not None else busybox_binary()
     blobs = out / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
@@ -65,6 +67,11 @@ def write_layout(out: Path, tag: str, entrypoint: list[str], cmd: list[str] | No
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             t.addfile(link)
+        for name, text in sorted((scripts or {}).items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            t.addfile(info, io.BytesIO(data))
     diff_id = hashlib.sha256(raw.getvalue()).hexdigest()
     layer = gzip.compress(raw.getvalue(), mtime=0)
     ld = put(layer)
@@ -133,5 +140,34 @@ def push_sharing_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[st
         layout = work / f"standin-{comp}"
         write_layout(layout, tag, ["/bin/sh", "-c"], [_SHARING_SCRIPTS[comp].format(mark=SHARING_STANDIN_MARK)],
                      busybox=busybox)
+        push(layout, tag, ref, ca)
+    return refs
+
+
+#: STAND-INs of sharing.mode hami's images at the paths gpu-install mirrors them to: each executable the HAMi chart
+#: runs (nvidia-device-plugin, vGPUmonitor, scheduler, kube-scheduler) is a script printing its name, arguments and
+#: mount points, then sleeping; the certificate Jobs' image prints its arguments and exits 0 (it writes no Secret).
+_HAMI_RUN = ('#!/bin/sh\necho "{mark} $(basename "$0"): $*"\n'
+             'while read -r dev mnt rest; do echo "mount $mnt"; done < /proc/self/mounts\nexec sleep 2147483647\n')
+_HAMI_SCRIPTS = {
+    "hami": {f"bin/{n}": _HAMI_RUN for n in ("nvidia-device-plugin", "vGPUmonitor", "scheduler")},
+    "hami.kubeScheduler": {"bin/kube-scheduler": _HAMI_RUN},
+}
+
+
+def push_hami_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[str, str]:
+    """Build and push the STAND-IN images of sharing.mode hami to refs ({component: destination reference}, e.g.
+    installer.sharing.destinations(site)); returns refs."""
+    busybox = busybox_binary()
+    for comp, ref in refs.items():
+        tag = ref.rpartition(":")[2]
+        layout = work / f"standin-{comp}"
+        if comp == "hami.certgen":
+            entry, cmd = ["/bin/sh", "-c", f'echo "{SHARING_STANDIN_MARK} kube-webhook-certgen: $*"', "certgen"], None
+            scripts = None
+        else:
+            entry, cmd = ["/bin/sleep", "2147483647"], None
+            scripts = {k: v.format(mark=SHARING_STANDIN_MARK) for k, v in _HAMI_SCRIPTS[comp].items()}
+        write_layout(layout, tag, entry, cmd, busybox=busybox, scripts=scripts)
         push(layout, tag, ref, ca)
     return refs

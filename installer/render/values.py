@@ -204,6 +204,14 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
                     _set(values, f"{spec.values_path}.image", comp.image)
                 _set(values, f"{spec.values_path}.version", comp.version)
         ov = site.components.get(comp.name)
+        by_mode = {"driver": ("driver.mode", site.driver.mode, site.driver.mode in ("operator", "precompiled")),
+                   "toolkit": ("toolkit.mode", site.toolkit.mode, site.toolkit.mode == "operator")}.get(comp.name)
+        if ov and ov.enabled is not None and by_mode and ov.enabled != by_mode[2]:
+            field, mode, on = by_mode
+            raise ConfigError(
+                f"components.{comp.name}.enabled: {str(ov.enabled).lower()} contradicts {field}: {mode}, which "
+                f"decides whether the operator deploys the {comp.name} ({'it does' if on else 'it does not'})",
+                hint=f"drop components.{comp.name}.enabled and choose with {field}")
         if ov and ov.enabled is not None:
             if not spec.enabled_path:
                 raise ConfigError(

@@ -155,3 +155,21 @@ def test_plan_effective_falls_back_to_chart_defaults():
     p = plan_of(site("v24.9.2"))
     assert p.effective("sandboxWorkloads.enabled") is False
     assert p.effective("driver.enabled") is True
+
+
+@pytest.mark.parametrize("comps,modes,expect", [
+    ({"toolkit": {"enabled": False}}, {"toolkit": {"mode": "operator"}}, "contradicts toolkit.mode: operator"),
+    ({"toolkit": {"enabled": True}}, {"toolkit": {"mode": "host"}}, "contradicts toolkit.mode: host"),
+    ({"driver": {"enabled": True}}, {"driver": {"mode": "host"}}, "contradicts driver.mode: host"),
+])
+def test_a_component_switch_that_the_mode_decides_is_not_silently_dropped(comps, modes, expect):
+    """toolkit.mode / driver.mode decide toolkit.enabled / driver.enabled; an override saying otherwise used to be
+    overwritten without a word."""
+    site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"},
+                       "components": comps, **modes})
+    with pytest.raises(ConfigError) as exc:
+        plan_of(site)
+    assert expect in exc.value.message and "choose with" in (exc.value.hint or "")
+    agree = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"},
+                        "components": {"toolkit": {"enabled": True}}, "toolkit": {"mode": "operator"}})
+    assert plan_of(agree).values["toolkit"]["enabled"] is True
