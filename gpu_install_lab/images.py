@@ -67,7 +67,16 @@ def write_layout(out: Path, tag: str, entrypoint: list[str], cmd: list[str] | No
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             t.addfile(link)
+        made = {"bin"}
         for name, text in sorted((scripts or {}).items()):
+            parts = name.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/".join(parts[:i])
+                if d not in made:
+                    made.add(d)
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    t.addfile(info)
             data = text.encode()
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o755
@@ -146,11 +155,13 @@ def push_sharing_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[st
 
 #: STAND-INs of sharing.mode hami's images at the paths gpu-install mirrors them to: each executable the HAMi chart
 #: runs (nvidia-device-plugin, vGPUmonitor, scheduler, kube-scheduler) is a script printing its name, arguments and
-#: mount points, then sleeping; the certificate Jobs' image prints its arguments and exits 0 (it writes no Secret).
+#: mount points, then sleeping (the device plugin's postStart hook script only prints); the certificate Jobs' image prints its arguments and exits 0 (it writes no Secret).
 _HAMI_RUN = ('#!/bin/sh\necho "{mark} $(basename "$0"): $*"\n'
              'while read -r dev mnt rest; do echo "mount $mnt"; done < /proc/self/mounts\nexec sleep 2147483647\n')
 _HAMI_SCRIPTS = {
-    "hami": {f"bin/{n}": _HAMI_RUN for n in ("nvidia-device-plugin", "vGPUmonitor", "scheduler")},
+    "hami": {**{f"bin/{n}": _HAMI_RUN for n in ("nvidia-device-plugin", "vGPUmonitor", "scheduler")},
+             # the device plugin container's postStart hook (it copies HAMi's CUDA interception library to the host)
+             "k8s-vgpu/bin/vgpu-init.sh": '#!/bin/sh\necho "{mark} vgpu-init.sh: $*"\n'},
     "hami.kubeScheduler": {"bin/kube-scheduler": _HAMI_RUN},
 }
 

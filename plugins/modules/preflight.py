@@ -21,7 +21,7 @@ options:
   require_gpu: {type: bool, default: true}
   allow_secure_boot: {type: bool, default: false}
   require_kernel_headers: {type: bool, default: true, description: with driver_mode host or runfile; false only where the module cannot be built anyway (the lab)}
-  sharing: {type: str, choices: [none, gpumanager], default: none, description: site.yaml sharing.mode; gpumanager needs the cgroup v1 memory controller}
+  sharing: {type: str, choices: [none, gpumanager, hami], default: none, description: site.yaml sharing.mode; gpumanager needs the cgroup v1 memory controller}
 author: gpu-install
 """
 
@@ -179,7 +179,7 @@ def main():
             require_gpu=dict(type="bool", default=True),
             allow_secure_boot=dict(type="bool", default=False),
             require_kernel_headers=dict(type="bool", default=True),
-            sharing=dict(type="str", choices=["none", "gpumanager"], default="none"),
+            sharing=dict(type="str", choices=["none", "gpumanager", "hami"], default="none"),
         ),
         supports_check_mode=True,
     )

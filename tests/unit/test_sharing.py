@@ -345,3 +345,19 @@ def test_real_hami_chart_renders_only_site_images():
         assert "deviceSplitCount: 4" in dev["data"]["device-config.yaml"]
         sched = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "hami-scheduler")
         assert list(sched["data"]) == (["config.json"] if kube == "v1.20.2" else ["config.yaml"])
+
+
+def test_every_sharing_mode_passes_the_roles_argument_specs():
+    """The preflight role's argument spec and module accept every sharing.mode the site model has (hami was once
+    refused there: found on real lab nodes)."""
+    import typing
+
+    import yaml
+
+    from installer.config import Sharing
+
+    modes = typing.get_args(Sharing.model_fields["mode"].annotation)
+    spec = yaml.safe_load((ROOT / "roles" / "preflight" / "meta" / "argument_specs.yml").read_text())
+    assert set(modes) == set(spec["argument_specs"]["main"]["options"]["preflight_sharing_mode"]["choices"])
+    module = (ROOT / "plugins" / "modules" / "preflight.py").read_text()
+    assert f'sharing=dict(type="str", choices={list(modes)!r}'.replace("'", '"') in module
