@@ -131,6 +131,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def dns_label(v: str) -> str:
+    """A Kubernetes name that must be a DNS-1123 label (namespace, Helm release, ConfigMap)."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
+        raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
+    return v
+
+
 class Operator(_Model):
     version: VersionText = Field(description="GPU Operator release from the catalog, e.g. v24.9.2",
                                  json_schema_extra=rules(integer={"minimum": 0}))
@@ -146,9 +153,7 @@ class Operator(_Model):
     @field_validator("namespace", "releaseName")
     @classmethod
     def _dns_label(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
-            raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
-        return v
+        return dns_label(v)
 
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -657,9 +662,7 @@ class GpuManager(_Model):
     @field_validator("namespace", "quotaConfigMapName", "quotaConfigMapNamespace")
     @classmethod
     def _dns_label(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
-            raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
-        return v
+        return dns_label(v)
 
     @field_validator("gpuModelLabel", "gpuPoolLabel")
     @classmethod
@@ -716,9 +719,7 @@ class Hami(_Model):
     @field_validator("namespace", "releaseName")
     @classmethod
     def _dns_label(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
-            raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
-        return v
+        return dns_label(v)
 
     @field_validator("kubernetesVersion")
     @classmethod
