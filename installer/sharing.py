@@ -74,37 +74,21 @@ def node_label(site: Site) -> tuple[str, str]:
 
 
 @lru_cache(maxsize=4)
-def _pins(path: str) -> dict[str, dict[str, str]]:
+def pinned(mode: str) -> dict[str, Any]:
+    """values/sharing/<mode>.yaml as shipped (read once): the mode's pinned images (and HAMi's chart)."""
+    from installer import content
     from installer.config import read_yaml
 
-    doc = read_yaml(Path(path), what="sharing image pins")
-    return {k: {f: str(v) for f, v in (doc.get(k) or {}).items()} for k in ("manager", "admission")}
-
-
-def pins() -> dict[str, dict[str, str]]:
-    from installer import content
-
-    return _pins(str(content.sharing_pins_file(GPUMANAGER)))
-
-
-@lru_cache(maxsize=4)
-def _hami_pins(path: str) -> dict[str, Any]:
-    from installer.config import read_yaml
-
-    doc = read_yaml(Path(path), what="HAMi pins")
-    return {"chart": {k: str(v) for k, v in doc["chart"].items()},
-            "images": {k: {f: str(v) for f, v in d.items()} for k, d in doc["images"].items()}}
-
-
-def hami_pins() -> dict[str, Any]:
-    from installer import content
-
-    return _hami_pins(str(content.sharing_pins_file(HAMI)))
+    path = content.sharing_pins_file(mode)
+    doc = read_yaml(path, what=f"{mode} pins")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: not a mapping", hint="reinstall gpu-install: its shipped data is damaged")
+    return doc
 
 
 def hami_chart(site: Site) -> tuple[str, str, str]:
     """(name, version, upstream repository) of the HAMi chart."""
-    c = hami_pins()["chart"]
+    c = pinned(HAMI)["chart"]
     h = site.sharing.hami
     return c["name"], (h.version if h and h.version else c["version"]), c["repository"]
 
@@ -116,7 +100,7 @@ def hami_sources(site: Site) -> dict[str, str]:
 
     h = site.sharing.hami
     assert h is not None
-    imgs = hami_pins()["images"]
+    imgs = pinned(HAMI)["images"]
     _name, version, _repo = hami_chart(site)
     legacy = kubernetes_minor(h.kubernetesVersion) < (1, 22)
     cert = imgs["certgenLegacy" if legacy else "certgen"]
@@ -131,10 +115,10 @@ def sources(site: Site) -> dict[str, str]:
     g = site.sharing.gpumanager
     out = {}
     for comp, key, over in ((MANAGER_COMPONENT, "manager", g.manager), (ADMISSION_COMPONENT, "admission", g.admission)):
-        pin = pins()[key]
+        pin = pinned(GPUMANAGER)[key]
         repo, image, version = over.repository or pin["repository"], over.image or pin["image"], \
             over.version or pin["version"]
-        out[comp] = f"{repo}/{image}{'@' if version.startswith('sha256:') else ':'}{version}"
+        out[comp] = f"{repo}/{image}{'@' if str(version).startswith('sha256:') else ':'}{version}"
     return out
 
 
