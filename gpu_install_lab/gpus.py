@@ -31,6 +31,7 @@ NODE_LIB = "/usr/local/lib/gpu-install-lab"  # where the binaries go inside a no
 CONFIG_PATH = "/etc/gpu-install-lab/gpus.yaml"
 NODE_SMI = "/usr/local/bin/nvidia-smi"  # the node's own nvidia-smi: the stand-in over all of the node's GPUs
 NODE_DEVICES = "/etc/gpu-install-lab/node-devices.json"
+MIG_STATE = "/var/lib/gpu-install-lab/mig-mode.json"  # the node's GPUs' MIG mode (the STAND-IN's state; "busy")
 UNIT = "gpu-install-lab-device-plugin.service"
 DRIVER_VERSION = "535.54.03"  # what the stand-in nvidia-smi reports (the recorded A100 document's driver)
 CUDA_VERSION = "12.2"
@@ -152,7 +153,9 @@ def node_device_info(config: dict[str, Any]) -> dict[str, Any]:
 NODE_SMI_TEXT = f"""#!/bin/sh
 # gpu-install lab STAND-IN: this node's nvidia-smi. There is no GPU and no driver: it is the STAND-IN nvidia-smi
 # (labtools/) over every GPU of {CONFIG_PATH} as it was at `lab up` ({NODE_DEVICES}).
-NVIDIA_VISIBLE_DEVICES=all NVIDIA_STANDIN_DEVICE_INFO={NODE_DEVICES} exec {NODE_LIB}/{SMI} "$@"
+# MIG mode (--query-gpu mig.mode.*, -mig, -r) is kept in {MIG_STATE}.
+NVIDIA_VISIBLE_DEVICES=all NVIDIA_STANDIN_DEVICE_INFO={NODE_DEVICES} NVIDIA_STANDIN_MIG_STATE={MIG_STATE} \\
+    exec {NODE_LIB}/{SMI} "$@"
 """
 
 

@@ -397,8 +397,42 @@ class MigDevices(_Model):
         return self
 
 
+class Nos(_Model):
+    """nos (github.com/nebuly-ai/nos): dynamic MIG partitioning from the pods' nvidia.com/mig-* requests."""
+
+    chart: str | None = Field(
+        None, description="the nos chart apply installs: .tgz, directory or oci://<registry>/<path>/nos (mirror push "
+        "prints it); a relative path is relative to the site file")
+    version: VersionText | None = Field(None, description="nos chart version; default: values/sharing/nos.yaml")
+    namespace: str = Field("nebuly-nos", description="namespace of the release (not default: the chart refuses it)",
+                           json_schema_extra=rules({"pattern": DNS_LABEL}))
+    releaseName: str = Field("nos", description="Helm release name", json_schema_extra=rules({"pattern": DNS_LABEL}))
+    reset: StrictBool = Field(True, description="when MIG mode stays pending after `nvidia-smi -mig 1`, try a GPU reset "
+                              "(nvidia-smi -r; refused while a process uses the GPU)")
+    reboot: StrictBool = Field(False, description="reboot a node whose MIG mode is still pending after the reset; "
+                               "false: stop and report the node (reboot it yourself, then apply again)")
+
+    @field_validator("namespace", "releaseName")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        return dns_label(v)
+
+    @field_validator("namespace")
+    @classmethod
+    def _not_default(cls, v: str) -> str:
+        if v == "default":
+            raise ValueError("nos refuses the default namespace (its chart fails there): use e.g. nebuly-nos")
+        return v
+
+
 class Mig(_Model):
-    strategy: Literal["none", "single", "mixed"] = Field("single", description="MIG strategy of the device plugin")
+    strategy: Literal["none", "single", "mixed"] = Field("single", description="MIG strategy of the device plugin "
+                                                         "(mixed with dynamic nos)")
+    dynamic: Literal["none", "nos"] = Field(
+        "none", description="none: MIG layouts are static (mig.config, mig-manager) | nos: nos partitions the GPUs of "
+        "the GPU nodes on demand (MIG mode turned on by gpu-install; mig-manager off; host var gpu_install_mig_dynamic "
+        "false leaves a node out)")
+    nos: Nos = Field(default_factory=Nos, description="settings of mig.dynamic nos")
     config: str | None = Field(None, description="default MIG config name (nvidia.com/mig.config), e.g. all-1g.10gb")
     configMap: str | None = Field(None, description="custom mig-parted ConfigMap (key config.yaml) instead of the default")
     customConfigs: dict[str, list[MigDevices]] = Field(
@@ -419,6 +453,21 @@ class Mig(_Model):
     def _one_source(self) -> Mig:
         if self.customConfigs and self.configMap:
             raise ValueError("customConfigs and configMap both name the MIG ConfigMap: keep one")
+        return self
+
+    @model_validator(mode="after")
+    def _dynamic(self) -> Mig:
+        if self.dynamic != "nos":
+            return self
+        if "strategy" in self.model_fields_set and self.strategy != "mixed":
+            raise ValueError(f"dynamic nos needs strategy mixed (nos asks for nvidia.com/mig-<profile> resources), not "
+                             f"{self.strategy}: set mig.strategy: mixed or leave it unset")
+        static = [k for k in ("config", "configMap", "customConfigs") if getattr(self, k)]
+        if static:
+            raise ValueError(f"dynamic nos and static MIG layouts ({', '.join('mig.' + k for k in static)}) exclude "
+                             "each other: nos makes the layouts, mig-manager is off: drop " + ", ".join(static))
+        if self.strategy != "mixed":
+            object.__setattr__(self, "strategy", "mixed")
         return self
 
 
@@ -1211,6 +1260,8 @@ mig:
   config: null              # default MIG layout, e.g. all-1g.10gb (null: release default all-disabled)
   customConfigs: {}         # your own layouts (v24.6.0+), e.g. {half: [{devices: [0,1], mig-enabled: true,
                             #   mig-devices: {3g.40gb: 2}}, {devices: [2,3], mig-enabled: false}]} (docs/mig.md)
+  dynamic: none             # none | nos: nos makes the layouts on demand (docs/mig.md#dynamic-mig-with-nos);
+                            #   then also nos: {chart: oci://<registry>/charts/nos, reset: true, reboot: false}
 
 devicePlugin:
   timeSlicing:

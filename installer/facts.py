@@ -47,6 +47,8 @@ class Node:
     # the inventory's settings of the package roles' variables for this host (nvidia_driver_*,
     # nvidia_container_toolkit_*): what the roles install there, as installer.mirror reads it
     role_vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    mig_dynamic: bool = True  # gpu_install_mig_dynamic: false leaves the node out of mig.dynamic nos
+
 
     @property
     def node_name(self) -> str:
@@ -119,7 +121,15 @@ def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
     k8s = hv.get(NODE_NAME_VAR)
     kernel_text = kernel_release(kernel, f"{where}: gpu_install_kernel") if kernel else None
     overrides = {str(k): _plain(v) for k, v in hv.items() if str(k).startswith(PACKAGE_ROLE_PREFIXES)}
-    return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None, overrides)
+    dynamic = hv.get(MIG_DYNAMIC_VAR, True)
+    if not isinstance(dynamic, bool):
+        raise ConfigError(f"{where}: {MIG_DYNAMIC_VAR} must be true or false, not {dynamic!r}",
+                          hint=f"{MIG_DYNAMIC_VAR}: false leaves the node out of mig.dynamic nos")
+    return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None, overrides, dynamic)
+
+
+#: host var: false leaves a GPU node out of mig.dynamic nos (whole GPUs there, no MIG mode, no nos label)
+MIG_DYNAMIC_VAR = "gpu_install_mig_dynamic"
 
 
 #: the roles whose packages depend on inventory variables too (see Node.role_vars)

@@ -251,7 +251,8 @@ def run_sharing(plan: Plan, check: bool, op: OperatorOptions, kubeconfig: Any, s
     would change."""
     from installer import sharing
 
-    what = "HAMi" if sharing.hami(plan.site) else "gpu-manager + gpu-quota-admission"
+    what = {"hami": "HAMi", "nos": "nos (dynamic MIG)"}.get(sharing.kind(plan.site) or "",
+                                                           "gpu-manager + gpu-quota-admission")
     say(f"stage sharing: {what}" + (" (check mode)" if check else ""))
     try:
         if check:
@@ -293,11 +294,11 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
     out: list[str] = []
     if skipped:
         out.append(f"not the GPU Operator release: {skipped}")
-    if op.enabled and site.sharing.mode in ("gpumanager", "hami"):
-        from installer import sharing
+    from installer import sharing
 
+    if op.enabled and sharing.active(site):
         sns, label = sharing.namespace(site), sharing.node_label(site)
-        out.append(f"Helm release {sharing.release_name(site)} ({site.sharing.mode}) in namespace {sns}, the node "
+        out.append(f"Helm release {sharing.release_name(site)} ({sharing.kind(site)}) in namespace {sns}, the node "
                    f"label {label[0]} from the GPU nodes"
                    + (f", pull Secret {sns}/{site.registry.pullSecret.name} (only if gpu-install made it)"
                       if site.registry.pullSecret and sns != site.operator.namespace else ""))

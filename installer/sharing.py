@@ -1,5 +1,12 @@
 """GPU sharing by a component of its own: sharing.mode hami (Project-HAMi) and gpumanager (tkestack GPUManager +
-gpu-quota-admission).
+gpu-quota-admission), and dynamic MIG partitioning by nos (mig.dynamic nos; nebuly-ai/nos). At most one of them is
+active on a site (they exclude each other: conflicts()); kind() says which, and the sharing stage installs it.
+
+nos: its chart from the site's chart repository (values: every image from the site registry, shareTelemetry off;
+the site's pull Secret added to the release's ServiceAccounts, the chart having no value for it), the node label
+nos.nebuly.com/gpu-partitioning=mig on the GPU nodes taking part (not those with gpu_install_mig_dynamic false),
+where the mig_mode role turned MIG mode on before; the GPU Operator runs with mig.strategy mixed and mig-manager off
+(installer.render.values). Needs Kubernetes 1.23+ and cert-manager (cluster_conflicts()).
 
 One place for what the modes mean, read by the plan and the stages (gpumanager below; hami the same way with
 HAMi's chart from the site's chart repository, its own scheduler instead of an extender in kube-scheduler, the node
@@ -35,6 +42,9 @@ if TYPE_CHECKING:
 
 GPUMANAGER = "gpumanager"
 HAMI = "hami"
+NOS = "nos"
+NOS_LABEL = ("nos.nebuly.com/gpu-partitioning", "mig")  # nos' mig-agent runs there and partitions the GPUs
+NOS_MIN_KUBERNETES = (1, 23)
 RELEASE = "gpu-manager"  # Helm release and chart name
 HAMI_LABEL = ("gpu", "on")  # HAMi's device plugin DaemonSet selects these nodes (devicePlugin.nvidiaNodeSelector)
 NODE_LABEL = ("nvidia-device-enable", "enable")  # gpu-manager's DaemonSet selects these nodes
@@ -56,21 +66,47 @@ def hami(site: Site) -> bool:
     return site.sharing.mode == HAMI
 
 
+def nos(site: Site) -> bool:
+    """mig.dynamic nos, and no sharing mode (a sharing mode with it is refused by conflicts())."""
+    return site.mig.dynamic == NOS and site.sharing.mode == "none"
+
+
+def kind(site: Site) -> str | None:
+    """What the sharing stage installs: gpumanager, hami, nos, or None."""
+    if site.sharing.mode in (GPUMANAGER, HAMI):
+        return site.sharing.mode
+    return NOS if nos(site) else None
+
+
 def active(site: Site) -> bool:
-    """A sharing mode with a stage of its own (hami or gpumanager)."""
-    return site.sharing.mode in (GPUMANAGER, HAMI)
+    """A component with a stage of its own (hami, gpumanager or nos)."""
+    return kind(site) is not None
+
+
+def what(site: Site) -> str:
+    """How the site names it: sharing.mode X or mig.dynamic nos."""
+    return f"mig.dynamic {NOS}" if nos(site) else f"sharing.mode {site.sharing.mode}"
 
 
 def namespace(site: Site) -> str:
+    if nos(site):
+        return site.mig.nos.namespace
     return site.sharing.hami.namespace if hami(site) and site.sharing.hami else site.sharing.gpumanager.namespace
 
 
 def release_name(site: Site) -> str:
+    if nos(site):
+        return site.mig.nos.releaseName
     return site.sharing.hami.releaseName if hami(site) and site.sharing.hami else RELEASE
 
 
 def node_label(site: Site) -> tuple[str, str]:
-    return HAMI_LABEL if hami(site) else NODE_LABEL
+    return NOS_LABEL if nos(site) else HAMI_LABEL if hami(site) else NODE_LABEL
+
+
+def stage_nodes(plan: Plan) -> list[str]:
+    """The Kubernetes Nodes the stage labels: every GPU node, under nos those taking part (gpu_install_mig_dynamic)."""
+    return [n.node_name for n in plan.nodes if not nos(plan.site) or n.mig_dynamic]
 
 
 @lru_cache(maxsize=4)
@@ -91,6 +127,22 @@ def hami_chart(site: Site) -> tuple[str, str, str]:
     c = pinned(HAMI)["chart"]
     h = site.sharing.hami
     return c["name"], (h.version if h and h.version else c["version"]), c["repository"]
+
+
+def nos_chart(site: Site) -> tuple[str, str, str]:
+    """(name, version, upstream repository) of the nos chart."""
+    c = pinned(NOS)["chart"]
+    return c["name"], (site.mig.nos.version or c["version"]), c["repository"]
+
+
+def nos_sources(site: Site) -> dict[str, str]:
+    """nos' images (component -> upstream reference), tagged with the chart's version (its appVersion) but the
+    kube-rbac-proxy sidecar, pinned apart."""
+    _name, version, _repo = nos_chart(site)
+    out = {}
+    for key, img in pinned(NOS)["images"].items():
+        out[f"nos.{key}"] = f"{img['repository']}/{img['image']}:{img.get('version') or version}"
+    return out
 
 
 def hami_sources(site: Site) -> dict[str, str]:
@@ -127,10 +179,11 @@ def images(site: Site) -> list[Image]:
     from installer.artifacts import Image
     from installer.render.values import destination_ref
 
-    if not active(site):
+    k = kind(site)
+    if k is None:
         return []
-    return [Image(src, destination_ref(src, site.registry), comp)
-            for comp, src in (hami_sources(site) if hami(site) else sources(site)).items()]
+    found = {HAMI: hami_sources, NOS: nos_sources, GPUMANAGER: sources}[k](site)
+    return [Image(src, destination_ref(src, site.registry), comp) for comp, src in found.items()]
 
 
 def destinations(site: Site) -> dict[str, str]:
@@ -208,12 +261,38 @@ def hami_values(site: Site) -> dict[str, Any]:
     }
 
 
+def nos_values(site: Site) -> dict[str, Any]:
+    """The nos chart's values: each image's repository and tag in the site registry, telemetry off (its post-install
+    Pod would post to nebuly.cloud from an image nobody mirrored)."""
+    dest = destinations(site)
+
+    def image(key: str) -> dict[str, str]:
+        repo, _, tag = dest[f"nos.{key}"].rpartition(":")
+        return {"repository": repo, "tag": tag}
+
+    proxy = image("kubeRbacProxy")
+    return {
+        "shareTelemetry": False,
+        "operator": {"image": image("operator"), "kubeRbacProxy": {"image": dict(proxy)}},
+        "scheduler": {"image": image("scheduler")},
+        "gpuPartitioner": {"image": image("gpuPartitioner"), "migAgent": {"image": image("migAgent")},
+                           "gpuAgent": {"image": image("gpuAgent")}, "kubeRbacProxy": {"image": dict(proxy)}},
+    }
+
+
 def release_values(site: Site) -> dict[str, Any]:
-    return hami_values(site) if hami(site) else chart_values(site)
+    return nos_values(site) if nos(site) else hami_values(site) if hami(site) else chart_values(site)
 
 
 def release_chart(site: Site) -> str | Path:
-    """The chart the sharing stage installs: HAMi's from sharing.hami.chart, else gpu-install's own gpu-manager."""
+    """The chart the sharing stage installs: HAMi's from sharing.hami.chart, nos' from mig.nos.chart, else
+    gpu-install's own gpu-manager."""
+    if nos(site):
+        if not site.mig.nos.chart:
+            raise ConfigError("mig.dynamic nos: mig.nos.chart is not set, and apply installs nos from it",
+                              hint="give the chart `gpu-install mirror push` printed (oci://<registry>/charts/nos:<v>) "
+                                   "or the .tgz in the bundle; or pass --skip-operator to configure the nodes only")
+        return site.mig.nos.chart
     if hami(site):
         h = site.sharing.hami
         assert h is not None
@@ -229,8 +308,9 @@ def check_chart(site: Site) -> None:
     """The sharing stage's chart is there (exit 2 before any host): HAMi's sharing.hami.chart as a local path."""
     ref = release_chart(site)
     if isinstance(ref, str) and "://" not in ref and not Path(ref).exists():
-        raise ConfigError(f"sharing.hami.chart {ref}: no such file or directory",
-                          hint="give the hami-<version>.tgz of the bundle (BUNDLE/charts/) or the oci:// reference "
+        field_, chart = ("mig.nos.chart", "nos") if nos(site) else ("sharing.hami.chart", "hami")
+        raise ConfigError(f"{field_} {ref}: no such file or directory",
+                          hint=f"give the {chart}-<version>.tgz of the bundle (BUNDLE/charts/) or the oci:// reference "
                                "`gpu-install mirror push` printed")
 
 
@@ -262,9 +342,34 @@ def chart_dir() -> Path:
 # ---------------------------------------------------------------- conflicts (exit 3, before any host is touched)
 
 
-def conflicts(plan: Plan) -> list[str]:
-    """What in the site contradicts its sharing.mode, each with its fix (empty: none, or sharing off)."""
+def nos_conflicts(plan: Plan) -> list[str]:
+    """What in the site contradicts mig.dynamic nos, each with its fix."""
     site = plan.site
+    out = []
+    if site.sharing.mode != "none":
+        out.append(f"sharing.mode {site.sharing.mode} with mig.dynamic nos: {site.sharing.mode} shares whole GPUs, "
+                   "nos cuts them into MIG devices; one node's GPUs cannot be both: drop one of them")
+    static = sorted({a.node for a in plan.mig})
+    if static:
+        out.append(f"a static MIG layout (gpu_install_mig_config) is set for {', '.join(static)}: under mig.dynamic "
+                   "nos mig-manager is off and nos makes the layouts: drop gpu_install_mig_config there (a node left "
+                   "out of nos with gpu_install_mig_dynamic: false keeps whole GPUs)")
+    dp = plan.components.get("devicePlugin")
+    if dp is None or not plan.deployed(dp):
+        out.append("components.devicePlugin.enabled: false: nos relies on the operator's device plugin (mig.strategy "
+                   "mixed) to advertise the MIG devices it makes: leave the device plugin on")
+    if site.driver.mode in ("operator", "precompiled"):
+        out.append(f"driver.mode {site.driver.mode}: gpu-install turns MIG mode on with the host's nvidia-smi before "
+                   "the operator starts, and with a driver container there is none on the host yet: use driver.mode "
+                   "host, runfile or preinstalled")
+    return out
+
+
+def conflicts(plan: Plan) -> list[str]:
+    """What in the site contradicts its sharing.mode or mig.dynamic, each with its fix (empty: none, or both off)."""
+    site = plan.site
+    if site.mig.dynamic == NOS:
+        return nos_conflicts(plan)
     if not active(site):
         return []
     out = []
@@ -300,7 +405,8 @@ def conflicts(plan: Plan) -> list[str]:
 def check(plan: Plan) -> None:
     found = conflicts(plan)
     if found:
-        raise PreflightError(f"sharing.mode {plan.site.sharing.mode} conflicts with the site:\n    "
+        name = "mig.dynamic nos" if plan.site.mig.dynamic == NOS else f"sharing.mode {plan.site.sharing.mode}"
+        raise PreflightError(f"{name} conflicts with the site:\n    "
                              + "\n    ".join(found), hint="fix the site file; nothing was changed on any host")
 
 
@@ -316,6 +422,8 @@ def cluster_conflicts(plan: Plan, client: Any, operator_namespace: str) -> list[
     site = plan.site
     if not active(site):
         return []
+    if nos(site):
+        return nos_cluster_conflicts(plan, client)
     out = []
     version = kube.server_version(client)
     h = site.sharing.hami
@@ -357,10 +465,43 @@ def cluster_conflicts(plan: Plan, client: Any, operator_namespace: str) -> list[
     return out
 
 
+def nos_cluster_conflicts(plan: Plan, client: Any) -> list[str]:
+    """Read-only: Kubernetes 1.23+ (nos' scheduler), cert-manager's API (the operator's webhook certificate), and no
+    static MIG layout label on a node nos is to manage."""
+    from kubernetes import client as k
+
+    from installer import kube
+    from installer.config import kubernetes_minor
+    from installer.mig import LABEL
+
+    out = []
+    version = kube.server_version(client)
+    if kubernetes_minor(version) < NOS_MIN_KUBERNETES:
+        out.append(f"the cluster runs Kubernetes {version}, and nos needs {NOS_MIN_KUBERNETES[0]}.{NOS_MIN_KUBERNETES[1]} "
+                   "or newer (its scheduler is built on that kube-scheduler): upgrade the cluster, or use static "
+                   "MIG layouts (mig.dynamic: none, mig.config)")
+    groups: Any = k.ApisApi(client)
+    served = {g.name: [v.version for v in g.versions]
+              for g in kube._call("list the API groups", lambda: groups.get_api_versions().groups)}
+    if "v1" not in served.get("cert-manager.io", []):
+        out.append("the cluster serves no cert-manager.io/v1 API: nos' operator gets its webhook certificate from "
+                   "cert-manager, and its pod does not start without it: install cert-manager first (its images "
+                   "through the site registry too)")
+    mine = stage_nodes(plan)
+    labels = kube.node_labels(client, mine)
+    for node in mine:
+        value = (labels.get(node) or {}).get(LABEL)
+        if value is not None:
+            out.append(f"node {node} carries {LABEL}={value}, a static MIG layout: nos would change the layout under "
+                       f"it: kubectl label node {node} {LABEL}- (or leave the node out of nos: "
+                       "gpu_install_mig_dynamic: false)")
+    return out
+
+
 def check_cluster(plan: Plan, client: Any, operator_namespace: str) -> None:
     found = cluster_conflicts(plan, client, operator_namespace)
     if found:
-        raise PreflightError(f"sharing.mode {plan.site.sharing.mode} conflicts with the cluster:\n    "
+        raise PreflightError(f"{what(plan.site)} conflicts with the cluster:\n    "
                              + "\n    ".join(found), hint="fix these first; nothing was changed on any host")
 
 
@@ -375,6 +516,9 @@ def hami_fullname(site: Site) -> str:
 
 def workloads(site: Site) -> tuple[str, str]:
     """(the DaemonSet that must run on every GPU node, the Deployment that must be available) of the mode."""
+    if nos(site):
+        rel = release_name(site)
+        return f"{rel}-mig-agent", f"{rel}-gpu-partitioner"
     if hami(site):
         full = hami_fullname(site)
         return f"{full}-device-plugin", f"{full}-scheduler"
@@ -421,8 +565,11 @@ def install(plan: Plan, kubeconfig: Path, timeout: float = 300, wait: bool = Tru
     say(f"helm upgrade --install {rel} {chart} -n {ns}" + (f" (wait up to {timeout:.0f}s)" if wait else ""))
     # no --wait on helm: the device plugin's pods only start once the nodes are labelled, below; rollout() waits then
     state = helm.install_or_upgrade(chart, rel, ns, release_values(site), kubeconfig, timeout=timeout, wait=False)
+    if nos(site) and site.registry.pullSecret:  # the chart has no imagePullSecrets value
+        for line in service_account_secrets(client, ns, rel, site.registry.pullSecret.name):
+            say(line)
     labelled = []
-    for node in (n.node_name for n in plan.nodes):
+    for node in stage_nodes(plan):
         current = kube.node_labels(client, [node]).get(node)
         if current is None:
             raise ConfigError(f"no Node {node} in the cluster for GPU host {node}",
@@ -431,10 +578,46 @@ def install(plan: Plan, kubeconfig: Path, timeout: float = 300, wait: bool = Tru
             kube.set_node_label(client, node, *label)
             labelled.append(node)
     if wait:
-        rollout(client, site, [n.node_name for n in plan.nodes],
+        rollout(client, site, stage_nodes(plan),
                 timeout=max(30.0, timeout - (time.monotonic() - t0)), progress=say)
     return Report(rel, ns, bool(state.changed) or bool(labelled), state.revision, label, labelled, secret,
                   time.monotonic() - t0)
+
+
+def service_account_secrets(client: Any, namespace: str, release: str, secret: str) -> list[str]:
+    """The pull Secret on every ServiceAccount of the release (Helm's meta.helm.sh/release-name), and the release's
+    pods that started before without it deleted (their controllers make them again, with it)."""
+    from kubernetes import client as k
+
+    from installer import kube
+
+    core: Any = k.CoreV1Api(client)
+    accounts = [sa for sa in kube._call(f"list the ServiceAccounts in {namespace}",
+                                        lambda: core.list_namespaced_service_account(namespace).items)
+                if (sa.metadata.annotations or {}).get("meta.helm.sh/release-name") == release]
+    done = []
+    for sa in accounts:
+        have = [r.name for r in (sa.image_pull_secrets or [])]
+        if secret not in have:
+            body = {"imagePullSecrets": [{"name": n} for n in [*have, secret]]}
+            name: str = sa.metadata.name
+
+            def patch(name: str = name, body: dict[str, Any] = body) -> Any:
+                return core.patch_namespaced_service_account(name, namespace, body)
+
+            kube._call(f"patch ServiceAccount {namespace}/{name}", patch)
+            done.append(f"pull secret {secret} on ServiceAccount {namespace}/{sa.metadata.name}")
+    names = {sa.metadata.name for sa in accounts}
+    for pod in kube._call(f"list the pods in {namespace}", lambda: core.list_namespaced_pod(namespace).items):
+        if pod.spec.service_account_name in names and secret not in [r.name for r in (pod.spec.image_pull_secrets or [])]:
+            pod_name: str = pod.metadata.name
+
+            def delete(pod_name: str = pod_name) -> Any:
+                return core.delete_namespaced_pod(pod_name, namespace)
+
+            kube._call(f"delete pod {namespace}/{pod_name}", delete)
+            done.append(f"pod {namespace}/{pod.metadata.name} made again with the pull secret")
+    return done
 
 
 def preview(plan: Plan, kubeconfig: Path) -> tuple[bool, str]:
@@ -444,7 +627,7 @@ def preview(plan: Plan, kubeconfig: Path) -> tuple[bool, str]:
     site = plan.site
     ns, rel, label = namespace(site), release_name(site), node_label(site)
     rp = helm.plan_release(release_chart(site), rel, ns, release_values(site), kubeconfig)
-    labels = kube.node_labels(kube.api_client(kubeconfig), [n.node_name for n in plan.nodes])
+    labels = kube.node_labels(kube.api_client(kubeconfig), stage_nodes(plan))
     todo = sorted(n for n, ls in labels.items() if ls is None or ls.get(label[0]) != label[1])
     what = f"release {rel} in {ns}: {'would ' + rp.action if rp.action != 'unchanged' else 'unchanged'}; " + (
         f"would label {', '.join(todo)} {label[0]}={label[1]}" if todo else "node labels in place")
@@ -511,7 +694,7 @@ def uninstall(plan: Plan, kubeconfig: Path, timeout: float = 300, progress: Prog
     done = []
     if helm.uninstall(rel, ns, kubeconfig, timeout=timeout):
         done.append(f"Helm release {rel} in {ns} removed")
-    labels = kube.node_labels(client, [n.node_name for n in plan.nodes])
+    labels = kube.node_labels(client, stage_nodes(plan))
     unlabelled = [n for n, ls in labels.items() if ls is not None and label[0] in ls]
     for node in unlabelled:
         kube.set_node_label(client, node, label[0], None)

@@ -211,6 +211,11 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
 
         name, version, repository = sharing.hami_chart(site)
         charts.append(ChartArtifact(name, version, repository, (Need("HAMi chart", "sharing.mode=hami"),)))
+    if site.mig.dynamic == "nos" and site.sharing.mode == "none":  # nos' chart, from its OCI repository
+        from installer import sharing
+
+        name, version, repository = sharing.nos_chart(site)
+        charts.append(ChartArtifact(name, version, repository, (Need("nos chart", "mig.dynamic=nos"),)))
     if site.operator.chart:
         where = ("push the mirrored chart to that registry path" if "://" in site.operator.chart
                  else f"put the mirrored {chart.file} at that path on the air-gapped controller")
@@ -240,7 +245,8 @@ def chart_version(plan: Plan) -> str:
 def _image(plan: Plan, img: Image) -> ImageArtifact:
     comp = plan.components.get(img.component)
     if comp is None:  # an image of the sharing mode (installer.sharing), not of the operator's chart
-        need = Need(img.component, f"sharing.mode={plan.site.sharing.mode}")
+        need = Need(img.component, "mig.dynamic=nos" if img.component.startswith("nos.")
+                    else f"sharing.mode={plan.site.sharing.mode}")
         return ImageArtifact(img.source, img.destination, img.component, (need,))
     return ImageArtifact(img.source, img.destination, img.component, tuple(_image_needs(plan, comp, img)))
 

@@ -85,6 +85,10 @@ def role_vars(site: Site, release: Release) -> dict[str, Any]:
         "package_repo_key_src": str(Path(site.packages.key).expanduser().absolute()) if site.packages.key else "",
         "nvidia_container_toolkit_enabled": host_toolkit,
         **({"nvidia_container_toolkit_version": _toolkit_version(site, release)} if host_toolkit else {}),
+        # mig.dynamic nos: MIG mode on the GPU nodes (host var gpu_install_mig_dynamic false leaves one out)
+        "mig_mode_enabled": site.mig.dynamic == "nos",
+        "mig_mode_reset": site.mig.nos.reset,
+        "mig_mode_reboot": site.mig.nos.reboot,
         # control plane: no extenders -> the role does nothing; sharing.mode gpumanager adds gpu-quota-admission's
         "scheduler_policy_extenders": [e.model_dump(exclude_none=True, exclude_defaults=True) | {"urlPrefix": e.urlPrefix}
                                        for e in sharing.extenders(site)],

@@ -205,7 +205,11 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
                 _set(values, f"{spec.values_path}.version", comp.version)
         ov = site.components.get(comp.name)
         by_mode = {"driver": ("driver.mode", site.driver.mode, site.driver.mode in ("operator", "precompiled")),
-                   "toolkit": ("toolkit.mode", site.toolkit.mode, site.toolkit.mode == "operator")}.get(comp.name)
+                   "toolkit": ("toolkit.mode", site.toolkit.mode, site.toolkit.mode == "operator"),
+                   # nos makes the MIG layouts: mig-manager must not (only contradicted by enabling it)
+                   "migManager": ("mig.dynamic", site.mig.dynamic, False)}.get(comp.name)
+        if comp.name == "migManager" and site.mig.dynamic != "nos":
+            by_mode = None
         if ov and ov.enabled is not None and by_mode and ov.enabled != by_mode[2]:
             field, mode, on = by_mode
             raise ConfigError(
@@ -329,7 +333,10 @@ def _render_toolkit(site: Site, release: Release, values: dict[str, Any]) -> Non
 
 
 def _render_mig(site: Site, release: Release, values: dict[str, Any]) -> None:
-    _set(values, "mig.strategy", site.mig.strategy)
+    _set(values, "mig.strategy", site.mig.strategy)  # mixed under mig.dynamic nos (installer.config.Mig)
+    mm = release.components.get("migManager")
+    if site.mig.dynamic == "nos" and mm is not None and mm.enabled_path:
+        _set(values, mm.enabled_path, False)  # nos' mig-agent makes the layouts (its docs: migManager.enabled=false)
     if site.mig.configMap:
         _set(values, "migManager.config.name", site.mig.configMap)
     if site.mig.customConfigs:  # the chart creates the ConfigMap from data (installer.mig: configs checked there)

@@ -11,6 +11,16 @@
 // recorded real layouts (driver 535).
 //
 //	nvidia-smi -L | nvidia-smi | nvidia-smi -q -x | nvidia-smi --stand-in
+//
+// On a lab node (NVIDIA_STANDIN_MIG_STATE set by the node's wrapper) it also plays the MIG mode
+// protocol of the real tool, for the mig_mode role: `--query-gpu=index,pci.bus_id,name,
+// mig.mode.current,mig.mode.pending --format=csv[,noheader]`, `-i N -mig 0|1`, `-i N -r`
+// (--gpu-reset) and `mig -i N -dci|-dgi`. The state file (JSON) keeps each GPU's current and
+// pending mode and the boot id it was written under: a pending mode becomes current on a GPU
+// reset, or when the node has booted since (another /proc/sys/kernel/random/boot_id). Tests make
+// a GPU "in use" by listing its index under "busy": switching its mode then stays pending with
+// the real tool's warning and its reset is refused with the real tool's message, as on a GPU a
+// process holds open.
 package main
 
 import (
@@ -18,6 +28,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -40,6 +51,7 @@ type device struct {
 	MigCapable bool        `json:"migCapable"`
 	PciBusID   string      `json:"pciBusId"`
 	Mig        []migDevice `json:"mig,omitempty"`
+	migMode    string      // from the node's MIG mode state ("" = as the MIG devices say)
 }
 
 type deviceInfo struct {
@@ -212,6 +224,9 @@ func renderGPU(r recorded, d device, index int) string {
 		if len(d.Mig) > 0 {
 			mode = "Enabled"
 		}
+		if d.migMode != "" {
+			mode = d.migMode
+		}
 	}
 	b = tag(b, "current_mig", mode)
 	b = tag(b, "pending_mig", mode)
@@ -360,7 +375,20 @@ func main() {
 		fmt.Println("gpu-install lab STAND-IN nvidia-smi: no real GPU; renders recorded nvidia-smi documents for the devices the stand-in device plugin allocated")
 		return
 	}
+	if os.Getenv("NVIDIA_STANDIN_MIG_STATE") != "" {
+		if manage(args) {
+			return
+		}
+	}
 	devs, info := visible()
+	if os.Getenv("NVIDIA_STANDIN_MIG_STATE") != "" {
+		st := loadMigState(info.Devices)
+		for i := range devs {
+			if g, ok := st.GPUs[strconv.Itoa(devs[i].Index)]; ok && devs[i].MigCapable {
+				devs[i].migMode = g.Current
+			}
+		}
+	}
 	switch {
 	case has("-L", "--list-gpus"):
 		fmt.Print(list(devs))
@@ -372,4 +400,240 @@ func main() {
 		fmt.Fprintf(os.Stderr, "gpu-install lab STAND-IN nvidia-smi: only -L, -q -x and no arguments are supported (got %s)\n", strings.Join(args, " "))
 		os.Exit(2)
 	}
+}
+
+// ---- MIG mode management on a lab node (NVIDIA_STANDIN_MIG_STATE) ----
+
+type migGPU struct {
+	Current string `json:"current"`
+	Pending string `json:"pending"`
+}
+
+type migState struct {
+	BootID string            `json:"bootId"`
+	GPUs   map[string]migGPU `json:"gpus"`
+	Busy   []int             `json:"busy,omitempty"`
+}
+
+func bootID() string {
+	raw, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(raw))
+}
+
+// loadMigState: the saved state (pending modes applied when the node booted since), or the
+// initial one: MIG-capable GPUs Enabled when they have MIG devices configured, else Disabled.
+func loadMigState(devs []device) migState {
+	var st migState
+	raw, err := os.ReadFile(os.Getenv("NVIDIA_STANDIN_MIG_STATE"))
+	if err == nil && json.Unmarshal(raw, &st) == nil && st.GPUs != nil {
+		if st.BootID != bootID() {
+			for k, g := range st.GPUs {
+				g.Current = g.Pending
+				st.GPUs[k] = g
+			}
+			st.BootID = bootID()
+		}
+		return st
+	}
+	st = migState{BootID: bootID(), GPUs: map[string]migGPU{}}
+	for _, d := range devs {
+		if !d.MigCapable {
+			continue
+		}
+		m := "Disabled"
+		if len(d.Mig) > 0 {
+			m = "Enabled"
+		}
+		st.GPUs[strconv.Itoa(d.Index)] = migGPU{Current: m, Pending: m}
+	}
+	return st
+}
+
+func saveMigState(st migState) {
+	path := os.Getenv("NVIDIA_STANDIN_MIG_STATE")
+	raw, _ := json.MarshalIndent(st, "", "  ")
+	_ = os.MkdirAll(filepath.Dir(path), 0o755)
+	tmp := path + ".tmp"
+	if os.WriteFile(tmp, append(raw, '\n'), 0o644) == nil {
+		_ = os.Rename(tmp, path)
+	}
+}
+
+func (st migState) busy(i int) bool {
+	for _, b := range st.Busy {
+		if b == i {
+			return true
+		}
+	}
+	return false
+}
+
+func flagValue(args []string, names ...string) (string, bool) {
+	for i, a := range args {
+		for _, n := range names {
+			if a == n && i+1 < len(args) {
+				return args[i+1], true
+			}
+			if strings.HasPrefix(a, n+"=") {
+				return strings.TrimPrefix(a, n+"="), true
+			}
+		}
+	}
+	return "", false
+}
+
+// selected: the devices -i names (indices, comma-separated), all without -i.
+func selected(args []string, devs []device) []device {
+	v, ok := flagValue(args, "-i", "--id")
+	if !ok {
+		return devs
+	}
+	var out []device
+	for _, id := range strings.Split(v, ",") {
+		found := false
+		for _, d := range devs {
+			if strconv.Itoa(d.Index) == strings.TrimSpace(id) || d.UUID == strings.TrimSpace(id) || d.PciBusID == strings.TrimSpace(id) {
+				out = append(out, d)
+				found = true
+			}
+		}
+		if !found {
+			fail(6, "No devices were found")
+		}
+	}
+	return out
+}
+
+func nodeDevices() []device {
+	var info deviceInfo
+	raw, err := os.ReadFile(os.Getenv("NVIDIA_STANDIN_DEVICE_INFO"))
+	if err != nil || json.Unmarshal(raw, &info) != nil {
+		fail(9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\n")
+	}
+	return info.Devices
+}
+
+// manage handles the MIG mode commands; false: not one of them.
+func manage(args []string) bool {
+	query, isQuery := flagValue(args, "--query-gpu")
+	mig, isMig := flagValue(args, "-mig", "--multi-instance-gpu")
+	reset := false
+	for _, a := range args {
+		if a == "-r" || a == "--gpu-reset" {
+			reset = true
+		}
+	}
+	sub := len(args) > 0 && args[0] == "mig"
+	if !isQuery && !isMig && !reset && !sub {
+		return false
+	}
+	devs := nodeDevices()
+	st := loadMigState(devs)
+	sel := selected(args, devs)
+	switch {
+	case isQuery:
+		format, _ := flagValue(args, "--format")
+		fields := strings.Split(query, ",")
+		if !strings.Contains(format, "noheader") {
+			fmt.Println(strings.Join(fields, ", "))
+		}
+		for _, d := range sel {
+			var row []string
+			for _, f := range fields {
+				g, capable := st.GPUs[strconv.Itoa(d.Index)]
+				switch strings.TrimSpace(f) {
+				case "index":
+					row = append(row, strconv.Itoa(d.Index))
+				case "pci.bus_id":
+					row = append(row, d.PciBusID)
+				case "name":
+					row = append(row, d.Model)
+				case "uuid":
+					row = append(row, d.UUID)
+				case "mig.mode.current":
+					if capable {
+						row = append(row, g.Current)
+					} else {
+						row = append(row, "[N/A]")
+					}
+				case "mig.mode.pending":
+					if capable {
+						row = append(row, g.Pending)
+					} else {
+						row = append(row, "[N/A]")
+					}
+				default:
+					fmt.Printf("Field \"%s\" is not a valid field to query.\n\n", strings.TrimSpace(f))
+					os.Exit(2)
+				}
+			}
+			fmt.Println(strings.Join(row, ", "))
+		}
+	case isMig:
+		want := map[string]string{"1": "Enabled", "0": "Disabled"}[mig]
+		if want == "" {
+			fail(2, "Invalid MIG mode "+mig)
+		}
+		verb := map[string]string{"Enabled": "enable", "Disabled": "disable"}[want]
+		for _, d := range sel {
+			k := strconv.Itoa(d.Index)
+			g, capable := st.GPUs[k]
+			if !capable {
+				fmt.Printf("Unable to %s MIG Mode for GPU %s: Not Supported\nTreating as warning and moving on.\n", verb, d.PciBusID)
+				continue
+			}
+			g.Pending = want
+			if st.busy(d.Index) {
+				fmt.Printf("Warning: MIG mode is in pending %s state for GPU %s:In use by another client\n", verb, d.PciBusID)
+				fmt.Printf("%s is currently being used by one or more other processes (e.g. CUDA application or a monitoring application such as another instance of nvidia-smi). Please first kill all processes using the device and retry the command or reboot the system to make MIG mode effective.\n", d.PciBusID)
+			} else {
+				g.Current = want
+				fmt.Printf("%sd MIG Mode for GPU %s\n", strings.ToUpper(verb[:1])+verb[1:], d.PciBusID)
+			}
+			st.GPUs[k] = g
+		}
+		fmt.Println("All done.")
+		saveMigState(st)
+	case reset:
+		if _, ok := flagValue(args, "-i", "--id"); !ok {
+			fail(2, "GPU reset requires a GPU: -i <index>")
+		}
+		code := 0
+		for _, d := range sel {
+			if st.busy(d.Index) {
+				fmt.Printf("Unable to reset GPU %s because it's being used by some other process (e.g. CUDA application, graphics application like X server, monitoring application like other instance of nvidia-smi). Please first kill all processes using this GPU and all compute applications running in the system.\n", d.PciBusID)
+				code = 255
+				continue
+			}
+			k := strconv.Itoa(d.Index)
+			if g, ok := st.GPUs[k]; ok {
+				g.Current = g.Pending
+				st.GPUs[k] = g
+			}
+			fmt.Printf("GPU %s was successfully reset.\n", d.PciBusID)
+		}
+		saveMigState(st)
+		if code == 0 {
+			fmt.Println("All done.")
+		}
+		os.Exit(code)
+	case sub:
+		for _, d := range sel {
+			if g := st.GPUs[strconv.Itoa(d.Index)]; g.Current != "Enabled" {
+				fmt.Printf("Unable to destroy instances on GPU %4d: Not Supported (MIG mode is disabled)\n", d.Index)
+			} else if len(args) > 1 && (contains(args, "-dci") || contains(args, "-dgi")) {
+				fmt.Printf("No %s instances found on GPU %4d\n", map[bool]string{true: "compute", false: "GPU"}[contains(args, "-dci")], d.Index)
+			}
+		}
+	}
+	return true
+}
+
+func contains(args []string, x string) bool {
+	for _, a := range args {
+		if a == x {
+			return true
+		}
+	}
+	return false
 }

@@ -18,7 +18,7 @@ from tests.conftest import ROOT, plan_of
 from tests.unit.library_modules import load_module
 
 ROLES = ["preflight", "docker_runtime", "containerd_runtime", "registry_trust", "package_repo", "nvidia_driver",
-         "nvidia_container_toolkit",
+         "nvidia_container_toolkit", "mig_mode",
          "scheduler_policy"]
 
 

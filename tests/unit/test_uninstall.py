@@ -396,7 +396,7 @@ def test_uninstall_playbook_reverses_every_role_in_reverse_order():
     plays = yaml.safe_load(text)
     roles = [r["role"] for p in plays for r in p.get("roles", [])]
     assert roles == [content.fqcn(r) for r in ("docker_runtime", "containerd_runtime", "registry_trust",
-                                                "nvidia_container_toolkit", "nvidia_driver", "package_repo",
+                                                "nvidia_container_toolkit", "mig_mode", "nvidia_driver", "package_repo",
                                                 "scheduler_policy")]
     sched = next(p for p in plays if any(r["role"] == content.fqcn("scheduler_policy") for r in p.get("roles", [])))
     assert sched["hosts"] == "kube_control_plane" and sched["vars"]["gpu_install_action"] == "remove"

@@ -1,0 +1,150 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""MIG mode of a node's GPUs (nvidia-smi -mig), for dynamic MIG partitioning (mig.dynamic nos)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: mig_mode
+short_description: Turn MIG mode on (or back off) on a node's GPUs, with the pending-reset handling
+description:
+  - Reads every GPU's MIG mode (C(nvidia-smi --query-gpu=index,pci.bus_id,name,mig.mode.current,mig.mode.pending)).
+  - O(state=enabled) needs every GPU of the node to be MIG-capable and of one model (nos partitions a node's GPUs
+    alike); otherwise it fails naming the GPUs and changes nothing. For each GPU whose current mode is not Enabled it
+    runs C(nvidia-smi -i N -mig 1). A mode the driver leaves pending (a process holds the GPU, or the platform wants a
+    reset) is followed, with O(reset), by C(nvidia-smi -i N -r); a refused reset is reported with nvidia-smi's words.
+  - O(state=disabled) turns MIG mode off again only on the GPUs the record says gpu-install turned on (the others
+    keep their mode), after destroying their compute and GPU instances, then removes the record.
+  - It does not fail on a mode left pending: RV(pending) lists those GPUs with the reason, and the role decides
+    (reboot, or stop with the report). The record (O(record), mode 0600) lists the GPUs it switched.
+  - Supports check mode (reports what it would switch).
+options:
+  state: {type: str, default: enabled, choices: [enabled, disabled]}
+  reset: {type: bool, default: true, description: try a GPU reset when the new mode stays pending}
+  record: {type: path, default: /var/lib/gpu-install/mig_mode.json, description: the GPUs gpu-install switched on}
+  nvidia_smi: {type: str, default: nvidia-smi, description: the nvidia-smi to run}
+author: gpu-install
+"""
+
+RETURN = r"""
+gpus: {description: "per GPU: index, bus_id, name, before, current, pending, messages", returned: always, type: list}
+switched: {description: bus ids whose mode this run changed (or would), returned: always, type: list}
+pending: {description: "GPUs whose mode is still pending: index, bus_id, reason", returned: always, type: list}
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
+    RecordError, load_state, write_state)
+
+FIELDS = "index,pci.bus_id,name,mig.mode.current,mig.mode.pending"
+ENV = {"LC_ALL": "C", "LANG": "C"}
+
+
+def query(module, smi):
+    rc, out, err = module.run_command([smi, "--query-gpu=" + FIELDS, "--format=csv,noheader"], environ_update=ENV)
+    if rc != 0:
+        module.fail_json(msg="%s --query-gpu failed (exit %d): %s" % (smi, rc, (out + err).strip()[-500:]),
+                         hint="the NVIDIA driver must be loaded (driver role, or driver.mode operator with its pod "
+                              "running) before MIG mode can be set")
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5:
+            continue
+        index, bus, name, current, pending = parts
+        gpus.append({"index": int(index), "bus_id": bus, "name": name, "current": current, "pending": pending,
+                     "before": current, "messages": []})
+    if not gpus:
+        module.fail_json(msg="%s lists no GPU on this node" % smi, hint="check the driver (nvidia-smi -L)")
+    return gpus
+
+
+def words(out, err):
+    return " ".join(line.strip() for line in (out + "\n" + err).splitlines()
+                    if line.strip() and line.strip() != "All done.")
+
+
+def switch(module, smi, gpu, want, reset):
+    """Set one GPU's mode; returns the nvidia-smi messages worth keeping."""
+    flag = "1" if want == "Enabled" else "0"
+    rc, out, err = module.run_command([smi, "-i", str(gpu["index"]), "-mig", flag], environ_update=ENV)
+    msgs = [words(out, err)] if (rc != 0 or "pending" in out.lower() or "unable" in out.lower()) else []
+    if rc != 0:
+        module.fail_json(msg="GPU %d (%s): nvidia-smi -mig %s failed (exit %d): %s"
+                         % (gpu["index"], gpu["bus_id"], flag, rc, words(out, err)))
+    state = {g["index"]: g for g in query(module, smi)}[gpu["index"]]
+    if state["current"] != want and state["pending"] == want and reset:
+        rc, out, err = module.run_command([smi, "-i", str(gpu["index"]), "-r"], environ_update=ENV)
+        if rc != 0:
+            msgs.append("GPU reset refused: " + words(out, err))
+    return msgs
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(
+        state=dict(type="str", default="enabled", choices=["enabled", "disabled"]),
+        reset=dict(type="bool", default=True),
+        record=dict(type="path", default="/var/lib/gpu-install/mig_mode.json"),
+        nvidia_smi=dict(type="str", default="nvidia-smi"),
+    ), supports_check_mode=True)
+    p = module.params
+    smi = p["nvidia_smi"]
+    if os.sep not in smi:
+        smi = module.get_bin_path(smi, required=True)
+    try:
+        record = load_state(p["record"], what="gpu-install's record of the GPUs it put in MIG mode",
+                            fallback="nothing (MIG mode stays as it is)") or {"format": 1, "switched": []}
+    except RecordError as exc:
+        module.fail_json(msg=str(exc))
+    gpus = query(module, smi)
+    want = "Enabled" if p["state"] == "enabled" else "Disabled"
+    if p["state"] == "enabled":
+        incapable = ["GPU %d %s (%s)" % (g["index"], g["bus_id"], g["name"]) for g in gpus if g["current"] == "[N/A]"]
+        if incapable:
+            module.fail_json(msg="not MIG-capable: %s; nos partitions every GPU of a node it manages"
+                             % ", ".join(incapable),
+                             hint="leave this node out of dynamic MIG: gpu_install_mig_dynamic: false for the host")
+        models = sorted({g["name"] for g in gpus})
+        if len(models) > 1:
+            module.fail_json(msg="GPUs of %d models on one node (%s); nos needs one model per node"
+                             % (len(models), ", ".join(models)),
+                             hint="leave this node out of dynamic MIG: gpu_install_mig_dynamic: false for the host")
+        todo = [g for g in gpus if g["current"] != want]
+    else:
+        mine = set(record.get("switched", []))
+        todo = [g for g in gpus if g["bus_id"] in mine and g["current"] not in (want, "[N/A]")]
+    switched = [g["bus_id"] for g in todo]
+    if p["state"] == "disabled" and not todo and os.path.exists(p["record"]):
+        if not module.check_mode:
+            os.unlink(p["record"])  # nothing of ours is left in MIG mode
+        module.exit_json(changed=True, gpus=gpus, switched=[], pending=[])
+    if module.check_mode or not todo:
+        module.exit_json(changed=bool(todo), gpus=gpus, switched=switched,
+                         pending=[{"index": g["index"], "bus_id": g["bus_id"], "reason": "pending since before this run"}
+                                  for g in gpus if g["pending"] != g["current"] and g not in todo])
+    for g in todo:
+        if want == "Disabled":  # nos' instances go first, or the driver keeps MIG mode on
+            for flag in ("-dci", "-dgi"):
+                module.run_command([smi, "mig", "-i", str(g["index"]), flag], environ_update=ENV)
+        g["messages"] = switch(module, smi, g, want, p["reset"])
+    after = {g["index"]: g for g in query(module, smi)}
+    pending = []
+    for g in gpus:
+        now = after[g["index"]]
+        g["current"], g["pending"] = now["current"], now["pending"]
+        if g["current"] != want and g in todo:
+            pending.append({"index": g["index"], "bus_id": g["bus_id"],
+                            "reason": "; ".join(g["messages"]) or "the driver left the mode pending"})
+    if p["state"] == "enabled":
+        record["switched"] = sorted(set(record.get("switched", [])) | set(switched))
+        os.makedirs(os.path.dirname(p["record"]) or ".", exist_ok=True)
+        write_state(p["record"], record)
+    elif not pending and os.path.exists(p["record"]):
+        os.unlink(p["record"])
+    module.exit_json(changed=True, gpus=gpus, switched=switched, pending=pending)
+
+
+if __name__ == "__main__":
+    main()
