@@ -62,8 +62,12 @@ def query(module, smi):
 
 
 def words(out, err):
-    return " ".join(line.strip() for line in (out + "\n" + err).splitlines()
-                    if line.strip() and line.strip() != "All done.")
+    """nvidia-smi's reason in brief: its first line, without the "Warning: " and the "(e.g. ...)" advice."""
+    lines = [line.strip() for line in (out + "\n" + err).splitlines() if line.strip() and line.strip() != "All done."]
+    first = lines[0] if lines else ""
+    if first.startswith("Warning: "):
+        first = first[len("Warning: "):]
+    return first.split(" (e.g.")[0].rstrip(". ")
 
 
 def switch(module, smi, gpu, want, reset):

@@ -214,3 +214,93 @@ def test_uninstall_removes_release_and_labels(gm):
     assert sharing.uninstall(plan, kc, timeout=60) == []  # nothing left: a second removal does nothing
     changed, what = sharing.preview(plan, kc)
     assert changed and "would install" in what, what
+
+
+# ---------------------------------------------------------------- mig.dynamic nos on the same lab (after gpumanager)
+# The lab's GPUs are STAND-IN A100s; the node's STAND-IN nvidia-smi plays the driver's MIG mode protocol (its state
+# in /var/lib/gpu-install-lab/mig-mode.json; "busy" makes a GPU refuse to switch and to reset, as a GPU a process holds).
+
+SMI_STATE = "/var/lib/gpu-install-lab/mig-mode.json"
+
+
+def _nos_site(gm, **extra) -> Path:
+    # driver.mode host: the node's nvidia-smi (the STAND-IN) answers; the driver role is not run (--tags mig_mode),
+    # and the lab's inventory sets preflight_require_kernel_headers false (no module can be built here)
+    return _site(gm, sharing={"mode": "none"}, driver={"mode": "host"},
+                 mig={"dynamic": "nos", "nos": {"chart": "oci://registry.example/charts/nos"}}, **extra)
+
+
+def _mig_modes(gm, node: str) -> list[tuple[str, str]]:
+    out = root(gm["h"], node, "nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader").stdout
+    return [tuple(p.strip() for p in line.split(",")) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
+
+
+def _busy(gm, node: str, busy: list[int]) -> None:
+    root(gm["h"], node, f"{{ test -e {SMI_STATE} || nvidia-smi -i 0 -mig 0 >/dev/null; }} && python3 -c 'import json; "
+                        f"p=\"{SMI_STATE}\"; d=json.load(open(p)); d[\"busy\"]={busy!r}; json.dump(d, open(p, \"w\"))'")
+
+
+def test_nos_mig_mode_role_reports_a_refused_reset_then_turns_mig_mode_on(gm):
+    h, work = gm["h"], gm["work"]
+    site = _nos_site(gm)
+    apply = Applier(apply_inventory(h, work), work / "state-nos")
+    assert _mig_modes(gm, "node1") == [("Disabled", "Disabled")]
+    _busy(gm, "node2", [0])
+    proc = apply(site, "--tags", "mig_mode")
+    assert proc.returncode == 4, (proc.returncode, proc.stdout, proc.stderr)
+    text = proc.stdout + proc.stderr
+    assert "MIG mode is still pending on 1 GPU(s) of node2" in text, text
+    assert "pending enable state" in text and "GPU reset refused: Unable to reset GPU" in text, text
+    assert "set mig.nos.reboot: true" in text, text
+    assert _mig_modes(gm, "node1") == [("Enabled", "Enabled")]
+    assert _mig_modes(gm, "node2") == [("Disabled", "Enabled")]  # pending, as the driver leaves it
+    # the process lets go of the GPU: the next apply finishes the switch (nvidia-smi -mig 1 again)
+    _busy(gm, "node2", [])
+    _ok(apply(site, "--tags", "mig_mode"))
+    for node in NODES:
+        assert _mig_modes(gm, node) == [("Enabled", "Enabled")]
+        record = json.loads(root(h, node, "cat /var/lib/gpu-install/mig_mode.json").stdout)
+        assert len(record["switched"]) == 1, record
+    _ok(apply(site, "--tags", "mig_mode"))
+    stats = apply.site_stats()
+    assert all(s["changed"] == 0 for s in stats.values()), stats  # a second run changes nothing
+
+
+def test_nos_cluster_check_refuses_this_cluster_with_every_reason(gm):
+    from installer import kube, sharing
+    from installer.errors import PreflightError
+
+    site = _nos_site(gm)
+    plan = _plan(gm, site)
+    assert sharing.conflicts(plan) == []
+    client = _client(gm)
+    kube.set_node_label(client, "node1", "nvidia.com/mig.config", "all-1g.10gb")
+    try:
+        with pytest.raises(PreflightError) as exc:
+            sharing.check_cluster(plan, client, "gpu-operator")
+    finally:
+        kube.set_node_label(client, "node1", "nvidia.com/mig.config", None)
+    msg = exc.value.message
+    assert exc.value.exit_code == 3 and msg.startswith("mig.dynamic nos conflicts with the cluster:"), msg
+    assert "the cluster runs Kubernetes v1.20.2, and nos needs 1.23 or newer" in msg, msg
+    assert "no cert-manager.io/v1 API" in msg, msg
+    assert "node node1 carries nvidia.com/mig.config=all-1g.10gb" in msg and "node node2" not in msg, msg
+    # the CLI: exit 3 before any host, nothing changed
+    kc = gm["h"].dir / "kube" / "kubeconfig"
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "apply", "-s", str(site), "-i",
+                           str(apply_inventory(gm["h"], gm["work"])), "--chart", str(CHART), "--kubeconfig", str(kc),
+                           "--skip-mirror-check", "--skip-validate"],
+                          capture_output=True, text=True, env=_env(gm), timeout=600)
+    assert proc.returncode == 3 and "nos needs 1.23 or newer" in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_nos_uninstall_turns_mig_mode_off_where_gpu_install_turned_it_on(gm):
+    h = gm["h"]
+    site = _nos_site(gm)
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "uninstall", "-s", str(site), "-i",
+                           str(apply_inventory(h, gm["work"])), "--yes", "--skip-operator", "--tags", "mig_mode"],
+                          capture_output=True, text=True, env=_env(gm), timeout=600)
+    _ok(proc)
+    for node in NODES:
+        assert _mig_modes(gm, node) == [("Disabled", "Disabled")]
+        assert root(h, node, "test -e /var/lib/gpu-install/mig_mode.json", check=False).returncode != 0
