@@ -140,6 +140,15 @@ def model_of(product: str | None) -> Model | None:
     return next((m for m in models() if any(p.search(base) for p in m.products)), None)
 
 
+def smallest_profile(product: str | None) -> str | None:
+    """The smallest MIG profile of a GFD product's model (fewest compute, then memory slices; e.g. 1g.10gb on an
+    A100-80GB): what validate's smoke pod asks on a node of nos, which makes that device on demand. None: unknown."""
+    model = model_of(product)
+    if model is None or not model.profiles:
+        return None
+    return min((p for p, _ in model.profiles), key=lambda p: (int(p.split("g", 1)[0]), model.memory_slices(p), p))
+
+
 @dataclass(frozen=True)
 class Assignment:
     host: str        # inventory host

@@ -154,11 +154,15 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
         if "smoke" in layers:
             report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))
         if "mig" in layers:
+            from installer import sharing
             from installer.validate import mig
 
             if progress:
                 progress(f"mig: {len(plan.mig)} node(s) with a MIG layout")
-            report.add(*mig.checks([(a.node, a.config) for a in plan.mig], plan.site.mig.strategy, objs))
+            if sharing.nos(plan.site):  # dynamic: nos makes the layouts; its label and MIG mode on its nodes
+                report.add(*mig.nos_checks(sharing.stage_nodes(plan), objs, facts))
+            else:
+                report.add(*mig.checks([(a.node, a.config) for a in plan.mig], plan.site.mig.strategy, objs))
     except ApiException as exc:  # refused (RBAC, admission) or gone: the API server's message, exit 7
         raise kube._api_error("validate", exc) from None
     except HTTPError as exc:  # the API server went away mid-run
@@ -189,6 +193,9 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
     g = plan.site.sharing.gpumanager
     gpumanager = plan.site.sharing.mode == "gpumanager"
     hs = plan.site.sharing.hami.smoke if plan.site.sharing.mode == "hami" and plan.site.sharing.hami else None
+    from installer import sharing
+
+    nos_nodes = set(sharing.stage_nodes(plan)) if sharing.nos(plan.site) else set()
     targets, out = [], []
     for n in nodes:
         if n not in objs:
@@ -205,6 +212,13 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
                                                 "nvidia.com/gpucores": str(hs.cores)}))
             continue
         res = cluster.gpu_resources(objs[n].status.allocatable) or cluster.gpu_resources(objs[n].status.capacity)
+        if n in nos_nodes and not res:  # nos makes a MIG device when a pod asks one: the GPU's smallest profile
+            from installer.mig import PRODUCT_LABEL, smallest_profile
+
+            profile = smallest_profile((objs[n].metadata.labels or {}).get(PRODUCT_LABEL))
+            if profile:
+                targets.append(smoke.Target(n, f"nvidia.com/mig-{profile}", limits={f"nvidia.com/mig-{profile}": "1"}))
+                continue
         resource = cluster.GPU if cluster.GPU in res or not res else sorted(res)[0]
         targets.append(smoke.Target(n, resource))
     # gpu-manager containers run with plain runc: it mounts the driver and its CUDA interception itself

@@ -183,3 +183,12 @@ def test_bad_name_fails_before_the_cluster_is_asked(tmp_path):
     inv = inventory(tmp_path, {"gpu-a": {"gpu_install_mig_config": "all-9g.99gb"}})
     with pytest.raises(ConfigError, match="host gpu-a: gpu_install_mig_config: all-9g.99gb"):
         mig.label_nodes(plan_of(site(), inventory=inv), "/nonexistent/kubeconfig")  # no kubeconfig needed to refuse it
+
+
+def test_smallest_profile_is_what_the_nos_smoke_pod_asks():
+    from installer.mig import smallest_profile
+
+    assert smallest_profile("NVIDIA-A100-SXM4-80GB") == "1g.10gb"
+    assert smallest_profile("NVIDIA-A100-SXM4-40GB") == "1g.5gb"
+    assert smallest_profile("NVIDIA-A30") == "1g.6gb"
+    assert smallest_profile("Tesla-T4") is None and smallest_profile(None) is None

@@ -92,3 +92,22 @@ def test_checks_over_nodes_and_no_layout():
         ("gone", "mig.config-label", "skip")]
     (skip,) = checks([], "single", {})
     assert skip.status == "skip" and skip.node == "(cluster)"
+
+
+def test_nos_nodes_need_their_label_and_mig_mode_on_every_gpu():
+    from types import SimpleNamespace
+
+    from installer.validate.mig import nos_checks
+
+    def node(name, **lab):
+        return V1Node(metadata=V1ObjectMeta(name=name, labels=lab), status=V1NodeStatus(allocatable={}))
+
+    objs = {"n1": node("n1", **{"nos.nebuly.com/gpu-partitioning": "mig"}), "n2": node("n2")}
+    smi = {"n1": SimpleNamespace(gpus=(SimpleNamespace(mig_current=True), SimpleNamespace(mig_current=True))),
+           "n2": SimpleNamespace(gpus=(SimpleNamespace(mig_current=True), SimpleNamespace(mig_current=False)))}
+    got = {(c.node, c.check): (c.status, c.message) for c in nos_checks(["n1", "n2", "n3"], objs, smi)}
+    assert got[("n1", "mig.nos-label")] == ("pass", "nos.nebuly.com/gpu-partitioning=mig")
+    assert got[("n1", "mig.mode")] == ("pass", "MIG mode on for 2 GPU(s)")
+    assert got[("n2", "mig.nos-label")] == ("fail", "no nos.nebuly.com/gpu-partitioning label")
+    assert got[("n2", "mig.mode")] == ("fail", "MIG mode off on GPU 1")
+    assert got[("n3", "mig.nos-label")][0] == "skip" and ("n3", "mig.mode") not in got
