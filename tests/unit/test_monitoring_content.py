@@ -5,7 +5,7 @@
 - alerts.yaml passes `promtool check rules`, alerts.test.yaml passes `promtool test rules`, and every alert has a
   firing and a silent case there, a severity, and summary/description/runbook annotations.
 - A real Prometheus (module-scoped, one per run of this file) scrapes the recorded dcgm-exporter output in
-  tests/fixtures/dcgm-exporter (served by local HTTP servers) as job gpu-install-dcgm-exporter, evaluates
+  tests/fixtures/dcgm-exporter (served by local HTTP servers) as job nvidia-dcgm-exporter, evaluates
   alerts.yaml, and answers every query of dashboard.json: each must return data.
 
 Dashboard queries are run as Grafana would send them with every template variable on "All": $Hostname, $gpu,
@@ -44,7 +44,7 @@ ALERT_TESTS = MONITORING / "alerts.test.yaml"
 DASHBOARD = MONITORING / "dashboard.json"
 FIXTURES = ROOT / "tests" / "fixtures" / "dcgm-exporter"
 NODE_FILES = sorted(FIXTURES.glob("node-*.prom"))
-JOB = "gpu-install-dcgm-exporter"
+JOB = "nvidia-dcgm-exporter"
 PROM_TYPES = {"gauge", "counter", "label"}  # ours; dcgm-exporter also takes histogram, summary (counters/variables.go)
 SEVERITIES = {"critical", "warning", "info"}
 # Grafana's values for its built-in variables, and our template variables on "All" (their allValue)
