@@ -42,9 +42,9 @@ def busybox_binary() -> bytes:
 
 
 def write_layout(out: Path, tag: str, entrypoint: list[str], cmd: list[str] | None = None,
-                 busybox: bytes | None = None, scripts: dict[str, str] | None = None) -> None:
+                 busybox: bytes | None = None, scripts: dict[str, str | bytes] | None = None) -> None:
     """An OCI image layout at out with one image (tag): busybox at /bin/busybox, /bin/sh and /bin/sleep links;
-    scripts: more executables, {"bin/<name>": text}."""
+    scripts: more executables, {"bin/<name>": text or a binary}."""
     busybox = busybox if busybox is not None else busybox_binary()
     blobs = out / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def write_layout(out: Path, tag: str, entrypoint: list[str], cmd: list[str] | No
                     info = tarfile.TarInfo(d)
                     info.type, info.mode = tarfile.DIRTYPE, 0o755
                     t.addfile(info)
-            data = text.encode()
+            data = text.encode() if isinstance(text, str) else text
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o755
             t.addfile(info, io.BytesIO(data))
@@ -182,3 +182,19 @@ def push_hami_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[str, 
         write_layout(layout, tag, entry, cmd, busybox=busybox, scripts=scripts)
         push(layout, tag, ref, ca)
     return refs
+
+
+EXPORTER = "standin-dcgm-exporter"  # labtools/, built by scripts/build-lab-tools
+
+
+def push_dcgm_exporter_standin(ref: str, ca: Path, work: Path, tools: Path | None = None) -> str:
+    """The STAND-IN dcgm-exporter image (labtools/standin-dcgm-exporter at /bin/dcgm-exporter, its entrypoint, with
+    busybox) pushed to ref, the site-registry path gpu-install mirrors the release's dcgm-exporter to; returns ref."""
+    from gpu_install_lab.gpus import tools_dir
+
+    binary = ((tools or tools_dir()) / EXPORTER).read_bytes()
+    tag = ref.rpartition(":")[2] if "@" not in ref else "standin"
+    layout = work / "standin-dcgm-exporter"
+    write_layout(layout, tag, ["/bin/dcgm-exporter"], None, scripts={"bin/dcgm-exporter": binary})
+    push(layout, tag, ref, ca)
+    return ref

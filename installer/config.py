@@ -976,6 +976,52 @@ def upstream_mirror(v: str) -> str:
     return host + (f"/{path}" if slash else "")
 
 
+class Monitoring(_Model):
+    """GPU monitoring: DCGM exporter with gpu-install's metric list, its scraping, alert rules and a Grafana dashboard
+    (docs/monitoring.md)."""
+
+    enabled: StrictBool = Field(False, description="turn the operator's DCGM exporter on with the metrics below and "
+                                "install the scraping, the alert rules and the dashboard")
+    metrics: Path | None = Field(None, description="a dcgm-exporter counters CSV of your own (relative to the site "
+                                 "file); default: gpu-install's curated list (values/monitoring/dcgm-metrics.csv)")
+    scrape: Literal["auto", "serviceMonitor", "config"] = Field(
+        "auto", description="auto: a ServiceMonitor + PrometheusRule when the cluster serves the Prometheus Operator's "
+        "monitoring.coreos.com/v1, else a plain scrape config and rules file | serviceMonitor | config")
+    interval: str = Field("15s", description="scrape interval", json_schema_extra=rules({"pattern": DURATION}))
+    labels: dict[str, str] = Field(default_factory=dict, description="labels your Prometheus selects ServiceMonitors "
+                                   "and PrometheusRules by (e.g. release: kube-prometheus-stack)")
+    namespace: str = Field("monitoring", description="namespace of the PrometheusRule and the ConfigMaps (rules, scrape "
+                           "config, dashboard); created when missing",
+                           json_schema_extra=rules({"pattern": DNS_LABEL}))
+    files: Path | None = Field(None, description="scrape: config: also write the scrape config and the rules file "
+                               "into this directory on the controller, for a Prometheus outside the cluster's reach")
+    dashboardLabel: str = Field("grafana_dashboard", description="the label Grafana's dashboard sidecar watches "
+                                "(value \"1\")")
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, v: str) -> str:
+        if not re.fullmatch(DURATION, v):
+            raise ValueError(f"{v!r} is not a duration such as 15s, 1m or 30s")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, v: str) -> str:
+        return dns_label(v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not re.fullmatch(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
+                                key):
+                raise ValueError(f"{key!r} is not a Kubernetes label key")
+            if not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", str(value)):
+                raise ValueError(f"{key}: {value!r} is not a Kubernetes label value")
+        return v
+
+
 class Site(_Model):
     operator: Operator
     registry: Registry
@@ -996,6 +1042,7 @@ class Site(_Model):
     sharing: Sharing = Field(default_factory=Sharing, description="GPU sharing by a component of its own (GPUManager)")
     mirror: Mirror = Field(default_factory=Mirror,
                            description="gpu-install mirror: where the chart and the images come from")
+    monitoring: Monitoring = Field(default_factory=Monitoring, description="DCGM exporter -> Prometheus -> Grafana")
     packages: Packages = Field(default_factory=Packages,
                                description="the site's package repository the nodes install driver/toolkit "
                                "packages from (air-gapped side)")
@@ -1051,6 +1098,12 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
         site.packages.key = local(site.packages.key)
     if site.sharing.hami and site.sharing.hami.chart and "://" not in site.sharing.hami.chart:
         site.sharing.hami.chart = str(local(Path(site.sharing.hami.chart)))
+    if site.mig.nos.chart and "://" not in site.mig.nos.chart:
+        site.mig.nos.chart = str(local(Path(site.mig.nos.chart)))
+    if site.monitoring.metrics:
+        site.monitoring.metrics = local(site.monitoring.metrics)
+    if site.monitoring.files:
+        site.monitoring.files = local(site.monitoring.files)
     if reg.pullSecret and reg.pullSecret.dockerConfigFile:
         reg.pullSecret.dockerConfigFile = local(reg.pullSecret.dockerConfigFile)
     return site
@@ -1304,6 +1357,12 @@ sharing:                    # GPU sharing by a component of its own (docs/sharin
   #   namespace: kube-system
   #   cgroupDriver: cgroupfs          # the kubelet's cgroup driver on the GPU nodes: cgroupfs | systemd
   #   smoke: {core: 50, memory: 4}    # validate's fractional pod: half a GPU, 1 GiB (256 MiB units)
+
+monitoring:                 # DCGM exporter -> Prometheus -> Grafana (docs/monitoring.md)
+  enabled: false            # true: the exporter with gpu-install's metrics, scraping, alert rules, dashboard
+  scrape: auto              # auto | serviceMonitor (Prometheus Operator) | config (plain scrape config + rules file)
+  labels: {}                # what your Prometheus selects ServiceMonitors/rules by, e.g. {release: kube-prometheus-stack}
+  namespace: monitoring     # where the rules, scrape config and dashboard ConfigMaps go
 
 mirror:                     # gpu-install mirror (connected side): where the artifacts come from
   chartRepository: https://helm.ngc.nvidia.com/nvidia   # or oci://registry.example.com:5000/charts

@@ -544,3 +544,65 @@ def delete_crds(client: ApiClient, names: list[str], timeout: float = 120) -> li
                                hint="check for finalizers on the CRDs; re-running is safe")
         time.sleep(0.5)
     return deleted
+
+
+def _dynamic_resource(client: ApiClient, obj: dict[str, Any]) -> Any:
+    from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    try:
+        return DynamicClient(client).resources.get(  # type: ignore[no-untyped-call]
+            api_version=obj["apiVersion"], kind=obj["kind"])
+    except ResourceNotFoundError:
+        raise ClusterError(f"the cluster serves no {obj['kind']} ({obj['apiVersion']})",
+                           hint="install what provides it first (e.g. the Prometheus Operator's CRDs)") from None
+
+
+def apply_object(client: ApiClient, obj: dict[str, Any], dry_run: bool = False) -> str:
+    """Server-side apply of one namespaced object (field manager gpu-install, conflicts forced); with dry_run the API
+    server computes the result and stores nothing. 'created' | 'updated' | 'unchanged' (resourceVersion before and
+    after)."""
+    from kubernetes.client.exceptions import ApiException
+
+    res = _dynamic_resource(client, obj)
+    meta = obj["metadata"]
+    what = f"server-side apply {obj['kind']} {meta['namespace']}/{meta['name']}" + (" (dry run)" if dry_run else "")
+    try:
+        before = res.get(name=meta["name"], namespace=meta["namespace"]).metadata.resourceVersion
+    except ApiException as exc:
+        if exc.status != 404:
+            raise _api_error(what, exc) from None
+        before = None
+    try:
+        after = _call(what, functools.partial(
+            res.server_side_apply, body=obj, name=meta["name"], namespace=meta["namespace"],
+            field_manager=FIELD_MANAGER, force_conflicts=True, dry_run="All" if dry_run else None))
+    except ApiException as exc:
+        raise _api_error(what, exc) from None
+    if before is None:
+        return "created"
+    return "unchanged" if after.metadata.resourceVersion == before else "updated"
+
+
+def delete_object_if_ours(client: ApiClient, obj: dict[str, Any]) -> bool:
+    """Delete a namespaced object gpu-install made (label app.kubernetes.io/managed-by=gpu-install). True when
+    deleted; a kind the cluster does not serve, or a missing object, is nothing to delete."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        res = _dynamic_resource(client, obj)
+    except ClusterError:
+        return False
+    meta = obj["metadata"]
+    what = f"delete {obj['kind']} {meta['namespace']}/{meta['name']}"
+    try:
+        cur = res.get(name=meta["name"], namespace=meta["namespace"])
+        labels = dict(cur.metadata.labels or {})
+        if any(labels.get(k) != v for k, v in MANAGED_BY.items()):
+            return False
+        _call(what, lambda: res.delete(name=meta["name"], namespace=meta["namespace"]))
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise _api_error(what, exc) from None
+    return True

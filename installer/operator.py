@@ -194,6 +194,11 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
     if ps and pre.secret_body:
         secret_action = kube.ensure_secret(client, pre.secret_body)
         say(f"pull secret {ns}/{ps.name}: {secret_action}")
+    from installer import monitoring
+
+    for cm in monitoring.configmaps_before_operator(plan):  # releases below v24.9.0 only name the metrics ConfigMap
+        action = kube.apply_object(client, cm)
+        say(f"ConfigMap {ns}/{cm['metadata']['name']} (DCGM exporter metrics): {action}")
     crds = chart_crds(plan, ref)
     say(f"CRDs of the chart: server-side apply of {len(crds)} ({', '.join(c['metadata']['name'] for c in crds)})")
     crd_actions = kube.apply_crds(client, crds, timeout=min(120.0, timeout))

@@ -120,8 +120,9 @@ def _nodes_detail(res: RunResult) -> str:
 
 def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: Summary,
               display: Display | None = None) -> Summary:
-    """preflight → nodes → operator → sharing → mig; raises the first stage's error after recording it in summary."""
-    from installer import operator, sharing
+    """preflight → nodes → operator → sharing → monitoring → mig → validate; raises the first stage's error after
+    recording it in summary."""
+    from installer import monitoring, operator, sharing
 
     say = _say(display)
     site = plan.site
@@ -130,6 +131,9 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
     prepared = None if skip_reason else prepare_operator(plan, op)
     if prepared is not None and sharing.active(site):  # the sharing stage's chart, before any host (exit 2)
         sharing.check_chart(site)
+    if monitoring.enabled(site):  # the metrics CSV, before any host (exit 2)
+        monitoring.metrics_csv(site)
+    scrape = ""
 
     stage = "preflight"
     try:
@@ -141,6 +145,13 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
                 from installer import kube
 
                 sharing.check_cluster(plan, kube.api_client(prepared.kubeconfig), site.operator.namespace)
+            if monitoring.enabled(site):  # ServiceMonitor or plain scrape config (exit 3 if asked and impossible)
+                from installer import kube
+
+                scrape = monitoring.resolve_scrape(site, kube.api_client(prepared.kubeconfig))
+                say(f"preflight: monitoring scrape {scrape}"
+                    + (" (the cluster serves monitoring.coreos.com/v1)" if site.monitoring.scrape == "auto"
+                       and scrape == "serviceMonitor" else ""))
             if op.mirror_check:  # every image the operator stage deploys is in the site registry (read-only)
                 from installer.mirror.verify import for_apply
 
@@ -169,6 +180,8 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
         summary.add("operator", "skipped", skip_reason or "")
         if sharing.active(site):
             summary.add("sharing", "skipped", "runs with the operator stage")
+        if monitoring.enabled(site):
+            summary.add("monitoring", "skipped", "runs with the operator stage")
         summary.add("mig", "skipped", "runs with the operator stage")
         summary.add("validate", "skipped", "runs after the operator stage: run `gpu-install validate` once the "
                                            "operator is up" if op.validate else "--skip-validate")
@@ -190,12 +203,23 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
         summary.add("operator", "FAILED", exc.message[:300])
         if sharing.active(site):
             summary.add("sharing", "not run")
+        if monitoring.enabled(site):
+            summary.add("monitoring", "not run")
         summary.add("mig", "not run")
         summary.add("validate", "not run")
         raise
     if sharing.active(site):
         try:
             run_sharing(plan, run.check, op, prepared.kubeconfig, summary, say)
+        except GpuInstallError:
+            if monitoring.enabled(site):
+                summary.add("monitoring", "not run")
+            summary.add("mig", "not run")
+            summary.add("validate", "not run")
+            raise
+    if monitoring.enabled(site):
+        try:
+            run_monitoring(plan, run.check, prepared.kubeconfig, scrape, summary, say)
         except GpuInstallError:
             summary.add("mig", "not run")
             summary.add("validate", "not run")
@@ -243,6 +267,22 @@ def run_validate(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, kubecon
         raise ValidationFindings(f"validate: {counts['fail']} check(s) failed after the install (the report above "
                                  "gives the fix for each)",
                                  hint="fix them and run `gpu-install validate` (apply again where the fix says so)")
+
+
+def run_monitoring(plan: Plan, check: bool, kubeconfig: Any, scrape: str, summary: Summary, say: Progress) -> None:
+    """monitoring.enabled: the ServiceMonitor + PrometheusRule or the scrape-config and rules ConfigMaps, and the
+    dashboard ConfigMap (installer.monitoring); check mode: what would change (server-side dry run)."""
+    from installer import monitoring
+
+    say(f"stage monitoring: scrape {scrape}, namespace {plan.site.monitoring.namespace}"
+        + (" (check mode)" if check else ""))
+    try:
+        rep = monitoring.install(plan, kubeconfig, scrape, progress=lambda m: say(f"monitoring: {m}"), dry_run=check)
+    except GpuInstallError as exc:
+        summary.add("monitoring", "FAILED", exc.message[:300])
+        raise
+    outcome = ("would change" if check else "changed") if rep.changed else "unchanged"
+    summary.add("monitoring", outcome, "; ".join(rep.lines())[:300])
 
 
 def run_sharing(plan: Plan, check: bool, op: OperatorOptions, kubeconfig: Any, summary: Summary,
@@ -302,6 +342,10 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
                    f"label {label[0]} from the GPU nodes"
                    + (f", pull Secret {sns}/{site.registry.pullSecret.name} (only if gpu-install made it)"
                       if site.registry.pullSecret and sns != site.operator.namespace else ""))
+    if op.enabled and site.monitoring.enabled:
+        from installer import monitoring
+
+        out.append(monitoring.describe(plan))
     if op.enabled:
         ns, rel = site.operator.namespace, site.operator.releaseName
         out.append(f"Helm release {rel} and its resources in namespace {ns}")
@@ -381,6 +425,18 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
             summary.add("sharing", "removed" if done else "unchanged", "; ".join(done) or "nothing of it was there")
         except GpuInstallError as exc:
             summary.add("sharing", "FAILED", exc.message[:300])
+            summary.add("operator", "not run")
+            summary.add("nodes", "not run")
+            raise
+    if op.enabled and plan.site.monitoring.enabled:
+        from installer import monitoring
+
+        assert kubeconfig is not None
+        try:
+            gone = monitoring.uninstall(plan, kubeconfig, progress=lambda m: say(f"monitoring: {m}"))
+            summary.add("monitoring", "removed" if gone else "unchanged", "; ".join(gone) or "nothing of it was there")
+        except GpuInstallError as exc:
+            summary.add("monitoring", "FAILED", exc.message[:300])
             summary.add("operator", "not run")
             summary.add("nodes", "not run")
             raise

@@ -64,9 +64,15 @@ FREE_FORM_NAMES = {"labels", "annotations", "nodeSelector", "tolerations", "affi
                    "resources", "securityContext", "podSecurityContext", "data", "extraObjects"}
 
 
+# Template-only keys whose whole subtree the chart's templates pass on with toYaml (read in the real charts
+# v1.11.0, v22.9.2, v23.9.2, templates/clusterpolicy.yaml: `config: {{ toYaml .Values.dcgmExporter.config }}`;
+# from v24.9.0 the chart lists config.name/create/data and reads only .name: not open there).
+TEMPLATE_PASSTHROUGH = {"dcgmExporter.config"}
+
+
 def open_paths(defaults: dict, allowed: set[str]) -> set[str]:
     """Free-form subtrees: empty maps and lists in the chart defaults, and template-only keys
-    with a well-known free-form name."""
+    with a well-known free-form name or passed on whole."""
     out = set()
     in_values = set()
     for path, value in flatten(defaults):
@@ -74,7 +80,8 @@ def open_paths(defaults: dict, allowed: set[str]) -> set[str]:
         if value == {} or isinstance(value, list):
             out.add(path)
     for path in allowed - in_values:
-        if path.rsplit(".", 1)[-1] in FREE_FORM_NAMES:
+        passed_whole = path in TEMPLATE_PASSTHROUGH and not any(a.startswith(path + ".") for a in allowed)
+        if path.rsplit(".", 1)[-1] in FREE_FORM_NAMES or passed_whole:
             out.add(path)
     return out
 

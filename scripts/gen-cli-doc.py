@@ -41,6 +41,8 @@ DEVELOPMENT = {
                             "(default `/var/lib/gpu-install/demo`)",
     "GPU_INSTALL_HAMI_CHART": "tests: HAMi's chart (its charts/hami directory or a .tgz) to render gpu-install's "
                               "HAMi values with; without it that test skips (the chart is not shipped with the tests)",
+    "GPU_INSTALL_NOS_CHART": "tests: nos' chart (its helm-charts/nos directory at tag 0.1.2, or a .tgz) to render "
+                             "gpu-install's nos values with; without it that test skips",
     "GPU_INSTALL_NO_APT": "scripts/bootstrap: skip the system packages",
     "GPU_INSTALL_NO_KUBERNETES": "scripts/bootstrap: do not build the lab's Kubernetes binaries",
     "GPU_INSTALL_REQUIRE_LAB": "tests: a missing lab prerequisite fails instead of skipping (set by CI)",

@@ -232,6 +232,9 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
     _render_toolkit(site, release, values)
     _render_mig(site, release, values)
     _render_device_plugin(site, release, values)
+    from installer import monitoring
+
+    monitoring.render_values(site, release, values, _set)  # monitoring.enabled: the exporter and its metrics
     if release.has_key("operator.defaultRuntime"):
         values.setdefault("operator", {})["defaultRuntime"] = site.runtime
     if site.cdi.enabled is not None:

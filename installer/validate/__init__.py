@@ -19,7 +19,7 @@ from installer.validate.report import LAYERS, Check, Report
 if TYPE_CHECKING:
     from installer.plan import Plan
 
-AVAILABLE = ("node", "runtime", "cluster", "smoke", "mig")  # the layers this version runs
+AVAILABLE = ("node", "runtime", "cluster", "smoke", "mig", "metrics")  # the layers this version runs
 LOCAL = ("node", "runtime")  # validate --local: this machine
 
 
@@ -113,7 +113,7 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
     nodes = [n.node_name for n in plan.nodes]
     if not nodes:
         raise ConfigError("no GPU nodes to validate", hint="pass -i with an inventory whose group gpu_nodes has hosts")
-    kube_layers = bool({"cluster", "smoke", "mig"} & set(layers))
+    kube_layers = bool({"cluster", "smoke", "mig", "metrics"} & set(layers))
     if kube_layers and client is None:  # a bad kubeconfig is exit 2 before any node is contacted
         client = kube.api_client(kube.resolve_kubeconfig(kubeconfig))
     ssh_layers = tuple(layer for layer in ("node", "runtime") if layer in layers)
@@ -163,6 +163,9 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
                 report.add(*mig.nos_checks(sharing.stage_nodes(plan), objs, facts))
             else:
                 report.add(*mig.checks([(a.node, a.config) for a in plan.mig], plan.site.mig.strategy, objs))
+        if "metrics" in layers:
+            report.add(*_metrics(plan, client, core, objs, nodes, ns, secret, timeout, progress,
+                                 asked=tuple(layers) != AVAILABLE, facts=facts))
     except ApiException as exc:  # refused (RBAC, admission) or gone: the API server's message, exit 7
         raise kube._api_error("validate", exc) from None
     except HTTPError as exc:  # the API server went away mid-run
@@ -172,11 +175,72 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
     return report
 
 
+def _metrics(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list[str], ns: str,
+             secret: str | None, timeout: float, progress: Callable[[str], None] | None, asked: bool,
+             facts: dict[str, Any]) -> list[Check]:
+    from installer.validate import metrics, smoke
+
+    if not plan.site.monitoring.enabled and not asked:
+        return [Check("metrics", "metrics.exporter", "(cluster)", "skip", "monitoring.enabled is false (validate "
+                      "--only metrics reads the exporter anyway)")]
+    image = image_for(plan, "operator.initContainer", "validator", "operator")
+    rc = runtime_class(client, plan.effective("operator.runtimeClass") or "nvidia")
+    run = smoke.run_id()
+
+    def probe(node: str) -> dict[str, Any] | None:
+        obj = objs.get(node)
+        if obj is None or image is None:
+            return None
+        t = _gpu_target(plan, node, obj)
+        spec: dict[str, Any] = {
+            "restartPolicy": "Never", "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
+            "nodeName": node,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "hold-gpu", "image": image, "command": ["sleep", str(int(timeout) + 60)],
+                            "resources": {"limits": dict(t.limits) if t.limits else {t.resource: "1"}}}]}
+        if secret:
+            spec["imagePullSecrets"] = [{"name": secret}]
+        if rc and plan.site.sharing.mode != "gpumanager":
+            spec["runtimeClassName"] = rc
+        return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+                "metadata": {"name": f"gpu-install-metrics-{run}-{nodes.index(node)}", "namespace": ns,
+                             "labels": {**metrics.PROBE_LABELS, smoke.RUN_LABEL: run}}}
+
+    if progress:
+        progress(f"metrics: the DCGM exporter on {len(nodes)} GPU node(s) through the API server")
+    return metrics.run(core, ns, nodes, facts, objs, probe, timeout=min(timeout, 180.0), progress=progress)
+
+
+def _gpu_target(plan: Plan, n: str, obj: Any) -> Any:
+    """What a pod asks to hold one GPU of node n (as the smoke layer's pod): the sharing mode's share, a MIG device
+    where the node advertises only those (on a node of nos, its GPU model's smallest profile), else one GPU."""
+    from installer import sharing
+    from installer.validate import cluster, smoke
+
+    g = plan.site.sharing.gpumanager
+    if plan.site.sharing.mode == "gpumanager":
+        return smoke.Target(n, f"{cluster.VCUDA_CORE} {g.smoke.core}",
+                            limits={cluster.VCUDA_CORE: str(g.smoke.core), "tencent.com/vcuda-memory": str(g.smoke.memory)})
+    hs = plan.site.sharing.hami.smoke if plan.site.sharing.mode == "hami" and plan.site.sharing.hami else None
+    if hs is not None:  # a HAMi share: one GPU slice with a memory and core limit
+        return smoke.Target(n, f"{cluster.GPU} 1 ({hs.memory} MiB, {hs.cores}% cores)",
+                            limits={cluster.GPU: "1", "nvidia.com/gpumem": str(hs.memory),
+                                    "nvidia.com/gpucores": str(hs.cores)})
+    res = cluster.gpu_resources(obj.status.allocatable) or cluster.gpu_resources(obj.status.capacity)
+    if not res and sharing.nos(plan.site) and n in sharing.stage_nodes(plan):
+        from installer.mig import PRODUCT_LABEL, smallest_profile
+
+        profile = smallest_profile((obj.metadata.labels or {}).get(PRODUCT_LABEL))
+        if profile:  # nos makes a MIG device when a pod asks one
+            return smoke.Target(n, f"nvidia.com/mig-{profile}", limits={f"nvidia.com/mig-{profile}": "1"})
+    return smoke.Target(n, cluster.GPU if cluster.GPU in res or not res else sorted(res)[0])
+
+
 def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list[str], ns: str, secret: str | None,
            keep_failed: bool, timeout: float, progress: Callable[[str], None] | None) -> list[Check]:
     from kubernetes.client.exceptions import ApiException
 
-    from installer.validate import cluster, smoke
+    from installer.validate import smoke
 
     smi = image_for(plan, "operator.initContainer", "validator", "operator")
     vector = image_for(plan, "validator", "operator")
@@ -190,37 +254,13 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
         return [Check("smoke", "smoke.gpu-pod", n, "fail", f"namespace {ns} does not exist",
                       "install the operator first (gpu-install apply / operator install): the smoke pods run in its "
                       "namespace, with its pull Secret") for n in nodes]
-    g = plan.site.sharing.gpumanager
     gpumanager = plan.site.sharing.mode == "gpumanager"
-    hs = plan.site.sharing.hami.smoke if plan.site.sharing.mode == "hami" and plan.site.sharing.hami else None
-    from installer import sharing
-
-    nos_nodes = set(sharing.stage_nodes(plan)) if sharing.nos(plan.site) else set()
     targets, out = [], []
     for n in nodes:
         if n not in objs:
             out.append(Check("smoke", "smoke.gpu-pod", n, "skip", f"no Node {n} (cluster layer: node-present)"))
             continue
-        if gpumanager:
-            targets.append(smoke.Target(n, f"{cluster.VCUDA_CORE} {g.smoke.core}",
-                                        limits={cluster.VCUDA_CORE: str(g.smoke.core),
-                                                "tencent.com/vcuda-memory": str(g.smoke.memory)}))
-            continue
-        if hs is not None:  # a HAMi share: one GPU slice with a memory and core limit
-            targets.append(smoke.Target(n, f"{cluster.GPU} 1 ({hs.memory} MiB, {hs.cores}% cores)",
-                                        limits={cluster.GPU: "1", "nvidia.com/gpumem": str(hs.memory),
-                                                "nvidia.com/gpucores": str(hs.cores)}))
-            continue
-        res = cluster.gpu_resources(objs[n].status.allocatable) or cluster.gpu_resources(objs[n].status.capacity)
-        if n in nos_nodes and not res:  # nos makes a MIG device when a pod asks one: the GPU's smallest profile
-            from installer.mig import PRODUCT_LABEL, smallest_profile
-
-            profile = smallest_profile((objs[n].metadata.labels or {}).get(PRODUCT_LABEL))
-            if profile:
-                targets.append(smoke.Target(n, f"nvidia.com/mig-{profile}", limits={f"nvidia.com/mig-{profile}": "1"}))
-                continue
-        resource = cluster.GPU if cluster.GPU in res or not res else sorted(res)[0]
-        targets.append(smoke.Target(n, resource))
+        targets.append(_gpu_target(plan, n, objs[n]))
     # gpu-manager containers run with plain runc: it mounts the driver and its CUDA interception itself
     rc = None if gpumanager else runtime_class(client, plan.effective("operator.runtimeClass") or "nvidia")
     out += smoke.run(core, ns, targets, smi, vector, secret, rc, timeout=timeout, keep_failed=keep_failed,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from installer.errors import EXIT_OK, EXIT_UNREACHABLE, EXIT_VALIDATION
 
 SCHEMA = "gpu-install.validate/v1"
-LAYERS = ("node", "runtime", "cluster", "smoke", "mig")
+LAYERS = ("node", "runtime", "cluster", "smoke", "mig", "metrics")
 CLUSTER = "(cluster)"  # the node column of checks about the cluster as a whole
 Status = Literal["pass", "fail", "warn", "skip", "unreachable"]
 STATUSES: tuple[Status, ...] = ("pass", "fail", "warn", "skip", "unreachable")

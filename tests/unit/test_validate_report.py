@@ -72,7 +72,8 @@ def test_table_lists_each_finding_with_its_fix():
 
 
 def test_only_parses_and_refuses():
-    assert parse_only(None) == ("node", "runtime", "cluster", "smoke", "mig")
+    assert parse_only(None) == ("node", "runtime", "cluster", "smoke", "mig", "metrics")
+    assert parse_only("metrics,node") == ("node", "metrics")
     assert parse_only("mig,smoke,cluster,runtime") == ("runtime", "cluster", "smoke", "mig")
     with pytest.raises(ConfigError, match="unknown layer"):
         parse_only("cluster,gpus")
