@@ -259,10 +259,11 @@ class Lab:
 
         with ThreadPoolExecutor(max_workers=len(st.nodes)) as pool:
             list(pool.map(install, st.nodes.values()))
-        # kubectl logs/exec: the apiserver's egress proxy socket, allowing the real nodes' kubelets only
+        # kubectl logs/exec, pod proxies: the apiserver's egress proxy socket, allowing the real nodes only (any
+        # port: the kubelet, and host-network pods)
         self._spawn(st, "apiserver-egress",
                     [sys.executable, "-m", "gpu_install_lab.kube", "_egress", str(cp.dir / "no-egress.sock"),
-                     *(f"{n['ip']}:10250" for n in st.nodes.values())],
+                     *(f"{n['ip']}:*" for n in st.nodes.values())],
                     self.dir / "nodes" / "apiserver-egress.log")
         api = cp._api()
         deadline = time.monotonic() + timeout

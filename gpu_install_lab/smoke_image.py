@@ -24,7 +24,7 @@ from installer.util import cache_dir
 
 COMPONENT = "operator.initContainer"  # nvcr.io/nvidia/cuda:<version>-base-ubi8 (every catalog release)
 BUSYBOX = Path("/bin/busybox")  # from Debian's busybox-static
-APPLETS = ("sh", "grep", "cat", "echo", "ls", "env")
+APPLETS = ("sh", "grep", "cat", "echo", "ls", "env", "sleep")  # sleep: validate's metrics probe pod
 RESULT_PREFIX = "gpu-install smoke (STAND-IN for CUDA vectorAdd):"
 
 ENTRYPOINT = f"""#!/bin/sh
@@ -91,7 +91,7 @@ def build_smoke_image(tag: str, root: Path | None = None) -> Path:
     if not BUSYBOX.is_file():
         raise RuntimeError(f"{BUSYBOX} is missing (apt-get install busybox-static)")
     digest = hashlib.sha256(ENTRYPOINT.encode() + VECTOR_ADD.encode() + BUSYBOX.read_bytes()
-                            + tag.encode()).hexdigest()[:16]
+                            + " ".join(APPLETS).encode() + tag.encode()).hexdigest()[:16]
     base = (root or cache_dir() / "lab-files" / "smoke-image") / digest
     layout = base / "layout"
     if (base / "complete").is_file():

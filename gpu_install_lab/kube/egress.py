@@ -1,10 +1,12 @@
 """The apiserver's egress proxy for real kubelet nodes (`python -m gpu_install_lab.kube _egress SOCKET IP:PORT...`).
 
-The apiserver sends its "cluster" traffic (kubectl logs/exec/port-forward to a node's kubelet) through the
-EgressSelectorConfiguration's HTTP-CONNECT proxy on a Unix socket (controlplane.py). With hollow nodes nobody
-listens there, so such requests fail at once. With real nodes (`lab up --kubelet real`) this proxy listens there
-and connects ONLY to the given lab node addresses (their kubelet port 10250, on the lab bridge); every other
-CONNECT gets 403, so the apiserver still never opens a connection anywhere else.
+The apiserver sends its "cluster" traffic (kubectl logs/exec/port-forward to a node's kubelet, its pod and
+service proxies) through the EgressSelectorConfiguration's HTTP-CONNECT proxy on a Unix socket (controlplane.py).
+With hollow nodes nobody listens there, so such requests fail at once. With real nodes (`lab up --kubelet real`)
+this proxy listens there and connects ONLY to the given lab node addresses on the lab bridge: IP:PORT, or IP:* for
+any port of that node (the kubelet on 10250, and host-network pods such as the STAND-IN dcgm-exporter that
+`validate`'s metrics layer reads through the apiserver's pod proxy); every other CONNECT gets 403, so the apiserver
+still never opens a connection outside the lab's nodes.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def _handle(conn: socket.socket, allowed: set[str]) -> None:
                 return
             head += chunk
         line = head.split(b"\r\n", 1)[0].decode(errors="replace").split()
-        if len(line) < 2 or line[0] != "CONNECT" or line[1] not in allowed:
+        target = line[1] if len(line) >= 2 else ""
+        if len(line) < 2 or line[0] != "CONNECT" or (target not in allowed
+                                                    and f"{target.rpartition(':')[0]}:*" not in allowed):
             conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
             return
         host, port = line[1].rsplit(":", 1)

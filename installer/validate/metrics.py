@@ -69,6 +69,16 @@ def holds_gpu(pod: Any) -> bool:
     return False
 
 
+def _status_message(exc: Any) -> str:
+    """The API server's message in an ApiException's Status body (what the proxy could not reach, and why)."""
+    import json
+
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or "")[:300]
+    except ValueError:
+        return str(exc.body or "")[:300]
+
+
 def _check(name: str, node: str, status: str, message: str, fix: str = "") -> Check:
     return Check(LAYER, name, node, status, message, fix)  # type: ignore[arg-type]
 
@@ -137,6 +147,7 @@ def run(core: Any, namespace: str, nodes: Sequence[str], facts: Mapping[str, Any
         if p.status.phase == "Running" and p.spec.node_name:
             exporters[p.spec.node_name] = p.metadata.name
     probes: dict[str, str] = {}
+    probe_ns: dict[str, str] = {}
     workloads: dict[str, list[tuple[str, str]]] = {}
     try:
         for node in nodes:
@@ -155,6 +166,7 @@ def run(core: Any, namespace: str, nodes: Sequence[str], facts: Mapping[str, Any
                 if body is not None:
                     core.create_namespaced_pod(body["metadata"]["namespace"], body)
                     probes[node] = body["metadata"]["name"]
+                    probe_ns[node] = body["metadata"]["namespace"]
                     workloads[node] = [(body["metadata"]["namespace"], body["metadata"]["name"])]
         if progress:
             progress(f"metrics: {len(exporters)} exporter(s); {len(probes)} probe pod(s) holding a GPU")
@@ -165,20 +177,28 @@ def run(core: Any, namespace: str, nodes: Sequence[str], facts: Mapping[str, Any
         while pending:
             for node in list(pending):
                 if node in probes and workloads[node]:  # the probe must run before the exporter can see it
-                    ns = workloads[node][0][0]
-                    phase = core.read_namespaced_pod(probes[node], ns).status.phase
+                    from installer.validate.smoke import _waiting
+
+                    pod = core.read_namespaced_pod(probes[node], probe_ns[node])
+                    phase = pod.status.phase
+                    stuck = _waiting(pod)
                     if phase != "Running":
-                        if time.monotonic() < deadline:
+                        if time.monotonic() < deadline and not stuck and phase not in ("Failed", "Succeeded"):
                             continue
                         workloads[node] = []
+                        ended = [st.state.terminated for st in (pod.status.container_statuses or [])
+                                 if st.state and st.state.terminated]
+                        why = (f"{stuck[0]} {stuck[1]}".strip() if stuck else
+                               f"{phase}: exit {ended[0].exit_code} {ended[0].reason or ''} {ended[0].message or ''}"
+                               .strip() if ended else f"phase {phase} after {timeout:.0f}s")
                         results.setdefault(node, []).append(_check(
                             "metrics.attribution", node, "fail",
-                            f"the probe pod {ns}/{probes[node]} (one GPU) did not run within {timeout:.0f}s "
-                            f"(phase {phase})", "the cluster and smoke layers say why a GPU pod cannot run there"))
+                            f"the probe pod {probe_ns[node]}/{probes[node]} (one GPU) did not run: {why}",
+                            "the cluster and smoke layers say why a GPU pod cannot run there"))
                 try:
                     text = read(core, namespace, exporters[node])
                 except ApiException as exc:
-                    last_error[node] = f"HTTP {exc.status} {exc.reason}"
+                    last_error[node] = f"HTTP {exc.status} {exc.reason}: {_status_message(exc)}"
                     if time.monotonic() < deadline:
                         continue
                     results[node] = [_check("metrics.scrape", node, "fail",
@@ -203,7 +223,7 @@ def run(core: Any, namespace: str, nodes: Sequence[str], facts: Mapping[str, Any
     finally:
         for node, name in probes.items():
             try:
-                core.delete_namespaced_pod(name, workloads[node][0][0], grace_period_seconds=0)
+                core.delete_namespaced_pod(name, probe_ns[node], grace_period_seconds=0)
             except ApiException:
                 pass
     return out

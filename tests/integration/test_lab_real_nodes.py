@@ -241,7 +241,7 @@ def test_after_apply_the_pod_runs_and_logs(rl):
     log = root(h, "node1", f"cat /var/log/pods/default_{POD}_{uid}/{POD}/0.log").stdout
     assert f"stdout F {images.HELLO_TEXT}" in log, log
     assert "stdout F hello\n" in log + "\n"  # the container's own hostname: the pod name
-    # and through the apiserver (its egress proxy lets it reach the real kubelets' :10250, nothing else)
+    # and through the apiserver (its egress proxy lets it reach the real nodes on the lab bridge, nothing else)
     assert images.HELLO_TEXT in kubectl(rl, "logs", POD).stdout
     pulled = root(h, "node1", "ctr -n k8s.io images ls -q").stdout
     assert f"{reg}/{images.HELLO[0]}:{images.HELLO[1]}" in pulled
