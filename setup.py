@@ -16,7 +16,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-CONTENT = ["ansible.cfg", "meta", "playbooks", "plugins", "roles", "values/catalog", "values/mig", "values/sharing", "charts"]
+CONTENT = ["ansible.cfg", "meta", "playbooks", "plugins", "roles", "values/catalog", "values/mig", "values/sharing",
+           "values/monitoring", "charts"]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.py[cod]", ".*")
 
 

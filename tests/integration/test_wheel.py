@@ -32,7 +32,9 @@ CONTENT = ["ansible.cfg", "meta/runtime.yml", "playbooks/site.yml", "playbooks/u
            "plugins/module_utils/first_change.py", "roles/nvidia_driver/tasks/main.yml",
            "roles/registry_trust/templates/hosts.toml.j2", "values/catalog/v24.9.2.yaml", "values/mig/models.yaml",
            "values/sharing/gpumanager.yaml", "charts/gpu-manager/Chart.yaml",
-           "charts/gpu-manager/templates/gpu-manager.yaml", "charts/gpu-manager/templates/_helpers.tpl"]
+           "charts/gpu-manager/templates/gpu-manager.yaml", "charts/gpu-manager/templates/_helpers.tpl",
+           "values/sharing/nos.yaml", "roles/mig_mode/tasks/deploy.yml", "plugins/modules/mig_mode.py",
+           "values/monitoring/dcgm-metrics.csv", "values/monitoring/alerts.yaml", "values/monitoring/dashboard.json"]
 STANDIN_RUNTIME = "/usr/local/bin/containerd"
 
 
