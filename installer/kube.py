@@ -567,8 +567,14 @@ def apply_object(client: ApiClient, obj: dict[str, Any], dry_run: bool = False) 
     res = _dynamic_resource(client, obj)
     meta = obj["metadata"]
     what = f"server-side apply {obj['kind']} {meta['namespace']}/{meta['name']}" + (" (dry run)" if dry_run else "")
+
+    def view(o: Any) -> Any:  # what the apply can change (a dry run assigns no new resourceVersion)
+        d = o.to_dict()
+        m = d.get("metadata") or {}
+        return (m.get("labels"), m.get("annotations"), d.get("data"), d.get("spec"))
+
     try:
-        before = res.get(name=meta["name"], namespace=meta["namespace"]).metadata.resourceVersion
+        before = view(res.get(name=meta["name"], namespace=meta["namespace"]))
     except ApiException as exc:
         if exc.status != 404:
             raise _api_error(what, exc) from None
@@ -581,7 +587,7 @@ def apply_object(client: ApiClient, obj: dict[str, Any], dry_run: bool = False) 
         raise _api_error(what, exc) from None
     if before is None:
         return "created"
-    return "unchanged" if after.metadata.resourceVersion == before else "updated"
+    return "unchanged" if view(after) == before else "updated"
 
 
 def delete_object_if_ours(client: ApiClient, obj: dict[str, Any]) -> bool:

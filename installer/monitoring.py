@@ -128,9 +128,10 @@ def render_values(site: Site, release: Release, values: dict[str, Any], set_: Ca
                           "the DCGM exporter", hint="drop components.dcgmExporter.enabled or monitoring.enabled")
     if comp.enabled_path:  # v1.11 has no switch: the exporter always runs
         set_(values, comp.enabled_path, True)
+    csv = metrics_csv(site)  # checked for every release (exit 2 at render / config check, before any host)
     config: dict[str, Any] = {"name": METRICS_CONFIGMAP}
     if creates_configmap(release):
-        config |= {"create": True, "data": metrics_csv(site)}
+        config |= {"create": True, "data": csv}
     values.setdefault("dcgmExporter", {})["config"] = config
 
 

@@ -321,6 +321,43 @@ def test_validate_metrics_fails_a_node_whose_pod_is_not_attributed(mon):
         kubectl(mon, "-n", OPNS, "set", "env", "daemonset/nvidia-dcgm-exporter", "DCGM_EXPORTER_KUBERNETES=true")
 
 
+def test_with_the_prometheus_operator_api_scrape_auto_makes_a_service_monitor_and_a_rule(mon):
+    """scrape auto on a cluster that serves monitoring.coreos.com/v1 (STAND-IN CRDs, tests/fixtures/prometheus-
+    operator): the ServiceMonitor and PrometheusRule with the site's labels; --check then shows the stage unchanged,
+    and a changed label as a change it would make (server-side dry run, nothing stored)."""
+    h, work = mon["h"], mon["work"]
+    crds = Path(__file__).resolve().parents[1] / "fixtures" / "prometheus-operator" / "crds-standin.yaml"
+    kubectl(mon, "apply", "-f", str(crds))
+    _wait("the CRDs established", lambda: kubectl(mon, "get", "servicemonitors", "-A", check=False).returncode == 0)
+    doc = yaml.safe_load(_site(mon).read_text())
+    doc["monitoring"]["labels"] = {"release": "kube-prometheus-stack"}
+    site = work / "site-kps.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    argv = ["apply", "-s", str(site), "-i", str(apply_inventory(h, work)), "--chart", str(CHART), "--kubeconfig",
+            str(_kc(mon)), "--no-wait", "--skip-mirror-check", "--skip-validate"]
+    out = _ok(_cli(mon, *argv))
+    stages = _stages(out)
+    assert stages["monitoring"][0] == "changed" and "scrape serviceMonitor" in stages["monitoring"][1], stages
+    assert "preflight: monitoring scrape serviceMonitor (the cluster serves monitoring.coreos.com/v1)" in out, out
+    sm = json.loads(kubectl(mon, "-n", "monitoring", "get", "servicemonitor", "gpu-install-dcgm-exporter",
+                            "-o", "json").stdout)
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True and sm["spec"]["jobLabel"] == "app"
+    rule = json.loads(kubectl(mon, "-n", "monitoring", "get", "prometheusrule", "gpu-install-gpu-alerts",
+                              "-o", "json").stdout)
+    assert len(rule["spec"]["groups"][0]["rules"]) >= 10
+    check = _stages(_ok(_cli(mon, *argv, "--check")))
+    assert check["monitoring"][0] == "unchanged", check
+    doc["monitoring"]["labels"] = {"release": "other"}
+    site.write_text(yaml.safe_dump(doc))
+    check = _stages(_ok(_cli(mon, *argv, "--check")))
+    assert check["monitoring"][0] == "would change", check
+    assert "ServiceMonitor monitoring/gpu-install-dcgm-exporter: would be updated" in check["monitoring"][1], check
+    again = json.loads(kubectl(mon, "-n", "monitoring", "get", "servicemonitor", "gpu-install-dcgm-exporter",
+                               "-o", "json").stdout)
+    assert again["metadata"]["labels"]["release"] == "kube-prometheus-stack"  # the dry run stored nothing
+
+
 def test_uninstall_removes_the_monitoring_objects(mon):
     h, work = mon["h"], mon["work"]
     kubectl(mon, "delete", "pod", "trainer-0", "--wait=false", check=False)
@@ -329,6 +366,8 @@ def test_uninstall_removes_the_monitoring_objects(mon):
     stages = _stages(_ok(proc))
     assert stages["monitoring"][0] == "removed", stages
     assert "ConfigMap monitoring/gpu-install-dcgm-scrape removed" in stages["monitoring"][1], stages
+    assert "ServiceMonitor monitoring/gpu-install-dcgm-exporter removed" in stages["monitoring"][1], stages
+    assert not kubectl(mon, "-n", "monitoring", "get", "servicemonitors,prometheusrules", "-o", "name").stdout.strip()
     left = kubectl(mon, "-n", "monitoring", "get", "configmaps", "-l", "app.kubernetes.io/part-of=gpu-install-monitoring",
                    "-o", "name").stdout.strip()
     assert not left, left

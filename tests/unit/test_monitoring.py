@@ -73,6 +73,11 @@ def test_site_metrics_file_is_relative_to_the_site_and_checked(tmp_path):
         with pytest.raises(ConfigError) as exc:
             plan_of(load_site(tmp_path / "site.yaml"), NODES)
         assert expect in exc.value.message and "mine.csv" in exc.value.message, exc.value.message
+    doc = yaml.safe_load((tmp_path / "site.yaml").read_text())
+    doc["operator"]["version"] = "v23.9.2"  # the chart only names the ConfigMap there: still checked at render
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="no metric in it"):
+        plan_of(load_site(tmp_path / "old.yaml"), NODES)
     (tmp_path / "mine.csv").unlink()
     with pytest.raises(ConfigError, match="monitoring.metrics"):
         plan_of(load_site(tmp_path / "site.yaml"), NODES)
