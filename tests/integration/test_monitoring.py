@@ -69,9 +69,10 @@ def _cli(mon, *args: str) -> subprocess.CompletedProcess:
 def _stages(out: str) -> dict[str, tuple[str, str]]:
     rows = {}
     for line in out.splitlines():
-        parts = line.split(None, 2)
-        if parts and parts[0] in ("preflight", "nodes", "operator", "sharing", "monitoring", "mig", "validate"):
-            rows[parts[0]] = (parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else "")
+        m = re.match(r"(preflight|nodes|operator|sharing|monitoring|mig|validate) +(would change|not run|\S+) *(.*)$",
+                     line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3))
     return rows
 
 
@@ -335,10 +336,11 @@ def test_with_the_prometheus_operator_api_scrape_auto_makes_a_service_monitor_an
     site.write_text(yaml.safe_dump(doc))
     argv = ["apply", "-s", str(site), "-i", str(apply_inventory(h, work)), "--chart", str(CHART), "--kubeconfig",
             str(_kc(mon)), "--no-wait", "--skip-mirror-check", "--skip-validate"]
-    out = _ok(_cli(mon, *argv))
-    stages = _stages(out)
+    proc = _cli(mon, *argv)
+    stages = _stages(_ok(proc))
     assert stages["monitoring"][0] == "changed" and "scrape serviceMonitor" in stages["monitoring"][1], stages
-    assert "preflight: monitoring scrape serviceMonitor (the cluster serves monitoring.coreos.com/v1)" in out, out
+    said = proc.stdout + proc.stderr
+    assert "preflight: monitoring scrape serviceMonitor (the cluster serves monitoring.coreos.com/v1)" in said, said
     sm = json.loads(kubectl(mon, "-n", "monitoring", "get", "servicemonitor", "gpu-install-dcgm-exporter",
                             "-o", "json").stdout)
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
