@@ -70,8 +70,10 @@ def api_client(kubeconfig: Path) -> ApiClient:
 # ---------------------------------------------------------------- the pull secret (pure)
 
 
-def _auths_has(auths: Mapping[str, Any], host: str) -> bool:
-    return any(k.split("://", 1)[-1].rstrip("/").split("/", 1)[0] == host for k in auths)
+def _auth_host(key: str) -> str:
+    """The registry host of an `auths` key: `https://r.lab:5000/v1/`, `r.lab:5000/team` and `r.lab:5000` all name
+    r.lab:5000 (docker and containers-auth.json spell keys all three ways)."""
+    return key.split("://", 1)[-1].rstrip("/").split("/", 1)[0].lower()
 
 
 def docker_config_json(registry: Registry, environ: Mapping[str, str] | None = None) -> bytes:
@@ -101,7 +103,8 @@ def docker_config_json(registry: Registry, environ: Mapping[str, str] | None = N
 
 
 def _from_file(path: Path, host: str) -> bytes:
-    # the path is not shown: like the other credential fields, this one may hold a credential pasted by mistake
+    # the path is not shown until the file has been read as a docker config.json: like the other credential fields,
+    # this one may hold a credential pasted by mistake
     where = "registry.pullSecret.dockerConfigFile"
     hint = ("check the path the field names (a relative one is relative to the site file) and its permissions; the "
             "field holds the PATH of a docker config.json")
@@ -118,14 +121,25 @@ def _from_file(path: Path, host: str) -> bytes:
         doc = json.loads(raw)
     except ValueError:
         raise ConfigError(f"{where}: not valid JSON", hint="give a docker config.json ({\"auths\": {...}})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a docker config.json",
+                          hint="give a docker config.json ({\"auths\": {...}})") from None
     auths = doc.get("auths") if isinstance(doc, dict) else None
     if not isinstance(auths, dict) or not auths:
-        raise ConfigError(f"{where}: no \"auths\" entries",
+        raise ConfigError(f"{where} {path}: no \"auths\" entries",
                           hint="kubelets need inline credentials; credsStore/credHelpers cannot be used in a Secret")
-    if not _auths_has(auths, host):
-        raise ConfigError(f"{where}: no auths entry for the site registry {host} (entries: {', '.join(sorted(auths))})",
-                          hint=f"log in to {host} with that config file, or point registry.host at the right registry")
-    return raw
+    # only the site registry's entries: the file is usually the admin's own ~/.docker/config.json, and its other
+    # registries' credentials have no business in the cluster's Secret or in skopeo's authfile
+    mine = {key: entry for key, entry in auths.items() if _auth_host(key) == host.lower()}
+    if not mine:
+        raise ConfigError(f"{where} {path}: no auths entry for the site registry {host} "
+                          f"(entries: {', '.join(sorted(auths))})",
+                          hint=f"log in to {host} with that config file (docker login --config DIR {host}; the file "
+                               f"is DIR/config.json), or point registry.host at the right registry")
+    if not all(isinstance(entry, dict) for entry in mine.values()):
+        raise ConfigError(f"{where} {path}: the auths entry for {host} is not an object",
+                          hint=f"log in to {host} again with that config file (docker login)")
+    return json.dumps({"auths": mine}, sort_keys=True, separators=(",", ":")).encode()
 
 
 def pull_secret_body(registry: Registry, namespace: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

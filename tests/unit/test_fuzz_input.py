@@ -31,7 +31,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from installer.config import CREDENTIAL_FIELDS, SAMPLE, site_schema
+from installer.config import CREDENTIAL_FIELDS, MAX_INPUT_BYTES, SAMPLE, site_schema
 from installer.errors import (
     EXIT_CLUSTER,
     EXIT_ENVIRONMENT,
@@ -230,8 +230,10 @@ def run_cli(argv: list[str], env: dict[str, str]) -> tuple[int, str, list[str]]:
     return rc, out.getvalue() + err.getvalue(), contacts.seen
 
 
-def check(command: str, site_text: str, inventory: tuple[str, str] | None = None, sets: tuple[str, ...] = ()) -> None:
-    """The properties, for one command on one site file (and inventory, and --set flags)."""
+def check(command: str, site_text: str, inventory: tuple[str, str] | None = None,
+          sets: tuple[str, ...] = ()) -> tuple[int, str, list[str]]:
+    """The properties, for one command on one site file (and inventory, and --set flags). Returns (exit code,
+    output, points of contact tried) for the assertions of a deterministic example."""
     with tempfile.TemporaryDirectory(prefix="gpu-install-fuzz-") as tmp:
         run = Run(Path(tmp))
         site = run.root / "site.yaml"
@@ -254,6 +256,7 @@ def check(command: str, site_text: str, inventory: tuple[str, str] | None = None
         assert not contacted, f"exit 2, yet {contacted} was tried first: {argv}\n{shown}"
     if command in OFFLINE:
         assert not contacted, f"{command} is offline, yet it tried {contacted}: {argv}\n{shown}"
+    return rc, output, contacted
 
 
 # ---------------------------------------------------------------- generated site files
@@ -517,14 +520,61 @@ def test_regressions(command, site, inventory, sets):
     check(command, site, inventory, sets)
 
 
-@pytest.mark.parametrize("make", [lambda p: None, lambda p: os.mkfifo(p), lambda p: p.mkdir(),
-                                  lambda p: p.symlink_to("/dev/zero")], ids=["missing", "fifo", "directory", "device"])
-def test_docker_config_file_is_read_only_when_a_small_regular_file(tmp_path, make):
-    """The path may be a credential pasted by mistake: never shown; and a FIFO is never opened (it would block)."""
+def _with_docker_config_file(path: Path) -> str:
+    return SAMPLE_SITE.replace("    usernameEnv: GPU_REGISTRY_USER\n    passwordEnv: GPU_REGISTRY_PASSWORD\n",
+                               f"    dockerConfigFile: {path}\n")
+
+
+def _config_json(size: int | None = None) -> bytes:
+    """A docker config.json with the sample site registry's entry (a canary credential), padded with JSON
+    whitespace to `size` bytes when given."""
+    raw = json.dumps({"auths": {"registry.example.com:5000": {"auth": CANARIES[3]}}}).encode()
+    return raw if size is None else raw + b" " * (size - len(raw))
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: None, "cannot read it"),
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.mkdir(), "not a regular file"),
+    (lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
+    # one byte over the bound: refused from its size (stat), before a byte is read
+    (lambda p: p.write_bytes(_config_json(MAX_INPUT_BYTES + 1)), f"{MAX_INPUT_BYTES + 1} bytes is not a docker"),
+    (lambda p: p.write_bytes(b"[" * 200_000), "nested too deeply to be a docker config.json"),
+], ids=["missing", "fifo", "directory", "device", "oversized", "nested"])
+def test_docker_config_file_is_read_only_when_a_small_regular_file(tmp_path, make, needle):
+    """The path may be a credential pasted by mistake: never shown; a FIFO is never opened (it would block), an
+    oversized file never read. Each is exit 2 naming the field, before anything is contacted."""
     path = tmp_path / CANARY
     make(path)
-    check("operator-install", SAMPLE_SITE.replace(
-        "    usernameEnv: GPU_REGISTRY_USER\n    passwordEnv: GPU_REGISTRY_PASSWORD\n", f"    dockerConfigFile: {path}\n"))
+    rc, output, contacted = check("operator-install", _with_docker_config_file(path))
+    assert rc == EXIT_USAGE and not contacted, output
+    assert f"registry.pullSecret.dockerConfigFile: {needle}" in output, output
+
+
+@pytest.mark.parametrize("size", [None, MAX_INPUT_BYTES], ids=["small", "exactly-the-bound"])
+def test_docker_config_file_small_regular_file_is_used(tmp_path, size):
+    """A small regular file (up to the bound, inclusive) is read and used: the run goes past the input checks to
+    the cluster (127.0.0.1:1 here: exit 5), and its credential is never shown."""
+    path = tmp_path / "config.json"
+    path.write_bytes(_config_json(size))
+    assert path.stat().st_size == (size or path.stat().st_size)
+    rc, output, contacted = check("operator-install", _with_docker_config_file(path))
+    assert rc == EXIT_UNREACHABLE and contacted, output
+    assert "dockerConfigFile" not in output, output
+
+
+@pytest.mark.parametrize("text", [
+    "operator:\n  version: v24.9.2\ndeep: " + "[" * 5000 + "]" * 5000 + "\n",
+    "operator:\n  version: v24.9.2\ndeep:\n" + "".join(" " * i + "k:\n" for i in range(1, 1000)),  # < 1 MiB
+], ids=["flow", "block"])
+def test_a_site_nested_too_deeply_is_a_clear_exit_2(tmp_path, text):
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    (tmp_path / "run").mkdir()
+    rc, output, contacted = run_cli(["config", "check", "-s", str(site)], Run(tmp_path / "run").env())
+    assert rc == EXIT_USAGE and not contacted, output
+    assert f"{site}: nested too deeply to be a site file" in output, output
+    assert "check the file" in output and "Traceback" not in output
 
 
 @pytest.mark.parametrize("command,code", [("preflight", EXIT_UNREACHABLE), ("apply", EXIT_UNREACHABLE),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,11 +60,70 @@ def test_missing_env_var_names_the_field_not_the_variable(missing, field):
         kube.docker_config_json(registry(**ENV_REF), env)
 
 
-def test_docker_config_file_used_as_is(tmp_path):
+TWO_REGISTRIES = {
+    "auths": {
+        "https://registry.lab:5000/v1/": {"auth": base64.b64encode(b"site-user:site-pw").decode()},
+        "ghcr.io": {"auth": base64.b64encode(b"admin:ghp_personal-token").decode()},
+        "nvcr.io": {"username": "$oauthtoken", "password": "nvapi-key"},
+    },
+    "credsStore": "desktop",
+    "credHelpers": {"gcr.io": "gcloud"},
+    "HttpHeaders": {"User-Agent": "x"},
+}
+
+
+def test_docker_config_file_keeps_only_the_site_registry(tmp_path):
+    """The admin's config.json usually holds every registry they use: the Secret and skopeo's authfile get the site
+    registry's entry and nothing else (no other registry's auth, no credsStore/credHelpers/headers)."""
+    from installer.mirror.images import authfile
+
     cfg = tmp_path / "config.json"
-    raw = json.dumps({"auths": {"https://registry.lab:5000": {"auth": base64.b64encode(b"a:b").decode()}}}).encode()
-    cfg.write_bytes(raw)
-    assert kube.docker_config_json(registry(dockerConfigFile=str(cfg)), {}) == raw
+    cfg.write_text(json.dumps(TWO_REGISTRIES))
+    reg = registry(dockerConfigFile=str(cfg))
+    expected = {"auths": {"https://registry.lab:5000/v1/": {"auth": "c2l0ZS11c2VyOnNpdGUtcHc="}}}  # site-user:site-pw
+
+    body = kube.pull_secret_body(reg, "gpu-operator", {})
+    payload = base64.b64decode(body["data"][".dockerconfigjson"])
+    assert json.loads(payload) == expected
+    with authfile(kube.docker_config_json(reg, {})) as path:
+        assert path is not None
+        on_disk = Path(path).read_bytes()
+    assert json.loads(on_disk) == expected
+    for blob in (payload, on_disk):
+        for other in (b"ghcr.io", b"ghp_personal-token", b"nvcr.io", b"nvapi-key", b"desktop", b"gcloud", b"User-Agent"):
+            assert other not in blob
+    # the file itself is left as it was
+    assert json.loads(cfg.read_text()) == TWO_REGISTRIES
+
+
+def test_docker_config_file_every_spelling_of_the_site_registry_is_kept(tmp_path):
+    cfg = tmp_path / "config.json"
+    entries = {"registry.lab:5000": {"auth": "YTpi"}, "REGISTRY.lab:5000/team": {"auth": "Yzpk"},
+               "http://registry.lab:5000": {"auth": "ZTpm"},
+               "registry.lab:5001": {"auth": "other-port"}, "registry.lab": {"auth": "no-port"}}
+    cfg.write_text(json.dumps({"auths": entries}))
+    doc = json.loads(kube.docker_config_json(registry(dockerConfigFile=str(cfg)), {}))
+    assert doc == {"auths": {"registry.lab:5000": {"auth": "YTpi"}, "REGISTRY.lab:5000/team": {"auth": "Yzpk"},
+                             "http://registry.lab:5000": {"auth": "ZTpm"}}}
+
+
+def test_docker_config_file_without_the_site_registry_names_file_and_host(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"auths": {"ghcr.io": {"auth": "Z2hwOnRva2Vu"}}}))
+    with pytest.raises(ConfigError) as err:
+        kube.docker_config_json(registry(dockerConfigFile=str(cfg)), {})
+    assert err.value.exit_code == 2
+    assert str(cfg) in err.value.message and "registry.lab:5000" in err.value.message
+    assert "docker login" in (err.value.hint or "") and "registry.lab:5000" in (err.value.hint or "")
+    assert "Z2hwOnRva2Vu" not in str(err.value)
+
+
+def test_docker_config_file_site_entry_not_an_object(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"auths": {"registry.lab:5000": "eDp5"}}))
+    with pytest.raises(ConfigError, match="the auths entry for registry.lab:5000 is not an object") as err:
+        kube.docker_config_json(registry(dockerConfigFile=str(cfg)), {})
+    assert "eDp5" not in str(err.value)
 
 
 @pytest.mark.parametrize("content,needle", [
