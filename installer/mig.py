@@ -150,6 +150,112 @@ def smallest_profile(product: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class GpuInstanceProfile:
+    """One row of the driver's GPU instance profile table (`nvidia-smi mig -lgip`)."""
+
+    gpu: int
+    name: str           # "1g.10gb", "1g.10gb+me" (without the "MIG " prefix)
+    profile_id: int
+    free: int
+    total: int          # the most instances of this profile one GPU holds
+    memory_gib: float
+    p2p: bool
+    sms: int
+    dec: int
+    enc: int
+    ce: int
+    jpeg: int
+    ofa: int
+
+    @property
+    def compute_slices(self) -> int:
+        return int(self.name.split("g.", 1)[0])
+
+
+_LGIP_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s+([0-9.]+)\s+(Yes|No)\s+(\d+)\s+(\d+)\s+(\d+)"
+                       r"\s*\|\s*$")
+_LGIP_SECOND = re.compile(r"^\|\s+(\d+)\s+(\d+)\s+(\d+)\s*\|\s*$")
+_LGIP_NAME = re.compile(r"^[0-9]g\.[0-9]+gb(\+[a-z]+)?$")
+
+
+def parse_lgip(text: str, source: str = "nvidia-smi mig -lgip") -> tuple[GpuInstanceProfile, ...]:
+    """The rows of `nvidia-smi mig -lgip` output (each profile is two table lines: GPU, name, ID, free/total instances,
+    memory GiB, P2P, SM, DEC, ENC, then CE, JPEG, OFA). Raises ValueError naming the line when a line that starts a
+    row is not one, or a row lacks its second line."""
+    rows: list[GpuInstanceProfile] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        i += 1
+        if "MIG" not in line or not line.startswith("|") or "GPU instance profiles" in line:
+            continue
+        m = _LGIP_ROW.match(line)
+        if not m or not _LGIP_NAME.match(m.group(2)):
+            raise ValueError(f"{source}: line {i} is not a profile row: {line.strip()!r}")
+        second = _LGIP_SECOND.match(lines[i].rstrip()) if i < len(lines) else None
+        if second is None:
+            raise ValueError(f"{source}: line {i + 1}: the CE/JPEG/OFA line of {m.group(2)} is missing")
+        i += 1
+        rows.append(GpuInstanceProfile(
+            gpu=int(m.group(1)), name=m.group(2), profile_id=int(m.group(3)), free=int(m.group(4)),
+            total=int(m.group(5)), memory_gib=float(m.group(6)), p2p=m.group(7) == "Yes", sms=int(m.group(8)),
+            dec=int(m.group(9)), enc=int(m.group(10)), ce=int(second.group(1)), jpeg=int(second.group(2)),
+            ofa=int(second.group(3))))
+    return tuple(rows)
+
+
+@lru_cache(maxsize=1)
+def driver_tables(path: Path | None = None) -> dict[str, tuple[GpuInstanceProfile, ...]]:
+    """model name (values/mig/models.yaml) -> the driver's own GPU instance profile table recorded on a real GPU of
+    that model (values/mig/lgip.yaml)."""
+    import yaml
+
+    doc = yaml.safe_load((path or content.mig_models_file().with_name("lgip.yaml")).read_text())
+    return {str(t["model"]): parse_lgip(str(t["table"]), f"values/mig/lgip.yaml ({t['model']})")
+            for t in doc["tables"]}
+
+
+def profile_of(product: str | None, memory_mib: int | None, multiprocessors: int | None,
+               gpu_memory_mib: int | None = None) -> str | None:
+    """The MIG profile ("1g.18gb") of a MIG device of this memory and SM count on a GPU of this product, derived from
+    the driver's facts, never from the number in a profile's name; None when it cannot be told.
+
+    - With the driver's profile table of the model (values/mig/lgip.yaml): the profile whose SM count is the
+      device's and whose memory (GiB) is the nearest to the device's, within 1 GiB or 6 % (a MIG device reports the
+      profile's memory, e.g. 16384 MiB for the H200's 1g.18gb: 16.00 GiB). Without an SM count, the memory alone
+      when one profile has it.
+    - Without a table: compute slices from the SM count (one slice: 14 SMs on A100/A30, 16 on Hopper) and memory
+      slices from the device's share of the GPU's memory (gpu_memory_mib: the parent GPU's total; 8 slices, 4 on
+      A30), matched against the model's profiles' slices (Model.memory_slices: their sizes relative to the 1g one).
+    `+me` profiles have the same memory and SMs as their base profile and are never the answer."""
+    if memory_mib is None or memory_mib <= 0:
+        return None
+    model = model_of(product)
+    if model is None:
+        return None
+    gib = memory_mib / 1024
+    table = driver_tables().get(model.name)
+    if table:
+        rows = [r for r in table if "+" not in r.name and (multiprocessors is None or r.sms == multiprocessors)]
+        near = [(abs(r.memory_gib - gib), r.name) for r in rows
+                if abs(r.memory_gib - gib) <= max(1.0, 0.06 * r.memory_gib)]
+        if not near:
+            return None
+        best = min(d for d, _ in near)
+        names = sorted({n for d, n in near if d == best})
+        return names[0] if len(names) == 1 else None
+    if not multiprocessors or not gpu_memory_mib or gpu_memory_mib <= 0:
+        return None
+    per_slice = 16 if re.match(r"^G?H[0-9]", model.name) else 14
+    slices = min(model.slices, multiprocessors // per_slice)
+    mem_slices = round(memory_mib / gpu_memory_mib * model.memory_slices())
+    chosen = [p for p, _ in model.profiles if "+" not in p and p.startswith(f"{slices}g.")
+              and model.memory_slices(p) == mem_slices]
+    return chosen[0] if len(chosen) == 1 else None
+
+
+@dataclass(frozen=True)
 class Assignment:
     host: str        # inventory host
     node: str        # Kubernetes Node name

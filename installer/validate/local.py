@@ -110,7 +110,7 @@ def _gpu(nvml: Any, get: Callable[..., Any], index: int, h: Any) -> Gpu:
     single = get(nvml.nvmlDeviceGetRetiredPages, h, nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
     double = get(nvml.nvmlDeviceGetRetiredPages, h, nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
     pending = get(nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
-    if single is not None or double is not None or pending is not None:
+    if single is not None or double is not None or pending is not None:  # else not supported: None, as the XML's N/A
         retired = RetiredPages(len(single) if single is not None else None,
                                len(double) if double is not None else None, _flag(pending))
     rows = get(nvml.nvmlDeviceGetRemappedRows, h)
@@ -123,6 +123,8 @@ def _gpu(nvml: Any, get: Callable[..., Any], index: int, h: Any) -> Gpu:
     power = get(nvml.nvmlDeviceGetPowerUsage, h)
     limit = get(nvml.nvmlDeviceGetEnforcedPowerLimit, h)
     uuid = get(nvml.nvmlDeviceGetUUID, h)
+    mem_info = get(nvml.nvmlDeviceGetMemoryInfo, h)
+    gpu_mem = int(mem_info.total) // (1024 * 1024) if mem_info is not None else None
     return Gpu(
         index=index,
         minor_number=get(nvml.nvmlDeviceGetMinorNumber, h),
@@ -132,7 +134,7 @@ def _gpu(nvml: Any, get: Callable[..., Any], index: int, h: Any) -> Gpu:
         persistence_mode=_flag(get(nvml.nvmlDeviceGetPersistenceMode, h)),
         mig_current=_flag(mig_cur),
         mig_pending=_flag(mig_pend),
-        mig_devices=_mig_devices(nvml, get, h, product) if mig_cur == 1 else (),
+        mig_devices=_mig_devices(nvml, get, h, product, gpu_mem) if mig_cur == 1 else (),
         ecc_current=_flag(ecc_cur),
         ecc_pending=_flag(ecc_pend),
         ecc_errors=EccErrors(get(nvml.nvmlDeviceGetTotalEccErrors, h, unc, nvml.NVML_VOLATILE_ECC),
@@ -150,7 +152,8 @@ def _gpu(nvml: Any, get: Callable[..., Any], index: int, h: Any) -> Gpu:
     )
 
 
-def _mig_devices(nvml: Any, get: Callable[..., Any], h: Any, product: str | None) -> tuple[MigDevice, ...]:
+def _mig_devices(nvml: Any, get: Callable[..., Any], h: Any, product: str | None,
+                 gpu_memory_mib: int | None) -> tuple[MigDevice, ...]:
     out = []
     for i in range(get(nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
         m = get(nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
@@ -164,7 +167,7 @@ def _mig_devices(nvml: Any, get: Callable[..., Any], h: Any, product: str | None
         out.append(MigDevice(index=i, gpu_instance_id=get(nvml.nvmlDeviceGetGpuInstanceId, m),
                              compute_instance_id=get(nvml.nvmlDeviceGetComputeInstanceId, m),
                              multiprocessors=sms, memory_mib=memory_mib,
-                             profile=mig_profile(product, memory_mib, sms),
+                             profile=mig_profile(product, memory_mib, sms, gpu_memory_mib),
                              uuid=_text(uuid) if uuid is not None else None))
     return tuple(out)
 

@@ -10,10 +10,23 @@ documents without a DOCTYPE from older drivers). Every element is optional here;
 - ECC double-bit errors: `volatile|aggregate/double_bit/total` (Pascal/Volta layout) or the sum of the
   uncorrectable counters `dram_uncorrectable`, `sram_uncorrectable`, `sram_uncorrectable_parity`,
   `sram_uncorrectable_secded` (Turing and later);
-- temperatures: absolute thresholds (`gpu_temp_slow_threshold`, `gpu_temp_max_threshold`); documents that give only
-  the T.Limit margins (`*_tlimit_threshold`, e.g. GeForce RTX 4090 on 535) have no absolute thresholds (None).
-MIG devices carry no profile name in the XML: the profile is derived from the device's memory and multiprocessor
-count against the GPU model's profiles (values/mig/models.yaml), None when that is ambiguous or the model unknown.
+- temperatures: absolute thresholds (`gpu_temp_slow_threshold`, `gpu_temp_max_threshold`,
+  `gpu_temp_max_gpu_threshold`) where the document has them. Documents that give only T.Limit margins (driver 580's
+  DTD v13 on H100/H200, GeForce RTX 4090 on 535: `gpu_temp_tlimit`, `gpu_temp_slow_tlimit_threshold`,
+  `gpu_temp_max_tlimit_threshold`, `gpu_temp_max_gpu_tlimit_threshold`) get them derived (see _thresholds):
+      T.Limit temperature = gpu_temp + gpu_temp_tlimit   (gpu_temp_tlimit: how far the GPU is below T.Limit)
+      each threshold      = T.Limit temperature - its *_tlimit_threshold margin
+  i.e. max operating = T.Limit - gpu_temp_max_gpu_tlimit_threshold, slowdown = T.Limit - gpu_temp_slow_tlimit_threshold,
+  shutdown = T.Limit - gpu_temp_max_tlimit_threshold. Evidence (tests/fixtures/nvidia-smi/README.md): an H100 80GB
+  HBM3 and an H200 on driver 580.159.04 (`h100-80gb-hbm3-580-v13.xml`: 36 C, T.Limit 51, margins -2/-8/0;
+  `h200-580-v13.xml`: the same; `corpus/h200-580-v13-with-process.xml`: 37 C, T.Limit 50) give 87 + 2 = 89 C
+  slowdown, 87 + 8 = 95 C shutdown and 87 C max operating, exactly what NVML read on the same machines at the same
+  time (NVML_TEMPERATURE_THRESHOLD_SLOWDOWN / _SHUTDOWN / _GPU_MAX). An absolute threshold, where present, wins.
+- unsupported features: a `retired_pages` block whose every value is N/A (H100/H200: row remapping instead of page
+  retirement) is None, as NVML's "not supported" is in installer/validate/local.py: the same shape from both readers.
+MIG devices carry no profile name in the XML: the profile is derived from the driver's facts (installer.mig.profile_of:
+the device's SM count and memory against the driver's `mig -lgip` table of the model, values/mig/lgip.yaml, else
+against the model's slices and the GPU's total memory), None when that is ambiguous or the model unknown.
 
 The driver-not-loaded case (exit code 9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA
 driver") is a result of its own, DriverNotLoaded, not an error.
@@ -24,7 +37,6 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from functools import cache
 
 from installer.errors import EXIT_VALIDATION, GpuInstallError
 
@@ -95,13 +107,13 @@ class Gpu:
     ecc_current: bool | None
     ecc_pending: bool | None
     ecc_errors: EccErrors
-    retired_pages: RetiredPages | None  # None: the document has no retired_pages block
+    retired_pages: RetiredPages | None  # None: no retired_pages block, or page retirement not supported (N/A)
     remapped_rows: RemappedRows | None  # None: no block, or N/A (GPUs without row remapping)
     throttle_reasons: tuple[str, ...] | None  # active reasons without prefix ("gpu_idle", "hw_slowdown"); None: no block
     temperature_c: int | None
     slowdown_temp_c: int | None
     shutdown_temp_c: int | None
-    max_operating_temp_c: int | None  # gpu_temp_max_gpu_threshold
+    max_operating_temp_c: int | None  # gpu_temp_max_gpu_threshold (or derived from T.Limit margins)
     power_draw_w: float | None
     power_limit_w: float | None
     fan_speed_pct: int | None
@@ -198,52 +210,19 @@ def _throttle(gpu: ET.Element) -> tuple[str, ...] | None:
     return None
 
 
-def mig_profile(product_name: str | None, memory_mib: int | None, multiprocessors: int | None) -> str | None:
-    """The MIG profile ("3g.20gb") of a device of this memory and SM count on this GPU model, or None.
-
-    Memory picks the `.<n>gb` part: the model's profile sizes closest to the device's memory (a device has a little
-    less than the nominal size: 19968 MiB is 20gb), within 1 GiB or 6 %; the SM count picks among profiles of that
-    size (one slice is 14 SMs on A100/A30, 16 on Hopper). None when the model is unknown or the choice is not
-    unique."""
+def mig_profile(product_name: str | None, memory_mib: int | None, multiprocessors: int | None,
+                gpu_memory_mib: int | None = None) -> str | None:
+    """The MIG profile ("1g.18gb") of a MIG device of this memory and SM count on this GPU model, or None: derived from
+    the driver's facts (installer.mig.profile_of), never from the number in a profile's name. gpu_memory_mib: the
+    parent GPU's total memory (used for models without a recorded driver profile table)."""
     from installer import mig
 
-    if memory_mib is None or memory_mib <= 0:
-        return None
-    model = mig.model_of(product_name)
-    if model is None:
-        return None
-    gib = memory_mib / 1024
-    sizes = {p: float(p.split(".", 1)[1].removesuffix("gb")) for p in _model_profiles(model.name) if "+" not in p}
-    near = {p: abs(gb - gib) for p, gb in sizes.items() if abs(gb - gib) <= max(1.0, 0.06 * gb)}
-    if not near:
-        return None
-    best = min(near.values())
-    candidates = sorted(p for p, d in near.items() if d == best)
-    if len(candidates) == 1:
-        return candidates[0]
-    if not multiprocessors:
-        return None
-    per_slice = 16 if re.match(r"^G?H[0-9]", model.name) else 14
-    slices = min(7, multiprocessors // per_slice)
-    chosen = [p for p in candidates if p.startswith(f"{slices}g.")]
-    return chosen[0] if len(chosen) == 1 else None
-
-
-@cache
-def _model_profiles(model_name: str) -> frozenset[str]:
-    import yaml
-
-    from installer import content
-
-    doc = yaml.safe_load(content.mig_models_file().read_text())
-    for m in doc["models"]:
-        if m["model"] == model_name:
-            return frozenset(m.get("profiles") or {})
-    return frozenset()
+    return mig.profile_of(product_name, memory_mib, multiprocessors, gpu_memory_mib)
 
 
 def _mig_devices(r: _Reader, gpu: ET.Element, product: str | None) -> tuple[MigDevice, ...]:
     block = gpu.find("mig_devices")
+    total = r.integer(gpu, "fb_memory_usage/total")
     if block is None:
         return ()
     out = []
@@ -256,10 +235,41 @@ def _mig_devices(r: _Reader, gpu: ET.Element, product: str | None) -> tuple[MigD
             compute_instance_id=r.integer(dev, "compute_instance_id"),
             multiprocessors=sms,
             memory_mib=memory,
-            profile=mig_profile(product, memory, sms),
+            profile=mig_profile(product, memory, sms, total),
             uuid=_text(dev.find("uuid")),
         ))
     return tuple(out)
+
+
+def _thresholds(r: _Reader, temp: ET.Element | None) -> tuple[int | None, int | None, int | None]:
+    """(slowdown, shutdown, max operating) in C: the absolute thresholds, else derived from the T.Limit margins (module
+    doc): T.Limit = gpu_temp + gpu_temp_tlimit, each threshold = T.Limit - its margin."""
+    slowdown = r.integer(temp, "gpu_temp_slow_threshold")
+    shutdown = r.integer(temp, "gpu_temp_max_threshold")
+    max_operating = r.integer(temp, "gpu_temp_max_gpu_threshold")
+    current, headroom = r.integer(temp, "gpu_temp"), r.integer(temp, "gpu_temp_tlimit")
+    if current is not None and headroom is not None:
+        tlimit = current + headroom
+
+        def derived(margin: str) -> int | None:
+            m = r.integer(temp, margin)
+            return None if m is None else tlimit - m
+
+        slowdown = slowdown if slowdown is not None else derived("gpu_temp_slow_tlimit_threshold")
+        shutdown = shutdown if shutdown is not None else derived("gpu_temp_max_tlimit_threshold")
+        if max_operating is None:
+            max_operating = derived("gpu_temp_max_gpu_tlimit_threshold")
+    return slowdown, shutdown, max_operating
+
+
+def _retired(r: _Reader, retired: ET.Element | None) -> RetiredPages | None:
+    """The retired_pages block; None without one, or when every value is N/A (the GPU does not retire pages)."""
+    if retired is None:
+        return None
+    pages = RetiredPages(single_bit=r.integer(retired, "multiple_single_bit_retirement/retired_count"),
+                         double_bit=r.integer(retired, "double_bit_retirement/retired_count"),
+                         pending=r.flag(retired, "pending_retirement"))
+    return None if pages == RetiredPages(None, None, None) else pages
 
 
 def _gpu(index: int, gpu: ET.Element) -> Gpu:
@@ -273,6 +283,7 @@ def _gpu(index: int, gpu: ET.Element) -> Gpu:
     if power is None:
         power = gpu.find("power_readings")
     temp = gpu.find("temperature")
+    slowdown, shutdown, max_operating = _thresholds(r, temp)
     return Gpu(
         index=index,
         minor_number=r.integer(gpu, "minor_number"),
@@ -289,11 +300,7 @@ def _gpu(index: int, gpu: ET.Element) -> Gpu:
             volatile_double_bit=_double_bit(r, ecc.find("volatile") if ecc is not None else None),
             aggregate_double_bit=_double_bit(r, ecc.find("aggregate") if ecc is not None else None),
         ),
-        retired_pages=None if retired is None else RetiredPages(
-            single_bit=r.integer(retired, "multiple_single_bit_retirement/retired_count"),
-            double_bit=r.integer(retired, "double_bit_retirement/retired_count"),
-            pending=r.flag(retired, "pending_retirement"),
-        ),
+        retired_pages=_retired(r, retired),
         remapped_rows=None if remap is None or len(remap) == 0 else RemappedRows(
             correctable=r.integer(remap, "remapped_row_corr"),
             uncorrectable=r.integer(remap, "remapped_row_unc"),
@@ -302,9 +309,9 @@ def _gpu(index: int, gpu: ET.Element) -> Gpu:
         ),
         throttle_reasons=_throttle(gpu),
         temperature_c=r.integer(temp, "gpu_temp"),
-        slowdown_temp_c=r.integer(temp, "gpu_temp_slow_threshold"),
-        shutdown_temp_c=r.integer(temp, "gpu_temp_max_threshold"),
-        max_operating_temp_c=r.integer(temp, "gpu_temp_max_gpu_threshold"),
+        slowdown_temp_c=slowdown,
+        shutdown_temp_c=shutdown,
+        max_operating_temp_c=max_operating,
         power_draw_w=_first_number(r, power, "power_draw", "instant_power_draw", "average_power_draw"),
         power_limit_w=_first_number(r, power, "current_power_limit", "enforced_power_limit", "power_limit"),
         fan_speed_pct=r.integer(gpu, "fan_speed"),

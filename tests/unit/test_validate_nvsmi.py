@@ -28,7 +28,7 @@ from installer.validate.nvsmi import (
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
 NO_ECC = EccErrors(volatile_double_bit=None, aggregate_double_bit=None)
-NO_RETIRED = RetiredPages(single_bit=None, double_bit=None, pending=None)
+NO_RETIRED = None  # every retired_pages value N/A: page retirement not supported, as NVML says it
 
 
 def a100_mig(index: int, gi: int, sms: int, profile: str) -> MigDevice:
@@ -116,8 +116,9 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=NO_ECC, retired_pages=NO_RETIRED,
              remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
              throttle_reasons=("gpu_idle",),  # clocks_event_reasons
-             temperature_c=40, slowdown_temp_c=None, shutdown_temp_c=None,  # only T.Limit margins in this document
-             max_operating_temp_c=None, power_draw_w=26.84, power_limit_w=450.0, fan_speed_pct=0),
+             # only T.Limit margins in this document (40 C, T.Limit headroom 43, margins -2/-7/0): derived as on
+             # H100/H200 (installer/validate/nvsmi.py), 83 + 2 and 83 + 7; no NVML reading of this card to compare
+             temperature_c=40, slowdown_temp_c=85, shutdown_temp_c=90, max_operating_temp_c=83, power_draw_w=26.84, power_limit_w=450.0, fan_speed_pct=0),
     ),
     "corpus/a10g-v11.xml": (
         dict(dtd_version=11, timestamp="Mon Apr 24 16:11:51 2023", driver_version="515.105.01", cuda_version="11.7",
@@ -140,6 +141,42 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              temperature_c=27, slowdown_temp_c=95, shutdown_temp_c=98, max_operating_temp_c=93,
              power_draw_w=142.33,  # instant_power_draw (average_power_draw is 139.62)
              power_limit_w=320.0, fan_speed_pct=0),
+    ),
+    # Real H100 / H200 on driver 580 (tests/fixtures/nvidia-smi/README.md): no absolute temperature thresholds in the
+    # document, only T.Limit margins; the thresholds here are NVML's on the same machines (89/95/87 C), not the XML's.
+    "h100-80gb-hbm3-580-v13.xml": (
+        dict(dtd_version=13, timestamp="Thu Nov 26 10:03:37 2026", driver_version="580.159.04", cuda_version="13.0",
+             attached_gpus=1),
+        dict(index=0, minor_number=0, uuid="GPU-214dfeee-f8c8-f8d2-7e4e-f078d372d5a0",
+             product_name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:00:06.0", persistence_mode=True,
+             mig_current=False, mig_pending=False, mig_devices=(), ecc_current=True, ecc_pending=True,
+             ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0), retired_pages=None,
+             remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
+             throttle_reasons=("gpu_idle",), temperature_c=36, slowdown_temp_c=89, shutdown_temp_c=95,
+             max_operating_temp_c=87, power_draw_w=71.81, power_limit_w=700.0, fan_speed_pct=None),
+    ),
+    "h200-580-v13.xml": (
+        dict(dtd_version=13, timestamp="Thu Nov 26 10:05:50 2026", driver_version="580.159.04", cuda_version="13.0",
+             attached_gpus=1),
+        dict(index=0, minor_number=0, uuid="GPU-af8d6c48-55af-fd5f-dead-4a982160bd0d",
+             product_name="NVIDIA H200", pci_bus_id="00000000:00:06.0", persistence_mode=True,
+             mig_current=False, mig_pending=False, mig_devices=(), ecc_current=True, ecc_pending=True,
+             ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0), retired_pages=None,
+             remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
+             throttle_reasons=("gpu_idle",), temperature_c=36, slowdown_temp_c=89, shutdown_temp_c=95,
+             max_operating_temp_c=87, power_draw_w=80.14, power_limit_w=700.0, fan_speed_pct=None),
+    ),
+    "corpus/h200-580-v13-with-process.xml": (
+        dict(dtd_version=13, timestamp="Thu Nov 26 10:06:06 2026", driver_version="580.159.04", cuda_version="13.0",
+             attached_gpus=1),
+        dict(index=0, minor_number=0, uuid="GPU-af8d6c48-55af-fd5f-dead-4a982160bd0d",
+             product_name="NVIDIA H200", pci_bus_id="00000000:00:06.0", persistence_mode=True,
+             mig_current=False, mig_pending=False, mig_devices=(), ecc_current=True, ecc_pending=True,
+             ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0), retired_pages=None,
+             remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
+             throttle_reasons=(),  # a CUDA process holds the GPU: not idle
+             temperature_c=37, slowdown_temp_c=89, shutdown_temp_c=95,
+             max_operating_temp_c=87, power_draw_w=123.23, power_limit_w=700.0, fan_speed_pct=None),
     ),
 }
 
@@ -174,20 +211,28 @@ def test_mig_profiles_match_the_recorded_nvidia_smi_l() -> None:
     assert [d.profile for d in load("a100-sxm4-v12.xml").gpus[0].mig_devices] == ["1g.20gb"] * 4
 
 
-@pytest.mark.parametrize("product, mib, sms, want", [
-    ("NVIDIA A100-SXM4-40GB", 4864, 14, "1g.5gb"),
-    ("NVIDIA A100-SXM4-40GB", 9856, 14, "1g.10gb"),   # 1g.10gb and 2g.10gb share the memory: SMs decide
-    ("NVIDIA A100-SXM4-40GB", 9856, 28, "2g.10gb"),
-    ("NVIDIA A100-SXM4-40GB", 9856, None, None),      # …and without them it cannot be told
-    ("NVIDIA A100-SXM4-40GB", 40192, 98, "7g.40gb"),
-    ("NVIDIA H100 80GB HBM3", 40448, 60, "3g.40gb"),  # Hopper: 16 SMs a slice
-    ("NVIDIA H100 80GB HBM3", 40448, 64, "4g.40gb"),
-    ("NVIDIA H100 80GB HBM3", 81152, 132, "7g.80gb"),
-    ("Tesla T4", 15000, 40, None),                    # not a MIG model
-    ("NVIDIA A100-SXM4-40GB", 30000, 42, None),       # no profile of that size
+@pytest.mark.parametrize("product, mib, sms, total, want", [
+    # no recorded driver table for A100: SM count (14 a slice) and the share of the GPU's memory (8 slices)
+    ("NVIDIA A100-SXM4-40GB", 4864, 14, 40960, "1g.5gb"),
+    ("NVIDIA A100-SXM4-40GB", 9856, 14, 40960, "1g.10gb"),   # 1g.10gb and 2g.10gb share the memory: SMs decide
+    ("NVIDIA A100-SXM4-40GB", 9856, 28, 40960, "2g.10gb"),
+    ("NVIDIA A100-SXM4-40GB", 9856, None, 40960, None),      # …and without them it cannot be told
+    ("NVIDIA A100-SXM4-40GB", 9856, 14, None, None),         # nor without the GPU's memory
+    ("NVIDIA A100-SXM4-40GB", 40192, 98, 40960, "7g.40gb"),
+    # H100 / H200: the driver's own table (values/mig/lgip.yaml); memory as `mig -lgip` gives it (GiB x 1024)
+    ("NVIDIA H100 80GB HBM3", 40448, 60, None, "3g.40gb"),
+    ("NVIDIA H100 80GB HBM3", 40448, 64, None, "4g.40gb"),
+    ("NVIDIA H100 80GB HBM3", 81152, 132, None, "7g.80gb"),
+    ("NVIDIA H200", 16384, 16, None, "1g.18gb"),             # 16.00 GiB: not 18 GB, named by the driver's table
+    ("NVIDIA H200", 33280, 26, None, "1g.35gb"),             # 32.50 GiB, 26 SMs
+    ("NVIDIA H200", 33280, 32, None, "2g.35gb"),             # 32.50 GiB, 32 SMs
+    ("NVIDIA H200", 33280, None, None, None),                # 1g.35gb or 2g.35gb: the SMs decide
+    ("NVIDIA H200", 33280, 16, None, None),                  # no profile has 16 SMs and 32.5 GiB
+    ("Tesla T4", 15000, 40, 15360, None),                    # not a MIG model
+    ("NVIDIA A100-SXM4-40GB", 30000, 42, 40960, None),       # no profile of that size
 ])
-def test_mig_profile(product: str, mib: int, sms: int | None, want: str | None) -> None:
-    assert nvsmi.mig_profile(product, mib, sms) == want
+def test_mig_profile(product: str, mib: int, sms: int | None, total: int | None, want: str | None) -> None:
+    assert nvsmi.mig_profile(product, mib, sms, total) == want
 
 
 # --- malformed documents and nvidia-smi failures ------------------------------------------------------------------
