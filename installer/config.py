@@ -911,7 +911,8 @@ class Packages(_Model):
 
 
 class Mirror(_Model):
-    """Where `gpu-install mirror` takes what the site does not have yet (on the connected side)."""
+    """Where `gpu-install mirror` takes what the site does not have yet (on the connected side), and the bundle keys
+    the air-gapped side trusts (trustedKeys)."""
 
     chartRepository: str = Field(
         DEFAULT_CHART_REPOSITORY,
@@ -933,6 +934,12 @@ class Mirror(_Model):
         description="node OS (as gpu_install_os gives it: ubuntu22.04, rocky9.4) -> the upstream apt or dnf "
         "repositories `mirror pull` resolves that OS's packages and their dependency closure against",
         json_schema_extra=rules(propertyNames={"pattern": OS_TAG, "maxLength": 64}))
+    trustedKeys: list[Path] = Field(
+        default_factory=list, max_length=16,
+        description="air-gapped side: public keys (PEM) of the connected side's bundle signing key, as `mirror pull` "
+        "exported them (<key home>/signing-key.pub.pem), carried across once and compared by fingerprint; `mirror push` "
+        "and `mirror verify --bundle` accept a bundle only when its lock is signed by one of them (with --trusted-key); "
+        "a relative path is relative to the site file")
 
     @field_validator("chartRepository")
     @classmethod
@@ -1091,6 +1098,7 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
         site.driver.runfile = str(local(Path(site.driver.runfile)))
     if site.mirror.upstreamCa:
         site.mirror.upstreamCa = local(site.mirror.upstreamCa)
+    site.mirror.trustedKeys = [local(k) for k in site.mirror.trustedKeys]
     for sources in site.mirror.packageRepositories.values():
         for src in sources:
             src.key = local(src.key)
@@ -1371,6 +1379,8 @@ mirror:                     # gpu-install mirror (connected side): where the art
   packageRepositories: {}   # node OS -> upstream repositories the OS packages are resolved against, e.g.
   #   ubuntu22.04: [{url: http://archive.ubuntu.com/ubuntu, suite: jammy, components: [main], key: ubuntu.gpg}]
   #   rocky9.4: [{url: https://dl.rockylinux.org/pub/rocky/9/BaseOS/x86_64/os, key: RPM-GPG-KEY-Rocky-9}]
+  trustedKeys: []           # air-gapped side: the bundle key(s) pinned, e.g. [bundle-signing.pub.pem] (the .pem mirror
+  #                           pull printed, carried across once; push and verify --bundle refuse other signatures)
 
 packages:                   # the site's package repository (air-gapped side), from `mirror push --repo-dir DIR`
   url: null                 # where the nodes reach DIR, e.g. http://repo.example.com/gpu-install; null: none added

@@ -19,6 +19,8 @@ from installer.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from installer.mirror.images import Event
     from installer.mirror.plan import Artifact, ArtifactPlan
     from installer.ui import Transfer, TransferProgress
@@ -177,6 +179,7 @@ def _summary(what: str, outcome: Any, quiet: bool, report: _Report | None = None
 def cmd_pull(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from installer import signing
     from installer.errors import HostFailures
     from installer.mirror import bundle, charts, images, packages
 
@@ -184,6 +187,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     artifacts = plan.artifacts(())
     if artifacts.packages and not args.skip_packages:
         packages.check_sources(plan.site, artifacts.packages)  # bad input: before anything is fetched
+    key = signing.load_or_create(signing.key_home(Path(args.key_home) if args.key_home else None))
+    if key.created and not args.quiet:
+        import sys
+
+        print(f"bundle signing key: generated in {key.home} (Ed25519, fingerprint {key.fingerprint}); its public half "
+              f"{key.public_path} is what the air-gapped side pins (mirror.trustedKeys), carried there once",
+              file=sys.stderr)
     platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
     out = Path(args.output)
     report = _Report(args.quiet, "pulling")
@@ -214,7 +224,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
                           since=Path(args.since) if args.since else None)
         except packages.PackageFailures as exc:
             failures.append(exc)
-    lock = bundle.finish(out)
+    lock = bundle.finish(out, key)
+    if not args.quiet:
+        import sys
+
+        print(f"bundle lock signed: {out / bundle.SIGNATURE}, key fingerprint {key.fingerprint}; public key "
+              f"{key.public_path} (pinned on the air-gapped side: mirror.trustedKeys or --trusted-key)",
+              file=sys.stderr)
     if failures:
         if len(failures) == 1:
             raise failures[0]
@@ -237,8 +253,9 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     site = load_site(args.site, args.set)
     bundle = Path(args.bundle)
-    lock = bundle_for_push(bundle)  # checksum and completeness before any credential is read
-    charts.verify(bundle, lock)  # every chart, file and package by sha256, before anything is pushed
+    lock = bundle_for_push(bundle, _trusted(site, args))  # signature and completeness before any credential is read
+    images.check_images(site, lock, bundle)  # every destination from the site, before anything is read or copied
+    charts.verify(bundle, lock, site)  # every chart, file and package: the plan's, by sha256, before any push
     packages.verify(bundle, lock)
     if lock.get("packages") and not args.repo_dir:
         from installer.errors import ConfigError
@@ -250,7 +267,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
     report = _Report(args.quiet, "pushing")
     try:
-        outcome = images.push(site, bundle, config_json=creds, progress=report, jobs=args.jobs)
+        outcome = images.push(site, bundle, config_json=creds, progress=report, jobs=args.jobs, lock=lock)
     finally:
         report.close()
     done = charts.push(site, bundle, lock, config_json=creds, repo_dir=Path(args.repo_dir) if args.repo_dir else None,
@@ -270,6 +287,13 @@ def cmd_push(args: argparse.Namespace) -> int:
                   f"{charts.oci_ref(site, str(c['name']))}:{c['version']} (needs helm on this machine to trust and be "
                   "logged in to the registry)", file=sys.stderr)
     return 0
+
+
+def _trusted(site: Any, args: argparse.Namespace) -> list[Path]:
+    """The bundle keys pinned on this side: mirror.trustedKeys (relative to the site file) and --trusted-key."""
+    from pathlib import Path
+
+    return [*site.mirror.trustedKeys, *(Path(p) for p in args.trusted_key or [])]
 
 
 def _credentials(site: Any) -> bytes | None:
@@ -303,7 +327,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from installer.mirror import verify
-    from installer.mirror.bundle import read_lock
+    from installer.mirror.bundle import signed_lock
 
     plan = resolve_plan(args)
     site = plan.site
@@ -312,7 +336,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.bundle:
         bundle = Path(args.bundle)
-        lock = read_lock(bundle, verify=True)
+        lock = signed_lock(bundle, _trusted(site, args))
         wanted = verify.from_lock(site, lock, bundle)
         charts_found = verify.charts(site, bundle, lock, config_json=_credentials(site))
         charts_found += check_repo(site, lock=lock)
@@ -340,6 +364,12 @@ def _platform(text: str) -> str:
     if not re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not OS/ARCH[/VARIANT], e.g. linux/amd64 or linux/arm64")
     return text
+
+
+def _trusted_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trusted-key", action="append", default=[], metavar="FILE",
+                   help="public key (PEM) of the connected side's bundle signing key: the bundle's lock must be signed "
+                        "by it or by a key of mirror.trustedKeys; repeatable")
 
 
 def _jobs_arg(p: argparse.ArgumentParser) -> None:
@@ -389,6 +419,10 @@ def register(sub: Any) -> None:
                    help="incremental bundle: leave out every image whose digest this older bundle's lock already has "
                         "at the same destination, and every OS package file it has with the same sha256 (push then "
                         "requires the registry and the --repo-dir to hold those)")
+    p.add_argument("--key-home", metavar="DIR",
+                   help="directory of the bundle signing key (Ed25519) that signs the lock, generated there on first "
+                        "use and kept; its public half DIR/signing-key.pub.pem is what the air-gapped side pins (env "
+                        "GPU_INSTALL_BUNDLE_KEY_HOME; default <state dir>/bundle-signing)")
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
@@ -422,6 +456,7 @@ def register(sub: Any) -> None:
     p.add_argument("--bundle", metavar="DIR",
                    help="check the images of this bundle's lock, each by its digest (default: the plan's images, "
                         "their tags must resolve)")
+    _trusted_arg(p)
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_verify)
@@ -437,6 +472,7 @@ def register(sub: Any) -> None:
     p.add_argument("--signing-home", metavar="DIR",
                    help="GnuPG home holding the site's package signing key, generated there on first use and kept "
                         "(env GPU_INSTALL_SIGNING_HOME; default <state dir>/signing)")
+    _trusted_arg(p)
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_push)

@@ -69,30 +69,52 @@ def _layout(tmp_path: Path) -> tuple[Path, str]:
     return bundle, digest
 
 
+def _sign(tmp_path: Path, bundle: Path, lock: dict | None = None) -> list[Path]:
+    """Write lock (when given) as pull does and sign it with a key of tmp_path (finish, which also marks it complete
+    when nothing failed); the public key, to pin."""
+    from installer import signing
+
+    key = signing.load_or_create(tmp_path / "key")
+    if lock is not None:
+        b.write_lock(bundle, lock)
+    b.finish(bundle, key)
+    return [key.public_path]
+
+
 def test_the_lock_checksum_is_sha256sum_format_and_checked(tmp_path):
+    """The checksum catches damage for pull and `sha256sum -c`; push trusts the signature, not the checksum."""
     bundle, _ = _layout(tmp_path)
     line = (bundle / b.CHECKSUM).read_text()
     assert line == f"{hashlib.sha256((bundle / b.LOCK).read_bytes()).hexdigest()}  {b.LOCK}\n"
-    assert b.bundle_for_push(bundle)["complete"] is True
+    trusted = _sign(tmp_path, bundle)
+    assert b.bundle_for_push(bundle, trusted)["complete"] is True
     text = (bundle / b.LOCK).read_text()
-    (bundle / b.LOCK).write_text(text.replace("r.lab:5000/nvidia", "evil.lab/nvidia"))
+    edited = text.replace("r.lab:5000/nvidia", "evil.lab/nvidia")
+    (bundle / b.LOCK).write_text(edited)
     with pytest.raises(ConfigError, match="checksum mismatch"):
-        b.bundle_for_push(bundle)
+        b.read_lock(bundle)
+    (bundle / b.CHECKSUM).write_text(f"{hashlib.sha256(edited.encode()).hexdigest()}  {b.LOCK}\n")
+    assert b.read_lock(bundle)["images"][0]["destination"].startswith("evil.lab/nvidia/")  # no defence
+    with pytest.raises(ConfigError, match="changed after signing"):
+        b.bundle_for_push(bundle, trusted)
     (bundle / b.LOCK).write_text(text)
     (bundle / b.CHECKSUM).unlink()
-    with pytest.raises(ConfigError, match="checksum file is missing"):
-        b.bundle_for_push(bundle)
+    assert b.bundle_for_push(bundle, trusted)["images"][0]["destination"].startswith("r.lab:5000/nvidia/")
 
 
 def test_an_incomplete_bundle_is_refused_naming_what_failed(tmp_path):
     bundle, _ = _layout(tmp_path)
     lock = b.read_lock(bundle)
-    b.write_lock(bundle, {**lock, "complete": False, "failed": [{"source": "nvcr.io/nvidia/y:2", "error": "x"}]})
+    trusted = _sign(tmp_path, bundle, {**lock, "failed": [{"source": "nvcr.io/nvidia/y:2", "error": "x"}]})
     with pytest.raises(ConfigError, match=r"incomplete \(failed: nvcr.io/nvidia/y:2\)"):
-        b.bundle_for_push(bundle)
-    b.write_lock(bundle, {**lock, "schema": "something/v9"})
+        b.bundle_for_push(bundle, trusted)
+    from installer import signing
+
+    b.write_lock(bundle, {**lock, "schema": "something/v9"})  # signed as it is (finish would refuse to read it)
+    (bundle / b.SIGNATURE).write_bytes(signing.sign(signing.load_or_create(tmp_path / "key"),
+                                                    (bundle / b.LOCK).read_bytes(), b.PAYLOAD_TYPE))
     with pytest.raises(ConfigError, match="not a gpu-install.bundle-lock/v1 lock"):
-        b.bundle_for_push(bundle)
+        b.bundle_for_push(bundle, trusted)
 
 
 def test_layout_checks_find_a_missing_or_changed_blob(tmp_path):
@@ -114,6 +136,7 @@ def test_push_refuses_a_damaged_bundle_or_another_registry_before_contacting_any
 
     monkeypatch.setattr(m, "skopeo", lambda: pytest.fail("skopeo must not run"))
     bundle, digest = _layout(tmp_path)
+    b.signed_lock(bundle, _sign(tmp_path, bundle))  # as `mirror push` does first
     other = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "other.lab"}})
     with pytest.raises(ConfigError, match="pulled for registry r.lab:5000, the site file names other.lab"):
         m.push(other, bundle, config_json=None)
@@ -198,7 +221,9 @@ def test_a_pull_killed_between_the_lock_and_its_checksum_resumes_from_the_lock(t
     b.write_lock(tmp_path, lock)
     (tmp_path / b.CHECKSUM).write_text("0" * 64 + f"  {b.LOCK}\n")
     assert b.load_for_update(tmp_path)["images"] == [{"source": "x", "digest": "d"}]
-    with pytest.raises(ConfigError, match="checksum mismatch"):
-        b.bundle_for_push(tmp_path)
+    from installer import signing
+
+    with pytest.raises(ConfigError, match="the bundle is unsigned"):
+        b.bundle_for_push(tmp_path, [signing.load_or_create(tmp_path / "key").public_path])
     (tmp_path / b.LOCK).write_text("{not json")
     assert b.load_for_update(tmp_path) == {}

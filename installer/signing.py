@@ -1,0 +1,278 @@
+"""Signing what gpu-install hands across a trust boundary, and verifying it on the other side: Ed25519 keys and DSSE
+envelopes (securesystemslib's CryptoSigner, SSlibKey and dsse.Envelope, pyca/cryptography underneath).
+
+A key home holds one key pair, generated on first use and kept: the private key as PKCS#8 PEM (PRIVATE, mode 0600,
+created with O_CREAT|O_EXCL and linked into place whole, the home 0700) and its public half as SubjectPublicKeyInfo PEM
+(PUBLIC), the file the other side pins. A key's fingerprint, its keyid in every envelope, is the sha256 of its DER
+SubjectPublicKeyInfo -- what `openssl pkey -pubin -in signing-key.pub.pem -outform DER | sha256sum` prints on either
+side, with or without gpu-install, so it can be compared out of band.
+
+An envelope is untrusted input until verify() has checked it: read with a size bound (a regular file only), parsed
+strictly (exactly the DSSE fields, their types, base64, no duplicate keys) and verified against pinned public keys
+only; verify returns the signed payload, which is what the caller must use (not a file read beside it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_private_key,
+    load_pem_public_key,
+)
+from securesystemslib.dsse import Envelope
+from securesystemslib.exceptions import UnverifiedSignatureError
+from securesystemslib.signer import CryptoSigner, Key, Signature, SSlibKey
+
+from installer.errors import ConfigError
+from installer.util import atomic_write
+
+PRIVATE = "signing-key.pem"
+PUBLIC = "signing-key.pub.pem"
+BUNDLE_KEY_ENV = "GPU_INSTALL_BUNDLE_KEY_HOME"
+
+MAX_ENVELOPE_BYTES = 64 << 20  # the payload is a lock or a statement: megabytes at most; base64 adds a third
+MAX_KEY_BYTES = 16 << 10  # an Ed25519 PEM is ~120 bytes
+MAX_SIGNATURES = 16
+MAX_SIG_BYTES = 1024  # an Ed25519 signature is 64 bytes
+MAX_FIELD_CHARS = 256  # payloadType, keyid
+
+_B64 = re.compile(r"[A-Za-z0-9+/]*={0,2}|[A-Za-z0-9_-]*={0,2}")  # standard or URL-safe (DSSE allows both)
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A key home's key pair: the signer, its public key (keyid = fingerprint), where its public PEM is, and whether
+    load_or_create generated it just now."""
+
+    signer: CryptoSigner
+    public: SSlibKey
+    home: Path
+    public_path: Path
+    created: bool
+
+    @property
+    def fingerprint(self) -> str:
+        return self.public.keyid
+
+
+def key_home(given: Path | None = None, *, env: str = BUNDLE_KEY_ENV, name: str = "bundle-signing") -> Path:
+    """Where a key lives: the flag's directory, else the environment variable's, else <state dir>/<name>."""
+    if given:
+        return given
+    from installer.ansible import state_dir
+
+    return Path(os.environ.get(env) or state_dir() / name)
+
+
+def _spki(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+
+
+def _sslib_key(public: Ed25519PublicKey) -> SSlibKey:
+    return SSlibKey.from_crypto(public, keyid=hashlib.sha256(_spki(public)).hexdigest(), scheme="ed25519")
+
+
+def fingerprint(key: Key) -> str:
+    """The key's fingerprint as users compare it: its keyid (sha256 of the DER SubjectPublicKeyInfo, hex)."""
+    return key.keyid
+
+
+def read_bounded(path: Path, limit: int, what: str, hint: str, *, private: bool = False) -> bytes:
+    """A regular file's bytes (never a FIFO or device: opened non-blocking, checked by fstat before reading), at most
+    limit bytes; with private, also no symlink and no access for group or others. ConfigError naming the file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if private else 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} is missing", hint=hint) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what} ({exc.strerror})", hint=hint) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: {what} is not a regular file", hint=hint)
+        if private and st.st_mode & 0o077:
+            raise ConfigError(f"{path}: {what} is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
+                              hint=f"chmod 600 {path}; if others may have read it, make a new key and pin that one")
+        if st.st_size > limit:
+            raise ConfigError(f"{path}: {what} is {st.st_size} bytes, more than the {limit} allowed", hint=hint)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ConfigError(f"{path}: {what} is more than the {limit} bytes allowed", hint=hint)
+    return data
+
+
+def load_or_create(home: Path) -> SigningKey:
+    """The key pair in home, generated the first time (Ed25519): the private key written once, mode 0600, never
+    replaced; the public PEM (re)written beside it from the private key. ConfigError naming the file when the home or
+    key cannot be used."""
+    hint = f"give a directory of your own with --key-home (or {BUNDLE_KEY_ENV}); the key is generated there once"
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(home, 0o700)
+    except OSError as exc:
+        raise ConfigError(f"{home}: cannot use it as the signing key's directory ({exc.strerror})", hint=hint) from None
+    path = home / PRIVATE
+    created = False
+    if not path.exists() and not path.is_symlink():
+        signer = CryptoSigner.generate_ed25519()
+        tmp = home / f".{PRIVATE}.{secrets.token_hex(8)}.tmp"  # one per writer: concurrent first pulls never share it
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(signer.private_bytes)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)  # whole or not at all; an existing key (a concurrent first pull) is kept
+                created = True
+            except FileExistsError:
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot write the signing key ({exc.strerror})", hint=hint) from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    data = read_bounded(path, MAX_KEY_BYTES, "the signing key", hint, private=True)
+    try:
+        private = load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{path}: not an unencrypted PEM (PKCS#8) private key", hint=hint) from None
+    if not isinstance(private, Ed25519PrivateKey):
+        raise ConfigError(f"{path}: not an Ed25519 key ({type(private).__name__})", hint=hint)
+    public = _sslib_key(private.public_key())
+    key = SigningKey(CryptoSigner(private, public), public, home, home / PUBLIC, created)
+    pem = private.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()
+    try:
+        if not key.public_path.is_file() or key.public_path.read_text() != pem:
+            atomic_write(key.public_path, pem, mode=0o644)
+    except OSError as exc:
+        raise ConfigError(f"{key.public_path}: cannot write the public key ({exc.strerror})", hint=hint) from None
+    return key
+
+
+def load_public_key(path: Path, hint: str) -> SSlibKey:
+    """A pinned public key: one PEM (SubjectPublicKeyInfo) Ed25519 key in a small regular file."""
+    data = read_bounded(path, MAX_KEY_BYTES, "the public key", hint)
+    try:
+        public = load_pem_public_key(data)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{path}: not a PEM public key (-----BEGIN PUBLIC KEY-----)", hint=hint) from None
+    if not isinstance(public, Ed25519PublicKey):
+        raise ConfigError(f"{path}: not an Ed25519 public key ({type(public).__name__})", hint=hint)
+    return _sslib_key(public)
+
+
+def sign(key: SigningKey, payload: bytes, payload_type: str) -> bytes:
+    """A DSSE envelope (JSON) of payload signed by key."""
+    envelope = Envelope(payload, payload_type, {})
+    envelope.sign(key.signer)
+    return (json.dumps(envelope.to_dict(), indent=2) + "\n").encode()
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {k!r} is given twice")
+        out[k] = v
+    return out
+
+
+def _b64(text: Any, field: str, limit: int) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError(f"{field} is not a string")
+    if len(text) > (limit + 2) // 3 * 4:
+        raise ValueError(f"{field} is too long")
+    if not _B64.fullmatch(text):
+        raise ValueError(f"{field} is not base64")
+    try:
+        return base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
+    except binascii.Error:
+        raise ValueError(f"{field} is not base64") from None
+
+
+def parse_envelope(data: bytes) -> Envelope:
+    """A DSSE envelope from untrusted bytes; ValueError saying what is wrong."""
+    if len(data) > MAX_ENVELOPE_BYTES:
+        raise ValueError(f"more than {MAX_ENVELOPE_BYTES} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if set(doc) != {"payload", "payloadType", "signatures"}:
+        raise ValueError("a DSSE envelope has exactly payload, payloadType and signatures; this one has "
+                         + (", ".join(sorted(doc)) or "nothing"))
+    payload = _b64(doc["payload"], "payload", MAX_ENVELOPE_BYTES)
+    payload_type = doc["payloadType"]
+    if not isinstance(payload_type, str) or not 0 < len(payload_type) <= MAX_FIELD_CHARS:
+        raise ValueError("payloadType is not a short string")
+    sigs = doc["signatures"]
+    if not isinstance(sigs, list) or not 0 < len(sigs) <= MAX_SIGNATURES:
+        raise ValueError(f"signatures is not a list of 1 to {MAX_SIGNATURES} signatures")
+    signatures: dict[str, Signature] = {}
+    for i, s in enumerate(sigs):
+        if not isinstance(s, dict) or not set(s) <= {"keyid", "sig"} or "sig" not in s:
+            raise ValueError(f"signatures[{i}] is not an object of keyid and sig")
+        keyid = s.get("keyid", "")
+        if not isinstance(keyid, str) or len(keyid) > MAX_FIELD_CHARS or not keyid.isprintable():
+            raise ValueError(f"signatures[{i}].keyid is not a short string")
+        if keyid in signatures:
+            raise ValueError(f"two signatures of keyid {keyid!r}")
+        signatures[keyid] = Signature(keyid, _b64(s["sig"], f"signatures[{i}].sig", MAX_SIG_BYTES).hex())
+    return Envelope(payload, payload_type, signatures)
+
+
+def verify(data: bytes, trusted: Sequence[tuple[SSlibKey, str]], payload_type: str, *, source: Path,
+           hint: str) -> tuple[bytes, SSlibKey]:
+    """The payload of the envelope data (read from source) and the pinned key that signed it: the envelope must be of
+    payload_type and carry a signature that one of the trusted keys (each with where it was pinned) verifies.
+    ConfigError naming source, the key ids it claims to be signed with and the pinned ones, otherwise."""
+    if not trusted:
+        raise ConfigError(f"{source}: no public key is pinned to verify it with", hint=hint)
+    try:
+        envelope = parse_envelope(data)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: not a valid signature envelope: {exc}", hint=hint) from None
+    if envelope.payload_type != payload_type:
+        raise ConfigError(f"{source}: signs a {envelope.payload_type!r}, not a {payload_type!r}", hint=hint)
+    pinned = ", ".join(f"{k.keyid} ({where})" for k, where in trusted)
+    claimed = ", ".join(envelope.signatures) or "none"
+    keys: list[Key] = [k for k, _ in trusted]
+    try:
+        accepted = envelope.verify(keys, 1)
+    except (UnverifiedSignatureError, ValueError):
+        if any(k.keyid in envelope.signatures for k in keys):
+            raise ConfigError(f"{source}: the signature of key {claimed} does not verify: the signed content was "
+                              f"changed after signing, or the signature is damaged (pinned: {pinned})",
+                              hint=hint) from None
+        raise ConfigError(f"{source}: signed by key {claimed}, which is not pinned here (pinned: {pinned})",
+                          hint=hint) from None
+    key = next(k for k, _ in trusted if k.keyid in accepted)
+    return envelope.payload, key
