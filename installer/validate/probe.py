@@ -3,8 +3,9 @@ probe, then installer/validate/nvsmi.py and node.py on what it printed.
 
 The connection comes from the inventory as Ansible would use it: ansible_host, ansible_port, ansible_user,
 ansible_ssh_private_key_file, ansible_password / ansible_ssh_pass (never logged), and from ansible_ssh_common_args
-`-o UserKnownHostsFile=…`, `-o StrictHostKeyChecking=no`, `-o ProxyJump=…` / `-J …` and `-o ProxyCommand=…`. Host keys
-are checked (the system's and the user's known_hosts, plus UserKnownHostsFile) unless StrictHostKeyChecking=no.
+`-o UserKnownHostsFile=…`, `-o GlobalKnownHostsFile=…`, `-o StrictHostKeyChecking=yes|accept-new|no`,
+`-o ProxyJump=…` / `-J …` and `-o ProxyCommand=…`. Host keys are checked as OpenSSH checks them
+(installer/validate/knownhosts.py).
 
 The probe needs no root except for the operator's driver container: with no nvidia-smi on the PATH it tries
 `sudo -n chroot /run/nvidia/driver nvidia-smi` (where the GPU Operator's driver container puts the driver).
@@ -125,21 +126,15 @@ def _split_userhost(spec: str, default_user: str) -> tuple[str, str, int]:
 
 
 def connect(t: Target, timeout: float) -> Any:
+    """An SSH session to the target, its host key checked as OpenSSH would (installer/validate/knownhosts.py): nothing
+    is sent before the key is accepted, and no known_hosts file is ever rewritten."""
     import paramiko
+
+    from installer.validate.knownhosts import KnownHosts
 
     v = t.vars
     opts = ssh_options(v.get("ansible_ssh_common_args") or v.get("ansible_ssh_extra_args"))
-    client = paramiko.SSHClient()
-    client.load_system_host_keys()
-    user_known = Path.home() / ".ssh" / "known_hosts"
-    if user_known.is_file():
-        client.load_host_keys(str(user_known))
-    for f in opts.get("userknownhostsfile", "").split():
-        if Path(f).expanduser().is_file():
-            client.load_host_keys(str(Path(f).expanduser()))
-    strict = opts.get("stricthostkeychecking", "yes").lower()
-    policy = paramiko.AutoAddPolicy() if strict in ("no", "off", "accept-new") else paramiko.RejectPolicy()
-    client.set_missing_host_key_policy(policy)
+    known = KnownHosts.from_options(opts)
     user = str(v.get("ansible_user") or getpass.getuser())
     key = v.get("ansible_ssh_private_key_file")
     password = v.get("ansible_password") or v.get("ansible_ssh_pass")
@@ -152,19 +147,38 @@ def connect(t: Target, timeout: float) -> Any:
     elif opts.get("proxyjump"):
         juser, jhost, jport = _split_userhost(opts["proxyjump"].split(",")[0], user)
         jump = paramiko.SSHClient()
-        jump.load_system_host_keys()
-        if user_known.is_file():
-            jump.load_host_keys(str(user_known))
-        jump.set_missing_host_key_policy(policy)
-        jump.connect(jhost, jport, juser, key_filename=str(Path(key).expanduser()) if key else None,
-                     timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+        known.prepare(jump, jhost, jport)
+        _checked(known, jhost, jport, lambda: jump.connect(
+            jhost, jport, juser, key_filename=str(Path(key).expanduser()) if key else None,
+            timeout=timeout, banner_timeout=timeout, auth_timeout=timeout))
         transport = jump.get_transport()
         assert transport is not None
         sock = transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout)
-    client.connect(address, port, user, password=str(password) if password else None,
-                   key_filename=str(Path(str(key)).expanduser()) if key else None, look_for_keys=not key,
-                   timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, sock=sock)
+    client = paramiko.SSHClient()
+    known.prepare(client, address, port)
+    _checked(known, address, port, lambda: client.connect(
+        address, port, user, password=str(password) if password else None,
+        key_filename=str(Path(str(key)).expanduser()) if key else None, look_for_keys=not key,
+        timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, sock=sock))
     return client
+
+
+def _checked(known: Any, host: str, port: int, connect: Callable[[], None]) -> None:
+    """connect(), a changed host key told apart from a revoked one (both refused before anything is sent)."""
+    import paramiko
+
+    from installer.validate.knownhosts import HostKeyRefused, fingerprint, hostkey_name
+
+    try:
+        connect()
+    except paramiko.BadHostKeyException as exc:
+        name = hostkey_name(host, port)
+        known.refuse_revoked(name, exc.key)
+        raise HostKeyRefused(
+            f"{name}: its host key has CHANGED: it presented {fingerprint(exc.key)}, known_hosts "
+            f"({known.files()}) lists {fingerprint(exc.expected_key)}: refused",
+            "if the node was reinstalled, check its new key (ssh-keygen -lf on the node), remove the old line "
+            f"(ssh-keygen -R '{name}' -f FILE) and add the new one; otherwise someone may be in between") from None
 
 
 def run_probe(t: Target, timeout: float) -> Probe:
@@ -280,20 +294,19 @@ def run(targets: list[Target], expectations: Callable[[Target], Any], timeout: f
     nvidia-smi could be read (for the cluster layer's counts)."""
     import paramiko
 
+    from installer.validate.knownhosts import HostKeyRefused
+
     layer = "node" if "node" in layers else "runtime"
 
     def one(t: Target) -> list[Check]:
         t0 = time.monotonic()
         try:
             probe = run_probe(t, timeout)
-        except paramiko.BadHostKeyException as exc:
-            return [Check(layer, "node.reachable", t.node, "unreachable",
-                          f"{t.host}: host key mismatch for {exc.hostname}",
-                          "the node was reinstalled? check its key and update known_hosts", seconds=time.monotonic() - t0)]
+        except HostKeyRefused as exc:  # unknown, changed or revoked: nothing was sent to the node
+            return [Check(layer, "node.reachable", t.node, "unreachable", f"{t.host}: SSH: {exc.message}", exc.hint,
+                          seconds=time.monotonic() - t0)]
         except paramiko.SSHException as exc:
-            hint = ("the host key is not known: add it to known_hosts (ssh-keyscan) or the inventory's "
-                    "UserKnownHostsFile" if "not found in known_hosts" in str(exc) else
-                    "check ansible_user / ansible_ssh_private_key_file / ansible_password in the inventory")
+            hint = "check ansible_user / ansible_ssh_private_key_file / ansible_password in the inventory"
             return [Check(layer, "node.reachable", t.node, "unreachable", f"{t.host}: SSH: {exc}", hint,
                           seconds=time.monotonic() - t0)]
         except (OSError, ValueError) as exc:  # TimeoutError, refused, no route, DNS, a bad port
