@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -43,6 +44,7 @@ sha256_of = sha256_file  # the name the push, verify and tests call
 
 CHARTS, FILES = "charts", "files"
 HELM_TIMEOUT = 600.0
+MAX_CHART_YAML = 1 << 20
 Say = Callable[[str], None]
 
 
@@ -92,6 +94,8 @@ def chart_identity(tgz: Path) -> tuple[str, str]:
             for member in tar.getmembers():
                 parts = member.name.split("/")
                 if len(parts) == 2 and parts[1] == "Chart.yaml" and member.isfile():
+                    if member.size > MAX_CHART_YAML:
+                        raise ValueError(f"Chart.yaml of {member.size} bytes (at most {MAX_CHART_YAML})")
                     fh = tar.extractfile(member)
                     doc = yaml.safe_load(fh.read() if fh else b"")
                     if isinstance(doc, dict) and doc.get("name") and doc.get("version"):
@@ -217,9 +221,56 @@ def pull(plan: Any, charts: Sequence[Any], files: Sequence[Any], bundle: Path, s
 # ---------------------------------------------------------------- push
 
 
-def verify(bundle: Path, lock: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every chart and file of the lock is in the bundle with its sha256 (ConfigError naming the first that is not);
-    the entries, checked."""
+CHART_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")  # helm's chart name rule, one path component
+CHART_VERSION = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?")  # SemVer 2
+HINT_FORGED = ("the bundle's lock does not match what this site's plan pulls: pull the bundle again with this site's "
+               "file (or check that the bundle comes from your connected side)")
+
+
+def check(site: Any, bundle: Path, lock: Mapping[str, Any]) -> None:
+    """Every chart and file entry of the lock is one this site's plan carries, BEFORE anything is pushed (ConfigError,
+    exit 2, naming the entry): a chart's name and version are plain (helm's name rule, SemVer: nothing that could
+    lead `helm push` elsewhere in the registry) and are a chart of the plan (the GPU Operator's at the release's chart
+    version, HAMi's, nos'), with its file charts/<name>-<version>.tgz; a file is the plan's runfile."""
+    from installer.mirror.plan import chart_artifacts, runfile_artifact
+    from installer.plan import resolve
+
+    where = bundle / lockfile.LOCK
+    plan = resolve(site)
+    planned = {(c.name, c.version) for c in chart_artifacts(plan)}
+    for i, e in enumerate(lock.get(CHARTS) or []):
+        if not isinstance(e, dict):
+            raise ConfigError(f"{where}: charts[{i}] is not an object", hint=HINT_FORGED)
+        name, version = e.get("name"), e.get("version")
+        if not isinstance(name, str) or not CHART_NAME.fullmatch(name):
+            raise ConfigError(f"{where}: charts[{i}]: chart name {str(name)[:200]!r} is not a chart name (lower-case "
+                              "letters, digits and '-')", hint=HINT_FORGED)
+        if not isinstance(version, str) or not CHART_VERSION.fullmatch(version):
+            raise ConfigError(f"{where}: charts[{i}] ({name}): version {str(version)[:200]!r} is not a SemVer "
+                              "version", hint=HINT_FORGED)
+        if (name, version) not in planned:
+            raise ConfigError(f"{where}: charts[{i}]: chart {name} {version} is not a chart this site's plan carries "
+                              f"({', '.join(f'{n} {v}' for n, v in sorted(planned))})", hint=HINT_FORGED)
+        if e.get("file") != f"{CHARTS}/{name}-{version}.tgz":
+            raise ConfigError(f"{where}: charts[{i}] ({name} {version}): file {str(e.get('file'))[:200]!r}, expected "
+                              f"{CHARTS}/{name}-{version}.tgz", hint=HINT_FORGED)
+    runfile = runfile_artifact(plan)
+    for i, e in enumerate(lock.get(FILES) or []):
+        name = e.get("name") if isinstance(e, dict) else None
+        if runfile is None or name != runfile.name or e.get("file") != f"{FILES}/{runfile.name}":
+            raise ConfigError(f"{where}: files[{i}]: {str(name)[:200]!r} is not a file this site's plan carries"
+                              + (f" (the runfile {runfile.name})" if runfile else " (driver.mode is not runfile)"),
+                              hint=HINT_FORGED)
+
+
+def verify(bundle: Path, lock: Mapping[str, Any], site: Any = None) -> list[dict[str, Any]]:
+    """Every chart and file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
+    sha256, and a chart archive is the chart the entry names (ConfigError naming the first that is not); with site,
+    check() first. The entries, checked."""
+    from installer.mirror.images import inside_bundle
+
+    if site is not None:
+        check(site, bundle, lock)
     out = []
     for section in (CHARTS, FILES):
         for e in lock.get(section) or []:
@@ -229,13 +280,22 @@ def verify(bundle: Path, lock: Mapping[str, Any]) -> list[dict[str, Any]]:
             kind, _, name = rel.partition("/")
             if kind != section:
                 raise ConfigError(f"{bundle / lockfile.LOCK}: {section} entry names {rel!r}")
-            path = bundle / section / _safe_name(name, f"{section} entry")
+            _safe_name(name, f"{section} entry")
+            path = inside_bundle(bundle, rel, f"{section} entry")
             hint = "the bundle was damaged in transit: pull it again and carry the whole directory"
-            if not path.is_file():
-                raise ConfigError(f"{bundle}: {rel} is missing", hint=hint)
+            if path.is_symlink() or not path.is_file():
+                raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=hint)
             got = sha256_of(path)
             if got != e.get("sha256"):
                 raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {e.get('sha256')}", hint=hint)
+            if section == CHARTS:
+                try:
+                    identity = chart_identity(path)
+                except ValueError as exc:
+                    raise ConfigError(f"{bundle}: {rel}: {exc}", hint=hint) from None
+                if identity != (e.get("name"), e.get("version")):
+                    raise ConfigError(f"{bundle}: {rel}: the archive is chart {identity[0][:100]} {identity[1][:100]}, "
+                                      f"the lock says {e.get('name')} {e.get('version')}", hint=HINT_FORGED)
             out.append({**e, "kind": section})
     return out
 
@@ -258,7 +318,7 @@ def push(site: Any, bundle: Path, lock: Mapping[str, Any], *, config_json: bytes
     Raises ChartFailures (exit 4)."""
     from installer.mirror.images import secrets_of
 
-    entries = verify(bundle, lock)
+    entries = verify(bundle, lock, site)
     charts = [e for e in entries if e["kind"] == CHARTS]
     files = [e for e in entries if e["kind"] == FILES]
     reg = site.registry

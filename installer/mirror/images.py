@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,6 +49,9 @@ INSPECT_TIMEOUT = 120.0
 
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 REF_NAME = "org.opencontainers.image.ref.name"
+MAX_JSON = 4 << 20  # bytes: the largest manifest, index or index.json a layout may hold (real ones: a few KiB)
+MAX_DEPTH = 8  # indexes nested in indexes: real images have 1 or 2 levels
+DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 
 
 class TransferFailures(HostFailures):
@@ -233,25 +237,110 @@ def platform_digest(raw: bytes, platform: str) -> tuple[str | None, str]:
 # ---------------------------------------------------------------- the layout
 
 
-class Layout:
-    """An OCI image layout directory (index.json, blobs/sha256/…)."""
+class LayoutError(ValueError):
+    """A blob or index of an OCI layout that cannot be used: missing, not a regular file, too large, not matching its
+    digest, not the JSON it must be, a cycle. The message names the blob and what is wrong."""
 
-    def __init__(self, path: Path):
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_regular(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of path, which must be a regular file (lstat: a symlink, FIFO or device is refused without being
+    opened) of at most limit bytes; LayoutError naming what otherwise. Opened O_NOFOLLOW|O_NONBLOCK and checked again
+    on the descriptor, so a file swapped for a FIFO in between cannot block the read."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise LayoutError(f"{what}: missing or unreadable ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise LayoutError(f"{what}: {_kind(st.st_mode)}, not a regular file")
+    if st.st_size > limit:
+        raise LayoutError(f"{what}: {st.st_size} bytes, more than the {limit} a manifest or index may have")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LayoutError(f"{what}: cannot be opened ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LayoutError(f"{what}: not a regular file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise LayoutError(f"{what}: more than the {limit} bytes a manifest or index may have")
+    return data
+
+
+def _descriptor(d: Any, where: str) -> tuple[str, int | None]:
+    """(digest, size) of an OCI descriptor read from a manifest; LayoutError when it is not one."""
+    if not isinstance(d, dict) or not isinstance(d.get("digest"), str):
+        raise LayoutError(f"{where}: a descriptor without a digest")
+    digest = d["digest"]
+    if not DIGEST.fullmatch(digest):
+        raise LayoutError(f"{where}: {digest[:80]!r} is not a sha256 digest")
+    size = d.get("size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise LayoutError(f"{where}: descriptor {digest} has size {size!r}")
+    return digest, size
+
+
+class Layout:
+    """An OCI image layout directory (index.json, blobs/sha256/…).
+
+    root: the directory every blob must resolve inside (push: the bundle); a blob whose real path leads elsewhere
+    (a symlinked blobs/ directory, a symlinked blob) is refused. Manifests and indexes are read only from regular
+    files of at most MAX_JSON bytes, their sha256 checked before they are parsed; the traversal of indexes is bounded
+    (MAX_DEPTH) and an index that lists itself or an ancestor is an error."""
+
+    def __init__(self, path: Path, root: Path | None = None):
         self.path = path
+        self.root = root
 
     def blob(self, digest: str) -> Path:
         algo, _, hexpart = digest.partition(":")
         if algo != "sha256" or not re.fullmatch(r"[a-f0-9]{64}", hexpart):
-            raise ValueError(f"not a sha256 digest: {digest!r}")
-        return self.path / "blobs" / "sha256" / hexpart
+            raise LayoutError(f"not a sha256 digest: {digest[:80]!r}")
+        path = self.path / "blobs" / "sha256" / hexpart
+        if self.root is not None:
+            real, root = os.path.realpath(path), os.path.realpath(self.root)
+            if os.path.commonpath([real, root]) != root:
+                raise LayoutError(f"blob {digest}: leads outside the bundle (to {real})")
+        return path
+
+    def _regular(self, digest: str) -> os.stat_result:
+        """lstat of the blob, which must be a regular file (LayoutError naming it otherwise)."""
+        path = self.blob(digest)
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise LayoutError(f"blob {digest}: missing or unreadable ({exc.strerror})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise LayoutError(f"blob {digest}: {_kind(st.st_mode)}, not a regular file")
+        return st
+
+    def read_index(self) -> list[dict[str, Any]]:
+        """index.json's manifest descriptors; LayoutError when it is missing, not a regular file, too large or not
+        an OCI index."""
+        data = read_regular(self.path / "index.json", MAX_JSON, f"{self.path / 'index.json'}")
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            raise LayoutError(f"{self.path / 'index.json'}: not valid JSON") from None
+        manifests = doc.get("manifests") if isinstance(doc, dict) else None
+        if not isinstance(manifests, list):
+            raise LayoutError(f"{self.path / 'index.json'}: not an OCI index (no manifests list)")
+        return [m for m in manifests if isinstance(m, dict)]
 
     def index(self) -> list[dict[str, Any]]:
         try:
-            doc = json.loads((self.path / "index.json").read_text())
-        except (OSError, ValueError):
+            return self.read_index()
+        except LayoutError:
             return []
-        manifests = doc.get("manifests") if isinstance(doc, dict) else None
-        return [m for m in manifests or [] if isinstance(m, dict)]
 
     def digest_of(self, name: str) -> str | None:
         for m in self.index():
@@ -266,23 +355,67 @@ class Layout:
         return None
 
     def _json(self, digest: str) -> dict[str, Any]:
-        doc = json.loads(self.blob(digest).read_bytes())
+        """The manifest or index stored as digest: a regular file of at most MAX_JSON bytes, whose sha256 is checked
+        BEFORE it is parsed; a JSON object."""
+        data = read_regular(self.blob(digest), MAX_JSON, f"blob {digest}")
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            raise LayoutError(f"blob {digest} does not match its digest")
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            raise LayoutError(f"blob {digest}: not valid JSON (a manifest or index was expected)") from None
         if not isinstance(doc, dict):
-            raise ValueError(f"{digest}: not a JSON object")
+            raise LayoutError(f"blob {digest}: not a JSON object (a manifest or index was expected)")
         return doc
+
+    @staticmethod
+    def _is_index(doc: Mapping[str, Any]) -> bool:
+        return doc.get("mediaType") in INDEX_TYPES or "manifests" in doc
+
+    def _children(self, digest: str, doc: Mapping[str, Any]) -> tuple[list[str], list[tuple[str, int | None]]]:
+        """(manifests an index lists, blobs (digest, size) a manifest references), checked for shape."""
+        where = f"blob {digest}"
+        if self._is_index(doc):
+            manifests = doc.get("manifests")
+            if not isinstance(manifests, list):
+                raise LayoutError(f"{where}: an index whose manifests is not a list")
+            return [_descriptor(m, where)[0] for m in manifests], []
+        config, layers = doc.get("config"), doc.get("layers")
+        if config is not None and not isinstance(config, dict):
+            raise LayoutError(f"{where}: config is not a descriptor")
+        if layers is not None and not isinstance(layers, list):
+            raise LayoutError(f"{where}: layers is not a list")
+        blobs = [_descriptor(d, where) for d in [*([config] if config and config.get("digest") else []),
+                                                 *(layers or [])]]
+        return [], blobs
 
     def closure(self, digest: str) -> dict[str, int]:
         """Every blob the manifest (or manifest list) digest references, itself included: {digest: size}.
-        Raises OSError/ValueError when a blob is missing or unreadable."""
-        out: dict[str, int] = {digest: self.blob(digest).stat().st_size}
-        doc = self._json(digest)
-        if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
-            for m in doc.get("manifests") or []:
-                out |= self.closure(str(m["digest"]))
-            return out
-        for d in [doc.get("config") or {}, *(doc.get("layers") or [])]:
-            if d.get("digest"):
-                out[str(d["digest"])] = self.blob(str(d["digest"])).stat().st_size
+        Raises LayoutError (a ValueError) naming the blob that is missing, not a regular file, of another size than
+        its descriptor says, not matching its digest, or an index cycle or nesting deeper than MAX_DEPTH."""
+        out: dict[str, int] = {}
+        done: set[str] = set()
+
+        def walk(d: str, path: tuple[str, ...]) -> None:
+            if d in path:
+                raise LayoutError(f"blob {d}: an index that lists itself (through {' -> '.join((*path, d))})")
+            if len(path) >= MAX_DEPTH:
+                raise LayoutError(f"blob {d}: indexes nested more than {MAX_DEPTH} deep ({' -> '.join(path)})")
+            if d in done:
+                return
+            doc = self._json(d)
+            out[d] = self._regular(d).st_size
+            manifests, blobs = self._children(d, doc)
+            for m in manifests:
+                walk(m, (*path, d))
+            for b, size in blobs:
+                have = self._regular(b).st_size
+                if size is not None and have != size:
+                    raise LayoutError(f"blob {b} does not match its digest ({have} bytes, manifest {d} says {size})")
+                out[b] = have
+            done.add(d)
+
+        walk(digest, ())
         return out
 
     def complete(self, name: str, digest: str) -> bool:
@@ -291,19 +424,29 @@ class Layout:
             return False
         try:
             self.closure(digest)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError):
             return False
         return True
 
     def verify(self, digest: str) -> str | None:
-        """None when every blob of digest is present and hashes to its name; else what is wrong."""
+        """None when every blob of digest is present, a regular file inside the layout's root, and hashes to its
+        name; else what is wrong."""
         try:
             blobs = self.closure(digest)
-        except (OSError, ValueError, KeyError) as exc:
+        except LayoutError as exc:
+            return str(exc) if "does not match its digest" in str(exc) else f"blob missing or unreadable ({exc})"
+        except OSError as exc:
             return f"blob missing or unreadable ({exc})"
         for d in blobs:
             h = hashlib.sha256()
-            with open(self.blob(d), "rb") as fh:
+            try:
+                self._regular(d)
+                fd = os.open(self.blob(d), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except (OSError, LayoutError) as exc:
+                return f"blob missing or unreadable ({exc})"
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return f"blob {d}: not a regular file"
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
             if "sha256:" + h.hexdigest() != d:
@@ -312,30 +455,32 @@ class Layout:
 
     @contextlib.contextmanager
     def as_dir(self, digest: str) -> Iterator[Path]:
-        """The image as a skopeo `dir:` directory, made of hard links (copies across file systems) into the layout."""
+        """The image as a skopeo `dir:` directory, made of hard links (copies across file systems) into the layout.
+        Every blob is checked as closure() checks it before it is linked."""
+        self.closure(digest)
         with tempfile.TemporaryDirectory(prefix="gpu-install-image-", dir=self.path.parent) as tmp:
             root = Path(tmp)
             (root / "version").write_text("Directory Transport Version: 1.1\n")
 
-            def link(src: Path, dst: Path) -> None:
+            def link(d: str, dst: Path) -> None:
+                self._regular(d)
+                src = self.blob(d)
                 try:
-                    os.link(src, dst)
+                    os.link(src, dst, follow_symlinks=False)
                 except OSError:
-                    shutil.copyfile(src, dst)
+                    shutil.copyfile(src, dst, follow_symlinks=False)
 
             def put(d: str, top: bool) -> None:
                 doc = self._json(d)
                 hexpart = d.split(":", 1)[1]
-                link(self.blob(d), root / ("manifest.json" if top else f"{hexpart}.manifest.json"))
-                if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
-                    for m in doc.get("manifests") or []:
-                        put(str(m["digest"]), top=False)
-                    return
-                for b in [doc.get("config") or {}, *(doc.get("layers") or [])]:
-                    if b.get("digest"):
-                        target = root / str(b["digest"]).split(":", 1)[1]
-                        if not target.exists():
-                            link(self.blob(str(b["digest"])), target)
+                link(d, root / ("manifest.json" if top else f"{hexpart}.manifest.json"))
+                manifests, blobs = self._children(d, doc)
+                for m in manifests:
+                    put(m, top=False)
+                for b, _ in blobs:
+                    target = root / b.split(":", 1)[1]
+                    if not target.exists():
+                        link(b, target)
 
             put(digest, top=True)
             yield root
@@ -559,28 +704,152 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
     return outcome
 
 
-# ---------------------------------------------------------------- push
+# ---------------------------------------------------------------- what a bundle may ask push to write
 
 
-def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
-         jobs: int = DEFAULT_JOBS) -> Outcome:
-    """Every image of a complete, verified bundle to its destination in registry.host (as the plan computed it at
-    pull), digests preserved and checked, jobs images at a time. Raises TransferFailures (exit 4)."""
-    jobs = _jobs(jobs)
-    lock = bundle_for_push(bundle)
+# an image reference as the distribution project's grammar has it: [domain[:port]/]path[:tag][@sha256:…]
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?)"
+_PATH = r"(?:[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)"
+REFERENCE = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                       r"(?:@sha256:[a-f0-9]{64})?")
+
+HINT_FORGED = ("the bundle's lock does not match what this site's plan pulls: pull the bundle again with this site's "
+               "file (or check that the bundle comes from your connected side)")
+
+
+def inside_bundle(bundle: Path, rel: Any, what: str) -> Path:
+    """bundle/rel for a path the lock names: relative, no '..', and -- symlinks resolved -- inside the bundle
+    directory; ConfigError (exit 2) naming the entry otherwise."""
+    from pathlib import PurePosixPath
+
+    from installer.mirror.bundle import LOCK
+
+    text = rel if isinstance(rel, str) else ""
+    parts = PurePosixPath(text).parts
+    if not text or "\\" in text or "\0" in text or PurePosixPath(text).is_absolute() or ".." in parts:
+        raise ConfigError(f"{bundle / LOCK}: {what} {str(rel)[:200]!r} is not a path inside the bundle",
+                          hint=HINT_FORGED)
+    path = bundle / text
+    real, root = os.path.realpath(path), os.path.realpath(bundle)
+    if os.path.commonpath([real, root]) != root:
+        raise ConfigError(f"{bundle / LOCK}: {what} {text!r} leads outside the bundle (to {real})", hint=HINT_FORGED)
+    return path
+
+
+def planned_sources(site: Any) -> Callable[[str], bool]:
+    """Whether an image source is one this site's plan pulls: an image of a component the site deploys at its pinned
+    version (a component whose tag names the node OS: that version with any -<suffix>, the nodes being unknown here),
+    an image of the sharing mode, or a Kata runtime class artifact of the release. Resolved from the site file and the
+    catalog shipped with the installer; nothing of the bundle."""
+    from installer import sharing
+    from installer.plan import resolve
+
+    plan = resolve(site)
+    exact: set[str] = {i.source for i in sharing.images(plan.site)}
+    prefixes: list[str] = []
+    for comp in plan.components.values():
+        if not comp.repository or not comp.version or not plan.deployed(comp):
+            continue
+        ref = comp.source_ref(comp.version)
+        if comp.spec.os_suffix and not comp.version.startswith("sha256:"):
+            prefixes.append(ref + "-")
+        else:
+            exact.add(ref)
+        if comp.name == "kataManager":
+            exact |= {str((rc.get("artifacts") or {}).get("url")) for rc in plan.release.kata_runtime_classes
+                      if (rc.get("artifacts") or {}).get("url")}
+    tag_rest = re.compile(r"[A-Za-z0-9_.-]{1,127}")
+    return lambda source: source in exact or any(
+        source.startswith(p) and bool(tag_rest.fullmatch(source[len(p):])) for p in prefixes)
+
+
+def expected_destination(site: Any, source: str) -> str:
+    """Where the site puts source in registry.host: what the plan computes (installer.render.values.destination_ref,
+    registry.layout and registry.prefix)."""
+    from installer.render.values import destination_ref
+
+    return destination_ref(source, site.registry)
+
+
+def check_images(site: Any, lock: Mapping[str, Any], bundle: Path) -> list[dict[str, Any]]:
+    """The lock's image entries, each checked against the site BEFORE anything is copied (ConfigError, exit 2, naming
+    the entry and the expected destination): its source is a well-formed reference that this site's plan pulls, its
+    destination is the one the site computes for that source (another repository, another registry, a path with
+    '..' is refused), its digest a sha256 and its reference name the layout's name for the source. Each entry comes
+    back with "destination" set to the recomputed one; push writes there and nowhere else. The lock's "base" entries
+    (an incremental bundle: only read) must name references in registry.host."""
+    where = f"{bundle}/bundle.lock.json"
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
                           f"{site.registry.host}",
                           hint="pull with the site file of this site (the destinations follow registry.host, layout "
                                "and prefix)")
-    layout = Layout(bundle / str(lock.get("layout") or LAYOUT))
-    entries = [e for e in lock["images"] if isinstance(e, dict)]
+    if not isinstance(lock.get("images"), list):
+        raise ConfigError(f"{where}: no image list", hint=HINT_FORGED)
+    planned = planned_sources(site)
+    if lock.get("release") != site.operator.version:
+        raise ConfigError(f"{bundle}: the bundle carries release {str(lock.get('release'))[:80]}, the site file names "
+                          f"operator.version {site.operator.version}",
+                          hint="push the bundle pulled for this release, with the site file it was pulled with")
+    host = site.registry.host
+    out: list[dict[str, Any]] = []
+    for i, e in enumerate(lock["images"]):
+        if not isinstance(e, dict):
+            raise ConfigError(f"{where}: images[{i}] is not an object", hint=HINT_FORGED)
+        source = e.get("source")
+        if not isinstance(source, str) or not REFERENCE.fullmatch(source):
+            raise ConfigError(f"{where}: images[{i}]: source {str(source)[:200]!r} is not an image reference",
+                              hint=HINT_FORGED)
+        if not planned(source):
+            raise ConfigError(f"{where}: images[{i}]: {source} is not an image this site's plan pulls (release "
+                              f"{site.operator.version}, the components the site deploys)", hint=HINT_FORGED)
+        want = expected_destination(site, source)
+        if not want.startswith(f"{host}/") or not REFERENCE.fullmatch(want):
+            raise ConfigError(f"{where}: images[{i}]: {source} maps to {want}, not a reference in {host}",
+                              hint=HINT_FORGED)
+        if e.get("destination") != want:
+            raise ConfigError(f"{where}: images[{i}] ({source}): destination {str(e.get('destination'))[:200]!r} is "
+                              f"not where this site puts that image; expected {want}", hint=HINT_FORGED)
+        digest = e.get("digest")
+        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+            raise ConfigError(f"{where}: images[{i}] ({source}): digest {str(digest)[:100]!r} is not sha256:<64 hex>",
+                              hint=HINT_FORGED)
+        if e.get("refName") != ref_name(source):
+            raise ConfigError(f"{where}: images[{i}] ({source}): refName {str(e.get('refName'))[:200]!r}, expected "
+                              f"{ref_name(source)}", hint=HINT_FORGED)
+        out.append({**e, "destination": want})
+    for i, e in enumerate(lock.get("base") or []):
+        dest = e.get("destination") if isinstance(e, dict) else None
+        if not isinstance(dest, str) or not dest.startswith(f"{host}/") or not REFERENCE.fullmatch(dest):
+            raise ConfigError(f"{where}: base[{i}]: destination {str(dest)[:200]!r} is not a reference in {host}",
+                              hint=HINT_FORGED)
+    return out
+
+
+# ---------------------------------------------------------------- push
+
+
+def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
+         jobs: int = DEFAULT_JOBS, lock: Mapping[str, Any] | None = None) -> Outcome:
+    """Every image of a complete, verified bundle to its destination in registry.host -- recomputed from the site for
+    each entry's source (check_images: a lock naming another destination is refused, exit 2, before anything is
+    copied) --, digests preserved and checked, jobs images at a time. The layout must lie inside the bundle and every
+    blob be a regular file there matching its digest. lock: the lock the command verified (bundle_for_push: its
+    signature and completeness), else read here with bundle_for_push. Raises TransferFailures (exit 4)."""
+    jobs = _jobs(jobs)
+    lock = bundle_for_push(bundle) if lock is None else lock
+    entries = check_images(site, lock, bundle)  # every destination recomputed from the site, before anything else
+    layout = Layout(inside_bundle(bundle, lock.get("layout") or LAYOUT, "layout"), root=bundle)
+    hint = "the bundle was damaged in transit: pull it again and carry the whole directory"
+    try:
+        layout.read_index()
+    except LayoutError as exc:
+        raise ConfigError(f"{bundle}: {exc}", hint=hint) from None
     for e in entries:
         problem = layout.verify(str(e.get("digest"))) if layout.digest_of(str(e.get("refName"))) == e.get("digest") \
             else f"the layout does not name {e.get('digest')} as {e.get('refName')}"
         if problem:
-            raise ConfigError(f"{bundle}: image {e.get('source')}: {problem}",
-                              hint="the bundle was damaged in transit: pull it again and carry the whole directory")
+            raise ConfigError(f"{bundle}: image {e.get('source')}: {problem}", hint=hint)
     reg = site.registry
     secrets = secrets_of(config_json)
     outcome = Outcome()

@@ -440,21 +440,57 @@ def _keys(s: Any, sources: Sequence[Any], out: Path) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- push: verify, sign, publish
 
 
+OS_TAG = re.compile(r"([a-z][a-z0-9-]*?)([0-9]+(?:\.[0-9]+)*)")  # ID+VERSION_ID: ubuntu22.04, rocky9.4, centos7
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~%:@=-]{0,254}")  # a package file name (apt quotes an epoch: %3a)
+
+
+def check_entry(where: Path, section: str, i: int, e: Any) -> None:
+    """A packages (or packageBase) entry of the lock names a plain OS tag of a supported OS, a package manager the
+    roles use (apt, dnf) and a file packages/<os>/<name> (or packages/<os>/keys/<name>) with a plain file name:
+    ConfigError (exit 2) naming the entry otherwise. Nothing of it can lead publish outside DIR/packages/<os>/."""
+    from installer import platforms
+
+    hint = ("the bundle's lock does not match what mirror pull writes: pull the bundle again (or check that the "
+            "bundle comes from your connected side)")
+    if not isinstance(e, dict):
+        raise ConfigError(f"{where}: {section}[{i}] is not an object", hint=hint)
+    os_tag = e.get("os")
+    m = OS_TAG.fullmatch(os_tag) if isinstance(os_tag, str) else None
+    if m is None or m[1] not in platforms.ANSIBLE_OS:
+        raise ConfigError(f"{where}: {section}[{i}]: os {str(os_tag)[:100]!r} is not a node OS tag (ID+VERSION_ID of "
+                          f"{', '.join(sorted(platforms.ANSIBLE_OS))})", hint=hint)
+    if e.get("manager") not in ("apt", "dnf"):
+        raise ConfigError(f"{where}: {section}[{i}] ({os_tag}): manager {str(e.get('manager'))[:50]!r} is not apt or "
+                          "dnf", hint=hint)
+    rel = e.get("file")
+    parts = rel.split("/") if isinstance(rel, str) else []
+    key = bool(e.get("key"))
+    shape = [PACKAGES, os_tag, "keys", parts[-1] if parts else ""] if key else [PACKAGES, os_tag,
+                                                                              parts[-1] if parts else ""]
+    if parts != shape or not FILE_NAME.fullmatch(parts[-1]) or (
+            not key and not parts[-1].endswith(".deb" if e.get("manager") == "apt" else ".rpm")):
+        raise ConfigError(f"{where}: {section}[{i}] ({os_tag}): file {str(rel)[:200]!r} is not "
+                          f"{PACKAGES}/{os_tag}/{'keys/' if key else ''}<a plain "
+                          f"{'key file' if key else ('.deb' if e.get('manager') == 'apt' else '.rpm') + ' file'} "
+                          "name>", hint=hint)
+
+
 def verify(bundle: Path, lock: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every package file of the lock is in the bundle with its sha256 (ConfigError naming the first that is not)."""
+    """Every package file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
+    sha256 (ConfigError naming the first that is not), every entry (and every packageBase entry) of plain shape
+    (check_entry)."""
+    from installer.mirror.images import inside_bundle
+
     out = []
     hint = "the bundle was damaged in transit: pull it again and carry the whole directory"
-    for e in lock.get(PACKAGES) or []:
-        if not isinstance(e, dict):
-            raise ConfigError(f"{bundle / lockfile.LOCK}: a packages entry is not an object")
-        rel = str(e.get("file") or "")
-        parts = rel.split("/")
-        if parts[0] != PACKAGES or len(parts) not in (3, 4) or any(not p or p.startswith(".") for p in parts) or (
-                len(parts) == 4 and parts[2] != "keys") or parts[1] != e.get("os"):
-            raise ConfigError(f"{bundle / lockfile.LOCK}: packages entry names {rel!r}", hint=hint)
-        path = bundle / rel
-        if not path.is_file():
-            raise ConfigError(f"{bundle}: {rel} is missing", hint=hint)
+    for i, e in enumerate(lock.get(BASE) or []):
+        check_entry(bundle / lockfile.LOCK, BASE, i, e)
+    for i, e in enumerate(lock.get(PACKAGES) or []):
+        check_entry(bundle / lockfile.LOCK, PACKAGES, i, e)
+        rel = str(e["file"])
+        path = inside_bundle(bundle, rel, f"packages[{i}] file")
+        if path.is_symlink() or not path.is_file():
+            raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=hint)
         got = sha256_file(path)
         if got != e.get("sha256"):
             raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {e.get('sha256')}", hint=hint)
@@ -631,8 +667,9 @@ def _get(url: str, ca: Path | None = None) -> bytes:
     return data
 
 
-def _gpgv(key: Path, *files: Path) -> str | None:
-    """None when gpgv accepts the signature with exactly this (armored) key, else why not."""
+def _gpgv(key: Path, *files: Path, output: Path | None = None) -> str | None:
+    """None when gpgv accepts the signature with exactly this (armored) key, else why not. output: where gpgv writes
+    the signed content it verified (of a clear-signed file: the text inside the signature, nothing around it)."""
     gpgv = _tool("gpgv", "the site repository's signature is checked with it", "install gpgv (apt-get install gpgv)")
     with tempfile.TemporaryDirectory(prefix="gpu-install-gpgv-") as tmp:
         ring = Path(tmp) / "site.gpg"
@@ -640,7 +677,8 @@ def _gpgv(key: Path, *files: Path) -> str | None:
         if proc.returncode != 0:
             raise ConfigError(f"packages.key {key}: not an armored OpenPGP public key ({_errors(proc.stderr)})",
                               hint="give DIR/gpu-install-site.asc as `mirror push` exported it")
-        proc = _run([gpgv, "--keyring", str(ring), *map(str, files)], env={**os.environ, "LC_ALL": "C"})
+        out = ["--output", str(output)] if output is not None else []
+        proc = _run([gpgv, "--keyring", str(ring), *out, *map(str, files)], env={**os.environ, "LC_ALL": "C"})
     if proc.returncode == 0:
         return None
     return "signature not made by the site key (" + _errors(proc.stderr).split(";")[0] + ")"
@@ -661,10 +699,11 @@ def repo_index(url: str, os_tag: str, manager: str, key: Path) -> dict[str, dict
         try:
             if manager == "apt":
                 (work / "InRelease").write_bytes(_get(f"{base}/dists/{SUITE}/InRelease"))
-                why = _gpgv(key, work / "InRelease")
+                why = _gpgv(key, work / "InRelease", output=work / "Release.verified")
                 if why:
                     raise ValueError(f"{base}/dists/{SUITE}/InRelease: {why}")
-                text = (work / "InRelease").read_text(errors="replace")
+                # only what the signature covers: gpgv's output, never the text around the signed block
+                text = (work / "Release.verified").read_text(errors="replace")
                 want = re.search(rf"^ ([0-9a-f]{{64}})\s+\d+\s+{COMPONENT}/binary-{APT_ARCH}/Packages$", text.split(
                     "SHA256:", 1)[-1], re.M)
                 if not want:

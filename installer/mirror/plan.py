@@ -199,23 +199,9 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
     extra = tuple(dict.fromkeys(kernel_release(k, "--kernel") for k in kernels))
     site = plan.site
     images = tuple(_image(plan, img) for img in plan.images)
-    chart = ChartArtifact(CHART_NAME, chart_version(plan), site.mirror.chartRepository, (
-        Need("GPU Operator chart", f"operator.version={plan.release.version}"),
-        Need("GPU Operator chart", f"mirror.chartRepository={site.mirror.chartRepository}"
-             + ("" if "mirror" in site.model_fields_set and "chartRepository" in site.mirror.model_fields_set
-                else " (default)"))))
-    charts = [chart]
+    charts = chart_artifacts(plan)
+    chart = charts[0]
     notes: list[str] = []
-    if site.sharing.mode == "hami":  # HAMi's chart, from its own repository (installer.sharing pins it)
-        from installer import sharing
-
-        name, version, repository = sharing.hami_chart(site)
-        charts.append(ChartArtifact(name, version, repository, (Need("HAMi chart", "sharing.mode=hami"),)))
-    if site.mig.dynamic == "nos" and site.sharing.mode == "none":  # nos' chart, from its OCI repository
-        from installer import sharing
-
-        name, version, repository = sharing.nos_chart(site)
-        charts.append(ChartArtifact(name, version, repository, (Need("nos chart", "mig.dynamic=nos"),)))
     if site.operator.chart:
         where = ("push the mirrored chart to that registry path" if "://" in site.operator.chart
                  else f"put the mirrored {chart.file} at that path on the air-gapped controller")
@@ -230,6 +216,40 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
                             "mirror.packageRepositories, and published signed by push --repo-dir" if packages else ""))
     return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=tuple(charts),
                         files=files, packages=packages, kernels=extra, notes=tuple(notes))
+
+
+def chart_artifacts(plan: Plan) -> list[ChartArtifact]:
+    """The charts of the plan: the GPU Operator's at the release's chart version (first), HAMi's or nos' where the
+    site's sharing / MIG mode deploys them. From the site and the catalog alone (no nodes): push checks a bundle's
+    charts against it."""
+    site = plan.site
+    chart = ChartArtifact(CHART_NAME, chart_version(plan), site.mirror.chartRepository, (
+        Need("GPU Operator chart", f"operator.version={plan.release.version}"),
+        Need("GPU Operator chart", f"mirror.chartRepository={site.mirror.chartRepository}"
+             + ("" if "mirror" in site.model_fields_set and "chartRepository" in site.mirror.model_fields_set
+                else " (default)"))))
+    charts = [chart]
+    if site.sharing.mode == "hami":  # HAMi's chart, from its own repository (installer.sharing pins it)
+        from installer import sharing
+
+        name, version, repository = sharing.hami_chart(site)
+        charts.append(ChartArtifact(name, version, repository, (Need("HAMi chart", "sharing.mode=hami"),)))
+    if site.mig.dynamic == "nos" and site.sharing.mode == "none":  # nos' chart, from its OCI repository
+        from installer import sharing
+
+        name, version, repository = sharing.nos_chart(site)
+        charts.append(ChartArtifact(name, version, repository, (Need("nos chart", "mig.dynamic=nos"),)))
+    return charts
+
+
+def runfile_artifact(plan: Plan) -> FileArtifact | None:
+    """The driver runfile the plan carries (driver.mode runfile), from the site alone; None in the other modes."""
+    if plan.site.driver.mode != "runfile":
+        return None
+    rv = plan.role_vars
+    source = str(rv[f"{DRIVER_ROLE}_runfile"])
+    return FileArtifact(source, source.rsplit("/", 1)[-1], rv.get(f"{DRIVER_ROLE}_runfile_sha256") or None,
+                        (Need(DRIVER_ROLE, "driver.mode=runfile"), Need(DRIVER_ROLE, f"driver.runfile={source}")))
 
 
 def chart_version(plan: Plan) -> str:
@@ -447,11 +467,10 @@ def _node_artifacts(plan: Plan, kernels: tuple[str, ...]) -> tuple[tuple[FileArt
         return (), (), []
     files: dict[str, FileArtifact] = {}
     notes: list[str] = []
-    if mode == "runfile":
-        rv = plan.role_vars
-        source = str(rv[f"{DRIVER_ROLE}_runfile"])
-        files[source] = FileArtifact(source, source.rsplit("/", 1)[-1], rv.get(f"{DRIVER_ROLE}_runfile_sha256") or None,
-                                     (Need(DRIVER_ROLE, "driver.mode=runfile"), Need(DRIVER_ROLE, f"driver.runfile={source}")))
+    runfile = runfile_artifact(plan)
+    if runfile is not None:
+        source = runfile.source
+        files[source] = runfile
         if "://" not in source:
             notes.append(f"driver.runfile {source} is a path on the controller: carry it to the air-gapped controller "
                          "at the same path (or serve it from the site's file mirror and give its URL)")

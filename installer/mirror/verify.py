@@ -44,12 +44,23 @@ def from_plan(images: Sequence[Any]) -> list[Wanted]:
 
 
 def from_lock(site: Any, lock: dict[str, Any], bundle: Path) -> list[Wanted]:
-    """The images of a bundle's (verified) lock, each with its digest."""
+    """The images of a bundle's (verified) lock, each with its digest, at the destination the site computes for its
+    source. The whole lock is checked first as push checks it (ConfigError, exit 2, naming the entry): images
+    (installer.mirror.images.check_images), charts and files (installer.mirror.charts.check), package entries
+    (installer.mirror.packages.check_entry): nothing the lock names is read from anywhere else."""
+    from installer.mirror import charts, packages
+    from installer.mirror.bundle import LOCK
+    from installer.mirror.images import check_images
+
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
                           f"{site.registry.host}", hint="verify with the site file the bundle was pulled for")
-    return [Wanted(str(e.get("source")), str(e.get("destination")), str(e.get("digest")))
-            for e in lock.get("images") or [] if isinstance(e, dict)]
+    entries = check_images(site, lock, bundle)
+    charts.check(site, bundle, lock)
+    for section in (packages.PACKAGES, packages.BASE):
+        for i, e in enumerate(lock.get(section) or []):
+            packages.check_entry(bundle / LOCK, section, i, e)
+    return [Wanted(str(e["source"]), str(e["destination"]), str(e["digest"])) for e in entries]
 
 
 def check(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, jobs: int = DEFAULT_JOBS) -> list[Finding]:
