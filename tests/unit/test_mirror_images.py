@@ -59,12 +59,13 @@ def _layout(tmp_path: Path) -> tuple[Path, str]:
     from gpu_install_lab.images import write_layout
 
     bundle = tmp_path / "bundle"
-    write_layout(bundle / "images", "nvcr.io/nvidia/x:1", ["/bin/sh"], busybox=b"stand-in" * 10)
+    write_layout(bundle / "images", "nvcr.io/nvidia/gpu-operator:v24.9.2", ["/bin/sh"], busybox=b"stand-in" * 10)
     digest = json.loads((bundle / "images" / "index.json").read_text())["manifests"][0]["digest"]
     lock = {"schema": b.SCHEMA, "complete": True, "release": "v24.9.2", "registry": "r.lab:5000",
             "platform": "linux/amd64", "layout": "images", "failed": [],
-            "images": [{"source": "nvcr.io/nvidia/x:1", "destination": "r.lab:5000/nvidia/x:1", "digest": digest,
-                        "refName": "nvcr.io/nvidia/x:1", "component": "operator", "size": 1}]}
+            "images": [{"source": "nvcr.io/nvidia/gpu-operator:v24.9.2",
+                        "destination": "r.lab:5000/nvidia/gpu-operator:v24.9.2", "digest": digest,
+                        "refName": "nvcr.io/nvidia/gpu-operator:v24.9.2", "component": "operator", "size": 1}]}
     b.write_lock(bundle, lock)
     return bundle, digest
 
@@ -120,14 +121,14 @@ def test_an_incomplete_bundle_is_refused_naming_what_failed(tmp_path):
 def test_layout_checks_find_a_missing_or_changed_blob(tmp_path):
     bundle, digest = _layout(tmp_path)
     layout = m.Layout(bundle / "images")
-    assert layout.complete("nvcr.io/nvidia/x:1", digest) and layout.verify(digest) is None
+    assert layout.complete("nvcr.io/nvidia/gpu-operator:v24.9.2", digest) and layout.verify(digest) is None
     assert not layout.complete("nvcr.io/nvidia/x:2", digest)
     doc = json.loads(layout.blob(digest).read_bytes())
     blob = layout.blob(doc["layers"][0]["digest"])
     blob.write_bytes(blob.read_bytes() + b"!")
     assert "does not match its digest" in (layout.verify(digest) or "")
     blob.unlink()
-    assert not layout.complete("nvcr.io/nvidia/x:1", digest)
+    assert not layout.complete("nvcr.io/nvidia/gpu-operator:v24.9.2", digest)
     assert "missing" in (layout.verify(digest) or "")
 
 
@@ -144,7 +145,8 @@ def test_push_refuses_a_damaged_bundle_or_another_registry_before_contacting_any
     layout = m.Layout(bundle / "images")
     config = json.loads(layout.blob(digest).read_bytes())["config"]["digest"]
     layout.blob(config).write_bytes(b"{}")
-    with pytest.raises(ConfigError, match="image nvcr.io/nvidia/x:1: blob .* does not match its digest"):
+    with pytest.raises(ConfigError,
+                       match="image nvcr.io/nvidia/gpu-operator:v24.9.2: blob .* does not match its digest"):
         m.push(site, bundle, config_json=None)
 
 
