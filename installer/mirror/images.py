@@ -775,7 +775,8 @@ def check_images(site: Any, lock: Mapping[str, Any], bundle: Path) -> list[dict[
     """The lock's image entries, each checked against the site BEFORE anything is copied (ConfigError, exit 2, naming
     the entry and the expected destination): its source is a well-formed reference that this site's plan pulls, its
     destination is the one the site computes for that source (another repository, another registry, a path with
-    '..' is refused), its digest a sha256 and its reference name the layout's name for the source. Each entry comes
+    '..' is refused), its digest a sha256 and its reference name the layout's name for the source; the layout's path
+    lies inside the bundle (inside_bundle). Each entry comes
     back with "destination" set to the recomputed one; push writes there and nowhere else. The lock's "base" entries
     (an incremental bundle: only read) must name references in registry.host."""
     where = f"{bundle}/bundle.lock.json"
@@ -791,6 +792,7 @@ def check_images(site: Any, lock: Mapping[str, Any], bundle: Path) -> list[dict[
         raise ConfigError(f"{bundle}: the bundle carries release {str(lock.get('release'))[:80]}, the site file names "
                           f"operator.version {site.operator.version}",
                           hint="push the bundle pulled for this release, with the site file it was pulled with")
+    inside_bundle(bundle, lock.get("layout") or LAYOUT, "layout")
     host = site.registry.host
     out: list[dict[str, Any]] = []
     for i, e in enumerate(lock["images"]):

@@ -532,3 +532,39 @@ def test_unsigned_lines_before_the_signed_inrelease_block_do_not_count(tmp_path)
         assert packages.repo_index(url, "ubuntu22.04", "apt", key)["nvidia-driver_1_amd64.deb"]["sha256"] == "1" * 64
     finally:
         httpd.shutdown()
+
+
+# ---------------------------------------------------------------- the command, a lock signed by a pinned key
+
+
+def _signed(tmp_path: Path, bundle: Path) -> Path:
+    """Sign the (forged) lock as `mirror pull` would with the connected side's key -- the key is pinned here: the
+    signature verifies, so only the checks below it stand between the lock and the registry. The public key."""
+    from installer import signing
+
+    key = signing.load_or_create(tmp_path / "bundle-key")
+    b.finish(bundle, key)
+    return key.public_path
+
+
+@pytest.mark.parametrize("forged, field", [
+    (f"{REGISTRY}/payments/api:prod", "destination"),
+    ("ghcr.io/victim-org/app:latest", "destination"),
+    (str(Path("/") / "tmp" / "elsewhere"), "layout"),
+])
+def test_mirror_push_exits_2_on_a_forged_lock_that_the_pinned_key_signed(tmp_path, spy, cli, write_site, forged,
+                                                                          field):
+    bundle, _ = _bundle(tmp_path)
+    if field == "layout":
+        _edit(bundle, lambda lock: lock.update(layout=forged))
+    else:
+        _edit(bundle, lambda lock: lock["images"][0].update(destination=forged))
+    pub = _signed(tmp_path, bundle)
+    site = write_site(copy.deepcopy(SITE))
+    rc, out, err = cli("mirror", "push", bundle, "-s", site, "--trusted-key", pub)
+    assert rc == 2, err
+    assert forged in err and (f"expected {DESTINATION}" in err or "is not a path inside the bundle" in err), err
+    assert spy() == []
+    rc, out, err = cli("mirror", "verify", "-s", site, "--bundle", bundle, "--trusted-key", pub)
+    assert rc == 2 and forged in err, err
+    assert spy() == []
