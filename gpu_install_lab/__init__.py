@@ -30,4 +30,12 @@ def default_lab_dir() -> Path:
 GPU_MODELS: dict[str, tuple[int, bool]] = {
     "NVIDIA A100-SXM4-80GB": (81920, True),
     "Tesla T4": (15360, False),
+    "NVIDIA H100 80GB HBM3": (81559, True),  # the real H100's fb_memory_usage total (driver 580 recording)
+    "NVIDIA H200": (143771, True),           # the real H200's
+}
+# model -> (driver, CUDA) its recorded document was taken with, what the stand-in nvidia-smi reports for it (the plain
+# table then has that driver's layout); models not named here report gpu_install_lab.gpus.DRIVER_VERSION (535)
+GPU_DRIVERS: dict[str, tuple[str, str]] = {
+    "NVIDIA H100 80GB HBM3": ("580.159.04", "13.0"),
+    "NVIDIA H200": ("580.159.04", "13.0"),
 }

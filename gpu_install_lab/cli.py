@@ -170,7 +170,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     q.add_argument("--gpu-model", choices=sorted(GPU_MODELS), default=None,
                    help="with --kubelet real: the STAND-IN GPUs' model (default NVIDIA A100-SXM4-80GB; the models "
-                        "with recorded nvidia-smi documents)")
+                        "with recorded nvidia-smi documents: H100 and H200 are real driver-580 machines)")
     q.add_argument("--mig", metavar="PROFILE=N[,...]",
                    help="with --kubelet real: MIG devices on every GPU of each node, e.g. 1g.10gb=2,2g.20gb=1; the "
                         "STAND-IN device plugin advertises them as nvidia.com/mig-<profile> (mixed strategy)")

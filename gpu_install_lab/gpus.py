@@ -9,7 +9,9 @@ recorded real nvidia-smi documents (tests/fixtures/nvidia-smi/README.md). Editin
 `healthy: false`) reaches the kubelet through ListAndWatch within a second.
 
 Node config: `gpu-install lab up --kubelet real --gpus N [--gpu-model MODEL]` gives every node N GPUs of that model
-with UUIDs derived from the lab id and the node name (stable across `lab up`, distinct between nodes and labs).
+with UUIDs derived from the lab id and the node name (stable across `lab up`, distinct between nodes and labs). The
+models are those with a recorded document: A100-SXM4-80GB (driver 535), Tesla T4, and a real H100 80GB HBM3 and H200
+on driver 580 (their nodes' nvidia-smi reports driver 580.159.04 / CUDA 13.0 and prints the 580 table layout).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gpu_install_lab import GPU_MODELS
+from gpu_install_lab import GPU_DRIVERS, GPU_MODELS
 from installer.errors import EnvironmentProblem
 from installer.util import atomic_write
 
@@ -137,7 +139,8 @@ def node_config(lab_id: str, node: str, count: int, model: str = DEFAULT_MODEL,
         if devices:
             gpu["mig"] = devices
         gpus.append(gpu)
-    return {"driverVersion": DRIVER_VERSION, "cudaVersion": CUDA_VERSION, "gpus": gpus}
+    driver, cuda = GPU_DRIVERS.get(model, (DRIVER_VERSION, CUDA_VERSION))
+    return {"driverVersion": driver, "cudaVersion": cuda, "gpus": gpus}
 
 
 def node_device_info(config: dict[str, Any]) -> dict[str, Any]:

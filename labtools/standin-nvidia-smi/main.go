@@ -8,7 +8,9 @@
 // the README there): `-q -x` takes the recorded XML of the same model (or of a MIG-capable /
 // non-MIG-capable recorded GPU when no recorded document has that model) and substitutes the
 // device's UUID, name, bus id, memory and MIG state; `-L` and the plain table follow the
-// recorded real layouts (driver 535).
+// recorded real layouts (driver 535, and driver 580's wider table when the node's driver is 580
+// or later: the real H100/H200 recordings). Documents may be indented with spaces (older
+// drivers) or tabs (driver 580).
 //
 //	nvidia-smi -L | nvidia-smi | nvidia-smi -q -x | nvidia-smi --stand-in
 //
@@ -67,7 +69,8 @@ type recorded struct {
 }
 
 var (
-	reModel = regexp.MustCompile(`<product_name>([^<]*)</product_name>`)
+	reModel    = regexp.MustCompile(`<product_name>([^<]*)</product_name>`)
+	reGpuStart = regexp.MustCompile(`\n[ \t]*<gpu id=`)
 )
 
 func loadDocs() []recorded {
@@ -79,12 +82,13 @@ func loadDocs() []recorded {
 			continue
 		}
 		s := string(raw)
-		start := strings.Index(s, "\n    <gpu id=")
-		end := strings.LastIndex(s, "    </gpu>\n")
-		if start < 0 || end < 0 {
+		loc := reGpuStart.FindStringIndex(s)
+		end := strings.LastIndex(s, "</gpu>\n")
+		if loc == nil || end < 0 {
 			continue
 		}
-		r := recorded{name: e.Name(), header: s[:start+1], gpu: s[start+1 : end+len("    </gpu>\n")], footer: s[end+len("    </gpu>\n"):]}
+		start, stop := loc[0], end+len("</gpu>\n")
+		r := recorded{name: e.Name(), header: s[:start+1], gpu: s[start+1 : stop], footer: s[stop:]}
 		if m := reModel.FindStringSubmatch(r.gpu); m != nil {
 			r.model = m[1]
 		}
@@ -187,7 +191,21 @@ func field(block, name string) string {
 
 var reMigDevices = regexp.MustCompile(`(?s)<mig_devices>.*?</mig_devices>|<mig_devices\s*/>`)
 var reMigDevice = regexp.MustCompile(`(?s)\n\s*<mig_device>.*?</mig_device>`)
-var reFb = regexp.MustCompile(`(?s)\n        <fb_memory_usage>.*?</fb_memory_usage>`)
+var reFb = regexp.MustCompile(`(?s)\n(?:        |\t\t)<fb_memory_usage>.*?</fb_memory_usage>`)
+
+// profileFacts: per model, each MIG profile's memory (MiB) and SMs as the driver's own profile
+// table (`nvidia-smi mig -lgip`, GiB x 1024) says, for the models with a recorded table
+// (tests/fixtures/nvidia-smi/h100-80gb-hbm3/mig-lgip.txt, h200/mig-lgip.txt; values/mig/lgip.yaml).
+var profileFacts = map[string]map[string][2]int{
+	"NVIDIA H100 80GB HBM3": {
+		"1g.10gb": {9984, 16}, "1g.10gb+me": {9984, 16}, "1g.20gb": {20091, 26}, "2g.20gb": {20091, 32},
+		"3g.40gb": {40448, 60}, "4g.40gb": {40448, 64}, "7g.80gb": {81152, 132},
+	},
+	"NVIDIA H200": {
+		"1g.18gb": {16384, 16}, "1g.18gb+me": {16384, 16}, "1g.35gb": {33280, 26}, "2g.35gb": {33280, 32},
+		"3g.71gb": {71424, 60}, "4g.71gb": {71424, 64}, "7g.141gb": {143360, 132},
+	},
+}
 
 // profileMiB: a MIG profile's memory as nvidia-smi reports it, approximated as 97.5% of the
 // profile's nominal size (exact for the recorded A100-SXM4-80GB 1g.20gb: 19968 MiB).
@@ -203,7 +221,8 @@ func profileMiB(p string) int {
 // renderGPU fills a recorded <gpu> block with the device's identity.
 func renderGPU(r recorded, d device, index int) string {
 	b := r.gpu
-	b = strings.Replace(b, b[:strings.Index(b, ">")+1], `    <gpu id="`+d.PciBusID+`">`, 1)
+	indent := b[:strings.Index(b, "<")]
+	b = strings.Replace(b, b[:strings.Index(b, ">")+1], indent+`<gpu id="`+d.PciBusID+`">`, 1)
 	b = tag(b, "product_name", d.Model)
 	b = tag(b, "uuid", d.UUID)
 	b = tag(b, "minor_number", strconv.Itoa(index))
@@ -211,7 +230,9 @@ func renderGPU(r recorded, d device, index int) string {
 	if parts := strings.Split(d.PciBusID, ":"); len(parts) == 3 {
 		b = tag(b, "pci_bus", parts[1])
 	}
-	if fb := reFb.FindString(b); fb != "" && d.MemoryMiB > 0 {
+	// the device's memory, unless it is the recorded one (then the recorded free, which real
+	// nvidia-smi rounds: total - reserved - used - 1 MiB on the H200)
+	if fb := reFb.FindString(b); fb != "" && d.MemoryMiB > 0 && num(field(fb, "total")) != d.MemoryMiB {
 		reserved, _ := strconv.Atoi(strings.Fields(field(fb, "reserved") + " 0")[0])
 		used, _ := strconv.Atoi(strings.Fields(field(fb, "used") + " 0")[0])
 		nfb := tag(fb, "total", fmt.Sprintf("%d MiB", d.MemoryMiB))
@@ -231,14 +252,29 @@ func renderGPU(r recorded, d device, index int) string {
 	b = tag(b, "current_mig", mode)
 	b = tag(b, "pending_mig", mode)
 	migs := "<mig_devices>\n            None\n        </mig_devices>"
+	if orig := reMigDevices.FindString(b); len(d.Mig) == 0 && strings.Contains(orig, "None") {
+		migs = orig // the recorded "no MIG devices" block, as the document indents it
+	}
 	if len(d.Mig) > 0 {
 		tmpl := reMigDevice.FindString(r.gpu)
+		if tmpl == "" { // a document recorded with MIG off: the layout of a recorded MIG device
+			for _, o := range loadDocs() {
+				if tmpl = reMigDevice.FindString(o.gpu); tmpl != "" {
+					break
+				}
+			}
+		}
 		if tmpl != "" {
 			var sb strings.Builder
 			sb.WriteString("<mig_devices>")
 			for i, m := range d.Mig {
 				md := tag(tmpl, "index", strconv.Itoa(i))
-				if mib := profileMiB(m.Profile); mib > 0 {
+				mib := profileMiB(m.Profile)
+				if f, ok := profileFacts[d.Model][m.Profile]; ok {
+					mib = f[0]
+					md = tag(md, "multiprocessor_count", strconv.Itoa(f[1]))
+				}
+				if mib > 0 {
 					fb := regexp.MustCompile(`(?s)<fb_memory_usage>.*?</fb_memory_usage>`).FindString(md)
 					used, _ := strconv.Atoi(strings.Fields(field(fb, "used") + " 0")[0])
 					nfb := tag(fb, "total", fmt.Sprintf("%d MiB", mib))
@@ -307,8 +343,87 @@ func pct(v string) string {
 	return strings.ReplaceAll(v, " ", "")
 }
 
+// wide: whether the driver prints the wider table of driver 580 (the recorded H100/H200 output)
+// rather than driver 535's.
+func wide(driver string) bool {
+	major, err := strconv.Atoi(strings.SplitN(driver, ".", 2)[0])
+	return err == nil && major >= 580
+}
+
+// plain580: the table layout of the recorded driver-580 output
+// (tests/fixtures/nvidia-smi/h100-80gb-hbm3/plain.txt); values from the rendered XML.
+func plain580(devs []device, info deviceInfo) string {
+	all := loadDocs()
+	var sb strings.Builder
+	line := "+" + strings.Repeat("-", 89) + "+\n"
+	sep := "+-----------------------------------------+------------------------+----------------------+\n"
+	sb.WriteString(time.Now().Format("Mon Jan _2 15:04:05 2006") + "       \n")
+	sb.WriteString(line)
+	fmt.Fprintf(&sb, "| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|\n", info.DriverVersion, info.DriverVersion, info.CudaVersion)
+	sb.WriteString(sep)
+	sb.WriteString("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n")
+	sb.WriteString("| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n")
+	sb.WriteString("|                                         |                        |               MIG M. |\n")
+	sb.WriteString("|=========================================+========================+======================|\n")
+	for i, d := range devs {
+		g := renderGPU(pick(all, d), d, i)
+		name := d.Model
+		if len(name) > 29 {
+			name = name[:26] + "..."
+		}
+		fmt.Fprintf(&sb, "|%4d  %-31s%-4s|   %s %-3s |%21s |\n", i, name, onOff(field(g, "persistence_mode")),
+			d.PciBusID, onOff(field(g, "display_active")), eccCell(g))
+		fb := reFb.FindString(g)
+		power := fmt.Sprintf("%dW / %4dW", num(powerDraw(g)), num(powerLimit(g)))
+		mem := fmt.Sprintf("%dMiB / %6dMiB", num(field(fb, "used")), num(field(fb, "total")))
+		fmt.Fprintf(&sb, "|%4s  %4s  %4s%24s |%23s |%8s%13s |\n", pct(field(g, "fan_speed")),
+			strings.ReplaceAll(field(g, "gpu_temp"), " ", ""), field(g, "performance_state"), power, mem,
+			pct(field(g, "gpu_util")), field(g, "compute_mode"))
+		fmt.Fprintf(&sb, "|                                         |                        |%21s |\n", field(g, "current_mig"))
+		sb.WriteString(sep)
+	}
+	sb.WriteString("\n")
+	sb.WriteString(line)
+	sb.WriteString("| Processes:                                                                              |\n")
+	sb.WriteString("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n")
+	sb.WriteString("|        ID   ID                                                               Usage      |\n")
+	sb.WriteString("|=========================================================================================|\n")
+	sb.WriteString("|  No running processes found                                                             |\n")
+	sb.WriteString(line)
+	return sb.String()
+}
+
+// eccCell: the plain table's "Volatile Uncorr. ECC" (the volatile DRAM uncorrectable count, Off, or N/A).
+func eccCell(g string) string {
+	switch field(g, "current_ecc") {
+	case "Enabled":
+		return field(regexp.MustCompile(`(?s)<volatile>.*?</volatile>`).FindString(g), "dram_uncorrectable")
+	case "Disabled":
+		return "Off"
+	}
+	return "N/A"
+}
+
+// powerDraw / powerLimit: the GPU's power readings (power_draw before driver 535's instant_power_draw).
+func powerDraw(g string) string {
+	if v := field(g, "power_draw"); v != "N/A" {
+		return v
+	}
+	return field(g, "instant_power_draw")
+}
+
+func powerLimit(g string) string {
+	if v := field(g, "current_power_limit"); v != "N/A" {
+		return v
+	}
+	return field(g, "power_limit")
+}
+
 // plain: the table layout of recorded driver-535 `nvidia-smi` output; values from the rendered XML.
 func plain(devs []device, info deviceInfo) string {
+	if wide(info.DriverVersion) {
+		return plain580(devs, info)
+	}
 	all := loadDocs()
 	var sb strings.Builder
 	line := "+---------------------------------------------------------------------------------------+\n"

@@ -21,7 +21,15 @@ def test_models_are_the_recorded_ones():
     t4 = gpus.node_config("lab", "node1", 1, "Tesla T4")["gpus"][0]
     assert (t4["model"], t4["memoryMiB"], t4["migCapable"]) == ("Tesla T4", 15360, False)
     with pytest.raises(ValueError, match="recorded"):
-        gpus.node_config("lab", "node1", 1, "NVIDIA H100 80GB HBM3")
+        gpus.node_config("lab", "node1", 1, "NVIDIA B200")
+    # the real driver-580 machines (tests/fixtures/nvidia-smi/README-h100-h200-580.md): their memory and driver
+    for model, mib in (("NVIDIA H100 80GB HBM3", 81559), ("NVIDIA H200", 143771)):
+        cfg = gpus.node_config("lab", "node1", 1, model)
+        g = cfg["gpus"][0]
+        assert (g["model"], g["memoryMiB"], g["migCapable"]) == (model, mib, True)
+        assert (cfg["driverVersion"], cfg["cudaVersion"]) == ("580.159.04", "13.0")
+    a100 = gpus.node_config("lab", "node1", 1)
+    assert (a100["driverVersion"], a100["cudaVersion"]) == ("535.54.03", "12.2")
     assert gpus.node_config("lab", "node1", 0)["gpus"] == []
 
 
