@@ -12,9 +12,12 @@ pull writes its own index.json (skopeo's oci: destination does not lock it) next
 thread merges the entries and writes the lock, after each image: a pull killed mid-way keeps every finished image
 and every complete blob, and the next run copies neither again.
 
-push: the lock's checksum first, then every image from the layout to its destination in registry.host, digests
-preserved and checked after the copy (`skopeo inspect --raw`); an image whose destination already has the lock's
-digest is skipped. Credentials come from registry.pullSecret (env vars or docker config file) through a temporary
+push: the lock (signed, installer.mirror.bundle) is untrusted input all the same: every entry is checked against the
+site first (check_images: the source an image of the site's plan, the destination the one the site computes for it;
+the layout inside the bundle; every blob a regular file matching its digest, manifests bounded and hashed before they
+are parsed), then every image goes from the layout to its recomputed destination in registry.host, digests preserved
+and checked after the copy (`skopeo inspect --raw`); an image whose destination already has the lock's digest is
+skipped. Credentials come from registry.pullSecret (env vars or docker config file) through a temporary
 0600 authfile, never on a command line; the site CA (registry.ca) through a temporary cert dir.
 
 skopeo 1.9 reads only OCI-typed manifests back from an OCI layout; push therefore hands skopeo each image as a
@@ -776,9 +779,9 @@ def check_images(site: Any, lock: Mapping[str, Any], bundle: Path) -> list[dict[
     the entry and the expected destination): its source is a well-formed reference that this site's plan pulls, its
     destination is the one the site computes for that source (another repository, another registry, a path with
     '..' is refused), its digest a sha256 and its reference name the layout's name for the source; the layout's path
-    lies inside the bundle (inside_bundle). Each entry comes
-    back with "destination" set to the recomputed one; push writes there and nowhere else. The lock's "base" entries
-    (an incremental bundle: only read) must name references in registry.host."""
+    lies inside the bundle (inside_bundle). Each entry comes back with "destination" set to the recomputed one; push
+    writes there and nowhere else. The lock's "base" entries (an incremental bundle: only read) must name references
+    in registry.host."""
     where = f"{bundle}/bundle.lock.json"
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
