@@ -43,7 +43,7 @@ import json
 import os
 import re
 
-from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
+from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write, move_into_place, redact_diff
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     STATE_FORMAT, load_state as _load_state, state_file, write_state)
 
@@ -437,30 +437,36 @@ def main():
                                               read_import=lambda f: toml_loads(read(f), f) if read(f).strip() else {})
     except MergeError as exc:
         module.fail_json(msg=str(exc), config=p["config"])
-    changed_dropin = dropin_text != old_dropin
+    # the drop-in of config version 2 carries a copy of the main file's CRI section, registry credentials included:
+    # it is never more readable than the main file (0644 at most); one that is gets rewritten with that mode
+    dropin_mode = 0o644 & ((os.stat(p["config"]).st_mode & 0o777) if main_existed else 0o644)
+    too_open = os.path.exists(p["dropin"]) and bool(os.stat(p["dropin"]).st_mode & 0o777 & ~dropin_mode)
+    changed_dropin = dropin_text != old_dropin or too_open
     changed = bool(new_main is not None or changed_dropin)
     result = dict(changed=changed, config=p["config"], dropin=p["dropin"], config_version=version, backups=[])
     if module._diff:
-        result["diff"] = [dict(before=old_dropin, after=dropin_text, before_header=p["dropin"], after_header=p["dropin"]),
-                          dict(before=main_text, after=new_main if new_main is not None else main_text,
-                               before_header=p["config"], after_header=p["config"])]
+        # redacted: a config.toml may hold registry credentials (CRI registry.configs.<host>.auth)
+        result["diff"] = redact_diff([
+            dict(before=old_dropin, after=dropin_text, before_header=p["dropin"], after_header=p["dropin"]),
+            dict(before=main_text, after=new_main if new_main is not None else main_text,
+                 before_header=p["config"], after_header=p["config"])])
     if not changed or module.check_mode:
         module.exit_json(**result)
 
     undo = []  # (path, backup or None)
 
-    def write(path, text, existed):
+    def write(path, text, existed, mode=None):
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             os.makedirs(directory, 0o755)
         backup = module.backup_local(path) if existed and p["backup"] else None
         if backup:
             result["backups"].append(backup)
-        atomic_write(path, text, new_mode=0o644, module=module)
+        atomic_write(path, text, mode=mode, new_mode=0o644, module=module)
         undo.append((path, backup, existed))
 
     if changed_dropin:
-        write(p["dropin"], dropin_text, os.path.exists(p["dropin"]))
+        write(p["dropin"], dropin_text, os.path.exists(p["dropin"]), mode=dropin_mode)
     if new_main is not None:
         write(p["config"], new_main, os.path.exists(p["config"]))
     new_state = dict(state or {"format": STATE_FORMAT, "main_edited": False,
@@ -476,7 +482,7 @@ def main():
         if rc != 0 or p["runtime_binary"] not in out:
             for path, backup, existed in reversed(undo):
                 if backup:
-                    module.atomic_move(backup, path)
+                    move_into_place(backup, path, module)
                 elif not existed:
                     os.unlink(path)
             module.fail_json(msg="containerd rejected the merged configuration (%r); the previous files were "
@@ -510,9 +516,10 @@ def absent(module, read, state, state_path):
     changed = bool(new_main is not None or remove_dropin or state)
     result = dict(changed=changed, config=config, dropin=dropin, backups=[], state_removed=state)
     if module._diff:
-        result["diff"] = [dict(before=read(dropin), after="", before_header=dropin, after_header=dropin),
-                          dict(before=main_text or "", after=(new_main or "") if new_main is not None else (main_text or ""),
-                               before_header=config, after_header=config)]
+        result["diff"] = redact_diff([
+            dict(before=read(dropin), after="", before_header=dropin, after_header=dropin),
+            dict(before=main_text or "", after=(new_main or "") if new_main is not None else (main_text or ""),
+                 before_header=config, after_header=config)])
     if not changed or module.check_mode:
         module.exit_json(**result)
     undo = []  # (path, backup)
@@ -533,10 +540,9 @@ def absent(module, read, state, state_path):
         if rc != 0:
             for path, backup in reversed(undo):
                 if backup:
-                    module.atomic_move(backup, path)
+                    move_into_place(backup, path, module)
             if dropin_text is not None:
-                with open(dropin, "w") as fh:
-                    fh.write(dropin_text)
+                atomic_write(dropin, dropin_text, new_mode=0o644, module=module)
             module.fail_json(msg="containerd rejected the configuration without our runtime (%r); the previous "
                                  "files were restored: %s" % (p["validate"], (err or out).strip()[-800:]), **result)
     if rmdir and not os.listdir(dropin_dir):

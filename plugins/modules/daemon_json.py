@@ -48,7 +48,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpu_install.node.plugins.module_utils.files import write_temp
+from ansible_collections.gpu_install.node.plugins.module_utils.files import move_into_place, redact_diff, write_temp
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     STATE_FORMAT, load_state as _load_state, state_file, write_state)
 
@@ -216,8 +216,8 @@ def main():
     result = dict(changed=changed, path=path, config=after, created=not exists, state_file=state_path)
     after_text = dump(after)
     if module._diff:
-        result["diff"] = dict(before=before_text, after=after_text if changed else before_text,
-                              before_header=path, after_header=path)
+        result["diff"] = redact_diff(dict(before=before_text, after=after_text if changed else before_text,
+                                          before_header=path, after_header=path))
     if changed and not module.check_mode:
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
@@ -231,7 +231,7 @@ def main():
                                  % (path, p["validate"], (err or out).strip()), path=path)
         if exists and p["backup"]:
             result["backup_file"] = module.backup_local(path)
-        module.atomic_move(tmp, path)
+        move_into_place(tmp, path, module)
         new_state = record(state, before, after, p["runtime_name"],
                            [k for k, v in (("registry-mirrors", p["registry_mirrors"]),
                                            ("insecure-registries", p["insecure_registries"])) if v],
@@ -282,8 +282,8 @@ def absent(module, path, exists, before_text, before, state, state_path):
     if state:
         result["state_removed"] = state
     if module._diff:
-        result["diff"] = dict(before=before_text, after="" if remove_file else after_text,
-                              before_header=path, after_header=path)
+        result["diff"] = redact_diff(dict(before=before_text, after="" if remove_file else after_text,
+                                          before_header=path, after_header=path))
     if module.check_mode or not result["changed"]:
         module.exit_json(**result)
     tmp = None
@@ -298,7 +298,7 @@ def absent(module, path, exists, before_text, before, state, state_path):
     if changed_file and p["backup"]:
         result["backup_file"] = module.backup_local(path)
     if tmp:
-        module.atomic_move(tmp, path)
+        move_into_place(tmp, path, module)
     elif remove_file:
         os.unlink(path)  # it did not exist before our first change
     if state:

@@ -49,7 +49,7 @@ import shutil
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
+from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write, redact_diff
 from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
 PREFIX = "gpu-install.io/"
@@ -263,8 +263,8 @@ def main():
     result = dict(changed=changed, path=path, backup_file="", command=command_of(after))
     result["bind_address"], result["secure_port"] = serving(result["command"])
     if module._diff:
-        result["diff"] = dict(before=before_text, after=after_bytes.decode("utf-8", "replace"),
-                              before_header=path, after_header=path)
+        result["diff"] = redact_diff(dict(before=before_text, after=after_bytes.decode("utf-8", "replace"),
+                                          before_header=path, after_header=path))
     if changed and not module.check_mode:
         if not os.path.isdir(backup_dir):
             os.makedirs(backup_dir, 0o700)

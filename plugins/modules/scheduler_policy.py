@@ -53,7 +53,7 @@ import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
+from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write, redact_diff
 from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
 POLICY_FILE = "gpu-install-scheduler-policy.json"
@@ -317,7 +317,8 @@ def main():
     changed = before != result["content"]
     result.update(changed=changed, backup_file="")
     if module._diff:
-        result["diff"] = dict(before=before or "", after=result["content"], before_header=path, after_header=path)
+        result["diff"] = redact_diff(dict(before=before or "", after=result["content"], before_header=path,
+                                          after_header=path))
     if changed and not module.check_mode:
         if not os.path.isdir(p["config_dir"]):
             os.makedirs(p["config_dir"], 0o755)
