@@ -16,7 +16,9 @@ description:
   - O(state=disabled) turns MIG mode off again only on the GPUs the record says gpu-install turned on (the others
     keep their mode), after destroying their compute and GPU instances, then removes the record.
   - It does not fail on a mode left pending: RV(pending) lists those GPUs with the reason, and the role decides
-    (reboot, or stop with the report). The record (O(record), mode 0600) lists the GPUs it switched.
+    (reboot, or stop with the report). The record (O(record), mode 0600) lists the GPUs it switched; each GPU goes
+    into it as soon as its switch is done (and out of it once it is back off), so a GPU that refuses after others
+    switched fails the module with C(changed=true) and a record that uninstall reverses.
   - Supports check mode (reports what it would switch).
 options:
   state: {type: str, default: enabled, choices: [enabled, disabled]}
@@ -70,20 +72,37 @@ def words(out, err):
     return first.split(" (e.g.")[0].rstrip(". ")
 
 
+class SwitchError(Exception):
+    pass
+
+
 def switch(module, smi, gpu, want, reset):
-    """Set one GPU's mode; returns the nvidia-smi messages worth keeping."""
+    """Set one GPU's mode; returns (the nvidia-smi messages worth keeping, its current mode after). Raises
+    SwitchError when nvidia-smi refuses the switch (the mode is unchanged then)."""
     flag = "1" if want == "Enabled" else "0"
     rc, out, err = module.run_command([smi, "-i", str(gpu["index"]), "-mig", flag], environ_update=ENV)
     msgs = [words(out, err)] if (rc != 0 or "pending" in out.lower() or "unable" in out.lower()) else []
     if rc != 0:
-        module.fail_json(msg="GPU %d (%s): nvidia-smi -mig %s failed (exit %d): %s"
-                         % (gpu["index"], gpu["bus_id"], flag, rc, words(out, err)))
+        raise SwitchError("GPU %d (%s): nvidia-smi -mig %s failed (exit %d): %s"
+                          % (gpu["index"], gpu["bus_id"], flag, rc, words(out, err)))
     state = {g["index"]: g for g in query(module, smi)}[gpu["index"]]
     if state["current"] != want and state["pending"] == want and reset:
         rc, out, err = module.run_command([smi, "-i", str(gpu["index"]), "-r"], environ_update=ENV)
         if rc != 0:
             msgs.append("GPU reset refused: " + words(out, err))
-    return msgs
+        state = {g["index"]: g for g in query(module, smi)}[gpu["index"]]
+    return msgs, state["current"]
+
+
+def save(path, record):
+    """The record as it is now (0600, atomically); none left when it lists no GPU."""
+    if record.get("switched"):
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+        write_state(path, record)
+    elif os.path.exists(path):
+        os.unlink(path)
 
 
 def main():
@@ -128,11 +147,28 @@ def main():
         module.exit_json(changed=bool(todo), gpus=gpus, switched=switched,
                          pending=[{"index": g["index"], "bus_id": g["bus_id"], "reason": "pending since before this run"}
                                   for g in gpus if g["pending"] != g["current"] and g not in todo])
+    # the record follows each GPU as it switches: a failure on a later GPU (or a killed run) still leaves the ones
+    # switched so far in it, for uninstall to turn back off
+    # disabling: what is left of ours is the GPUs still to turn off (those already off leave the record)
+    mine = set(record.get("switched", [])) if want == "Enabled" else set(switched)
+    done = []
     for g in todo:
         if want == "Disabled":  # nos' instances go first, or the driver keeps MIG mode on
             for flag in ("-dci", "-dgi"):
                 module.run_command([smi, "mig", "-i", str(g["index"]), flag], environ_update=ENV)
-        g["messages"] = switch(module, smi, g, want, p["reset"])
+        try:
+            g["messages"], now = switch(module, smi, g, want, p["reset"])
+        except SwitchError as exc:
+            module.fail_json(msg="%s%s" % (exc, "; switched before it: %s (in %s, for uninstall)"
+                                           % (", ".join(done), p["record"]) if done else ""),
+                             changed=bool(done), switched=done, gpus=gpus, pending=[])
+        done.append(g["bus_id"])
+        if want == "Enabled":
+            mine.add(g["bus_id"])  # pending counts: the mode takes effect at the next reset or boot
+        elif now == "Disabled":
+            mine.discard(g["bus_id"])  # a disable left pending stays ours, to be tried again
+        record["switched"] = sorted(mine)
+        save(p["record"], record)
     after = {g["index"]: g for g in query(module, smi)}
     pending = []
     for g in gpus:
@@ -141,12 +177,6 @@ def main():
         if g["current"] != want and g in todo:
             pending.append({"index": g["index"], "bus_id": g["bus_id"],
                             "reason": "; ".join(g["messages"]) or "the driver left the mode pending"})
-    if p["state"] == "enabled":
-        record["switched"] = sorted(set(record.get("switched", [])) | set(switched))
-        os.makedirs(os.path.dirname(p["record"]) or ".", exist_ok=True)
-        write_state(p["record"], record)
-    elif not pending and os.path.exists(p["record"]):
-        os.unlink(p["record"])
     module.exit_json(changed=True, gpus=gpus, switched=switched, pending=pending)
 
 

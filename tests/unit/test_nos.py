@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +268,45 @@ def test_reboot_applies_a_pending_mode(node):
     path.write_text(json.dumps(set_state))
     r = run_module(node, state="enabled", _ansible_check_mode=True)
     assert not r["changed"] and {g["current"] for g in r["gpus"]} == {"Enabled"}, r  # booted since: applied
+
+
+def test_a_gpu_refusing_after_another_switched_fails_changed_with_the_record_and_uninstall_reverses_it(node):
+    tmp, _env, smi = node
+    real = smi.resolve()
+    smi.unlink()
+    # fault injection over the real STAND-IN: GPU 1's `-mig 1` is refused the way the driver refuses a switch it may
+    # not make (nvidia-smi's words, exit 4); every other call, GPU 0's switch included, is the STAND-IN's protocol
+    smi.write_text('#!/bin/sh\nif [ "$*" = "-i 1 -mig 1" ]; then\n'
+                   '  echo "Unable to enable MIG Mode for GPU 00000000:37:00.0: Insufficient Permissions"\n'
+                   '  echo "Terminating early due to previous errors."\n  exit 4\nfi\n'
+                   f'exec {real} "$@"\n')
+    smi.chmod(0o755)
+    r = run_module(node, state="enabled")
+    assert r.get("failed") and r["changed"] is True, r
+    assert ("GPU 1 (00000000:37:00.0): nvidia-smi -mig 1 failed (exit 4): Unable to enable MIG Mode for GPU "
+            "00000000:37:00.0: Insufficient Permissions; switched before it: 00000000:36:00.0") in r["msg"], r
+    assert r["switched"] == ["00000000:36:00.0"], r
+    assert json.loads((tmp / "record.json").read_text())["switched"] == ["00000000:36:00.0"]
+    assert stat.S_IMODE((tmp / "record.json").stat().st_mode) == 0o600
+    assert {k: g["current"] for k, g in state(node)["gpus"].items()} == {"0": "Enabled", "1": "Disabled"}
+    # uninstall (roles/mig_mode remove.yml: the record exists, state disabled): GPU 0 back off, GPU 1 left alone
+    off = run_module(node, state="disabled")
+    assert off["changed"] and off["switched"] == ["00000000:36:00.0"] and not off["pending"], off
+    assert {k: g["current"] for k, g in state(node)["gpus"].items()} == {"0": "Disabled", "1": "Disabled"}
+    assert not (tmp / "record.json").exists()
+    assert not run_module(node, state="disabled")["changed"]
+
+
+def test_first_gpu_refusing_is_a_failure_without_change_or_record(node):
+    tmp, _env, smi = node
+    real = smi.resolve()
+    smi.unlink()
+    smi.write_text('#!/bin/sh\ncase "$*" in "-i "?" -mig 1") echo "Unable to enable MIG Mode: Insufficient Permissions";'
+                   f' exit 4;; esac\nexec {real} "$@"\n')
+    smi.chmod(0o755)
+    r = run_module(node, state="enabled")
+    assert r.get("failed") and r["changed"] is False and r["switched"] == [], r
+    assert "switched before it" not in r["msg"] and not (tmp / "record.json").exists()
 
 
 def test_module_refuses_mixed_models_and_non_mig_gpus(node):
