@@ -2,7 +2,7 @@
 STAND-IN with Debian's real dnf): `mirror pull` from STAND-IN upstream apt/rpm repositories on 127.0.0.1
 (tests/integration/package_upstreams.py), `mirror push --repo-dir` into the bastion's web server, then `apply` with
 packages.url/packages.key: the package_repo role adds the repository with the site key (apt signed-by; dnf gpgcheck and
-repo_gpgcheck) and the toolkit role installs NVIDIA's toolkit chain (STAND-INs under the real names) at 1.17.5, a
+repo_gpgcheck, every gpgkey a file:// of a key copied from the controller) and the toolkit role installs NVIDIA's toolkit chain (STAND-INs under the real names) at 1.17.5, a
 version only that repository has (the lab's own repository serves 1.17.4). A second apply changes nothing; apply's
 package check refuses a site whose repository lacks the pinned version before any host is touched; uninstall takes
 the packages, the repository and its key away.
@@ -38,6 +38,7 @@ def sr(lab: LabHandle, tmp_path_factory):
     from installer.mirror import bundle as lockfile
     from installer.mirror import images, packages
     from installer.plan import Options, resolve
+    from installer.signing import load_or_create
 
     work = tmp_path_factory.mktemp("site-repo")
     # a container runtime on each node first (preflight wants one), as test_rhel_path has it
@@ -66,11 +67,13 @@ def sr(lab: LabHandle, tmp_path_factory):
         bundle = work / "bundle"
         images.pull(plan, [], bundle, finish=False)
         packages.pull(plan.site, plan.artifacts(()).packages, bundle)
-        assert lockfile.finish(bundle)["complete"] is True
+        assert lockfile.finish(bundle, load_or_create(work / "connected-key"))["complete"] is True  # signs the lock
     finally:
         up.close()  # the connected side is done: nothing reads the upstream from here on
+    # air-gapped side: the connected side's bundle key pinned with --trusted-key
     proc = subprocess.run([str(VENV_BIN / "gpu-install"), "mirror", "push", str(bundle), "-s", str(site), "--repo-dir",
-                           str(site_repo), "--signing-home", str(work / "signing")], capture_output=True, text=True,
+                           str(site_repo), "--signing-home", str(work / "signing"), "--trusted-key",
+                           str(work / "connected-key" / "signing-key.pub.pem")], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield lab, Applier(inventory, work / "state"), work, site
@@ -79,7 +82,8 @@ def sr(lab: LabHandle, tmp_path_factory):
                       (RHEL, "dnf -y -q remove " + " ".join(CHAIN))):
         root(lab, node, f"{cmd} >/dev/null 2>&1; rm -f /etc/apt/sources.list.d/gpu-install.list "
                         "/etc/apt/keyrings/gpu-install.asc /etc/yum.repos.d/gpu-install.repo "
-                        "/etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-install /var/lib/gpu-install/nvidia_container_toolkit.json",
+                        "/etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-install /etc/pki/rpm-gpg/RPM-GPG-KEYS-gpu-install-upstream "
+                        "/var/lib/gpu-install/nvidia_container_toolkit.json",
              check=False)
 
 
@@ -101,6 +105,17 @@ def test_nodes_install_the_toolkit_from_the_signed_site_repository(sr):
     # rhel9: gpgcheck and repo_gpgcheck on, the site key and the upstream key imported by dnf itself
     repo = root(lab, RHEL, "cat /etc/yum.repos.d/gpu-install.repo").stdout
     assert "gpgcheck=1" in repo and "repo_gpgcheck=1" in repo and "gpgcheck=0" not in repo, repo
+    # every key dnf may import is a file:// of a file copied from the controller, byte for byte: the site key and the
+    # upstream keys `mirror push` published beside it -- no key URL, nothing fetched over the network
+    site_repo = lab.dir / "repo" / "site"
+    (gpgkeys,) = [line.split("=", 1)[1].split() for line in repo.splitlines() if line.startswith("gpgkey")]
+    expect = {"/etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-install": site_repo / "gpu-install-site.asc",
+              "/etc/pki/rpm-gpg/RPM-GPG-KEYS-gpu-install-upstream":
+                  site_repo / "packages" / "rocky9.5" / "RPM-GPG-KEYS-upstream.asc"}
+    assert gpgkeys == [f"file://{p}" for p in expect], repo
+    for path, src in expect.items():
+        assert root(lab, RHEL, f"cat {path}").stdout == src.read_text(), path
+        assert "-----BEGIN PGP PUBLIC KEY BLOCK-----" in src.read_text()
     for name in CHAIN:
         got = root(lab, RHEL, f"rpm -q --qf '%{{VERSION}}-%{{RELEASE}}' {name}").stdout
         assert got == BUILD, (name, got)
@@ -136,7 +151,8 @@ def test_uninstall_takes_the_packages_the_repository_and_its_key_away(sr):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     for node in (DEB, RHEL):
         left = root(lab, node, "ls /etc/apt/sources.list.d/gpu-install.list /etc/apt/keyrings/gpu-install.asc "
-                               "/etc/yum.repos.d/gpu-install.repo /etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-install 2>/dev/null",
+                               "/etc/yum.repos.d/gpu-install.repo /etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-install "
+                               "/etc/pki/rpm-gpg/RPM-GPG-KEYS-gpu-install-upstream 2>/dev/null",
                     check=False).stdout
         assert left.strip() == "", (node, left)
         assert root(lab, node, "command -v nvidia-ctk", check=False).returncode != 0

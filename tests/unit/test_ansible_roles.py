@@ -166,3 +166,59 @@ def test_containerd_role_check_mode_writes_nothing(tmp_path):
     res = apply_role(tmp_path, "containerd_runtime", containerd_vars(tmp_path), check=True, diff=True)
     assert res.exit_code() == EXIT_OK and res.hosts["node"].changed == 1
     assert config.read_text() == USER_TOML and not (tmp_path / "conf.d").exists()
+
+
+# ---------------------------------------------------------------- package_repo: the keys a node trusts
+
+
+def _package_repo_render(os_family: str) -> tuple[dict, dict, str]:
+    """The role's own task files rendered by Ansible's templar for a node of os_family: (variables, the
+    package_repo_files paths.yml decides, the repository definition deploy.yml writes)."""
+    import ansible.template
+    from ansible.parsing.dataloader import DataLoader
+
+    trust = getattr(ansible.template, "trust_as_template", lambda s: s)  # ansible-core 2.19 templates only trusted text
+    role = content.role_dir("package_repo")
+    tasks = yaml.safe_load((role / "tasks" / "deploy.yml").read_text())
+    paths = yaml.safe_load((role / "tasks" / "paths.yml").read_text())
+    variables = {**yaml.safe_load((role / "defaults" / "main.yml").read_text()),
+                 "package_repo_url": "http://repo.lab/site", "package_repo_os": "rocky9.5",
+                 "package_repo_key_src": "/srv/site/gpu-install-site.asc", "ansible_facts": {"os_family": os_family}}
+
+    def render(text: str, extra: dict | None = None):
+        return ansible.template.Templar(loader=DataLoader(), variables={**variables, **(extra or {})}).template(
+            trust(text))
+
+    (decide,) = [t["ansible.builtin.set_fact"] for t in paths if "ansible.builtin.set_fact" in t]
+    files = render(decide["package_repo_files"])
+    variables["package_repo_upstream_keys_src"] = render(variables["package_repo_upstream_keys_src"])
+    (definition,) = [t["ansible.builtin.copy"] for t in tasks if t["name"] == "Package repo | Repository definition"]
+    copies = {render(t["ansible.builtin.copy"]["dest"], {"package_repo_files": files}):
+              render(t["ansible.builtin.copy"]["src"], {"package_repo_files": files})
+              for t in tasks if "src" in t.get("ansible.builtin.copy", {})
+              and render("{{ " + str(t.get("when", "true")) + " }}") in (True, "True")}
+    variables["copies"] = copies  # node path -> controller path, for every key the role copies
+    return variables, files, render(definition["content"], {"package_repo_files": files})
+
+
+def test_rhel_repository_names_only_keys_copied_from_the_controller():
+    """Every gpgkey of the .repo file is file:// of a file a copy task of the role puts there from the controller
+    (the site key and the upstream keys `mirror push` published beside it); none is fetched over the network."""
+    variables, files, repo = _package_repo_render("RedHat")
+    gpgkeys = [line.split("=", 1)[1].split() for line in repo.splitlines() if line.replace(" ", "").startswith("gpgkey=")]
+    assert len(gpgkeys) == 1, repo
+    assert gpgkeys[0] == ["file:///etc/pki/rpm-gpg/RPM-GPG-KEY-gpu-install",
+                          "file:///etc/pki/rpm-gpg/RPM-GPG-KEYS-gpu-install-upstream"], repo
+    for ref in gpgkeys[0]:
+        assert ref.startswith("file:///") and "://" not in ref[len("file://"):], ref
+        assert variables["copies"][ref[len("file://"):]].startswith("/srv/site/"), variables["copies"]
+    assert variables["copies"][files["upstream_keys"]] == "/srv/site/packages/rocky9.5/RPM-GPG-KEYS-upstream.asc"
+    assert "\ngpgcheck=1\n" in repo and "\nrepo_gpgcheck=1\n" in repo
+
+
+def test_apt_source_is_signed_by_the_copied_site_key():
+    variables, files, listed = _package_repo_render("Debian")
+    (line,) = [x for x in listed.splitlines() if x.startswith("deb ")]
+    assert line == "deb [signed-by=/etc/apt/keyrings/gpu-install.asc] http://repo.lab/site/packages/rocky9.5 gpu-install main"
+    assert variables["copies"][files["key"]] == "/srv/site/gpu-install-site.asc"
+    assert "trusted=yes" not in listed
