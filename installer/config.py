@@ -263,12 +263,16 @@ class Registry(_Model):
 
 
 class Driver(_Model):
-    model_config = ConfigDict(json_schema_extra={  # _runfile(): runfile and its checksum belong to mode runfile
-        "if": {"required": ["mode"], "properties": {"mode": {"const": "runfile"}}},
-        "then": {"required": ["runfile"], "properties": {"runfile": {"type": "string", "minLength": 1}}},
-        "else": {"properties": {"runfile": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}]},
-                                "runfileSha256": {"type": "null"}}},
-    })
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        # _runfile(): runfile and its checksum belong to mode runfile
+        {"if": {"required": ["mode"], "properties": {"mode": {"const": "runfile"}}},
+         "then": {"required": ["runfile"], "properties": {"runfile": {"type": "string", "minLength": 1}}},
+         "else": {"properties": {"runfile": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}]},
+                                 "runfileSha256": {"type": "null"}}}},
+        # a runfile fetched from a URL has its sha256 given (a controller path is hashed on the controller)
+        {"if": {"required": ["runfile"], "properties": {"runfile": {"type": "string", "pattern": "://"}}},
+         "then": {"required": ["runfileSha256"], "properties": {"runfileSha256": {"type": "string"}}}},
+    ]})
 
     mode: Literal["host", "runfile", "operator", "precompiled", "preinstalled"] = Field(
         "operator",
@@ -283,7 +287,8 @@ class Driver(_Model):
         None, description="runfile mode: NVIDIA-Linux-<arch>-<version>.run as an http(s) URL (the site's file mirror) "
         "or a path on the controller (relative to the site file)"
     )
-    runfileSha256: str | None = Field(None, description="runfile mode: sha256 of the runfile, checked before it runs",
+    runfileSha256: str | None = Field(None, description="runfile mode: sha256 of the runfile, checked on the node "
+                                      "before it runs; required when driver.runfile is a URL",
                                       json_schema_extra=rules({"pattern": "^[0-9a-fA-F]{64}$"}))
     kernelModuleType: Literal["auto", "open", "proprietary"] | None = Field(
         None, description="kernel modules flavour; default: the release's default"
@@ -327,6 +332,15 @@ class Driver(_Model):
             return self
         if not self.runfile:
             raise ValueError("driver.mode runfile needs driver.runfile (URL in the site's file mirror or a path)")
+        if "://" in self.runfile and not self.runfileSha256:
+            # the nodes fetch it and run it as root: only a checksum from the site file says it is the file meant
+            # (a controller path needs none: the role hashes it on the controller and checks the node's copy)
+            name = self.runfile.rsplit("/", 1)[-1] or "NVIDIA-Linux-<arch>-<version>.run"
+            raise ValueError(f"driver.runfileSha256 is required with a URL driver.runfile (…/{name}): nothing "
+                             "else proves what the URL serves before it runs as root on the nodes. Set it to the "
+                             f"output of `sha256sum {name}` on a copy you trust (a runfile `mirror push --repo-dir "
+                             "DIR` published from a verified bundle: its line in DIR/files/SHA256SUMS), or give "
+                             "driver.runfile as a path on the controller")
         named = runfile_version(self.runfile)
         if self.version and named and self.version != named:
             raise ValueError(f"driver.version {self.version} but driver.runfile is the {named} installer")

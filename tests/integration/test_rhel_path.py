@@ -170,8 +170,9 @@ def test_runfile_refuses_distro_driver_packages(rp):
     lab, apply, work, repo_url = rp
     assert rpm_q(lab, "nvidia-driver").startswith("3:")
     runfile = f"NVIDIA-Linux-x86_64-{NEWER}-STANDIN.run"
+    sha = hashlib.sha256((lab.dir / "repo" / "files" / runfile).read_bytes()).hexdigest()
     site = _site(work, "runfile-rhel", {"host": "registry.example.internal:5000"},
-                 {"mode": "runfile", "runfile": f"{repo_url}/files/{runfile}"})
+                 {"mode": "runfile", "runfile": f"{repo_url}/files/{runfile}", "runfileSha256": sha})
     proc = apply(site, "--limit", RHEL)
     assert proc.returncode == 4, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     err = proc.stderr

@@ -112,6 +112,10 @@ def test_role_vars_runfile():
      "driver.version 550.54.15 but driver.runfile is the 535.216.03 installer"),
     ({"mode": "runfile", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run", "runfileSha256": "abc"}, "64 hex digits"),
     ({"mode": "host", "runfile": "NVIDIA-Linux-x86_64-535.216.03.run"}, "only used with driver.mode: runfile"),
+    ({"mode": "runfile", "runfile": "https://m/files/NVIDIA-Linux-x86_64-535.216.03.run"},
+     "driver.runfileSha256 is required with a URL driver.runfile"),
+    ({"mode": "runfile", "runfile": "http://m:8080/NVIDIA-Linux-x86_64-535.216.03.run", "runfileSha256": None},
+     "`sha256sum NVIDIA-Linux-x86_64-535.216.03.run`"),
 ])
 def test_runfile_site_errors_name_the_field(driver, problem):
     with pytest.raises(ConfigError) as exc:
@@ -129,8 +133,24 @@ def test_runfile_path_relative_to_the_site_file(tmp_path):
     assert s.driver.runfile == str(tmp_path.resolve() / "files/NVIDIA-Linux-x86_64-535.216.03.run")
     (tmp_path / "site.yaml").write_text(
         "operator: {version: v24.9.2}\nregistry: {host: r:5000}\n"
-        "driver: {mode: runfile, runfile: 'http://m:8080/files/NVIDIA-Linux-x86_64-535.216.03.run'}\n")
+        "driver: {mode: runfile, runfile: 'http://m:8080/files/NVIDIA-Linux-x86_64-535.216.03.run', "
+        f"runfileSha256: {'c' * 64}}}\n")
     assert load_site(tmp_path / "site.yaml").driver.runfile.startswith("http://m:8080/files/")
+
+
+def test_url_runfile_without_checksum_is_exit_2_at_load_naming_the_field_and_the_fix(tmp_path, capsys):
+    """Before anything else runs: a URL runfile without driver.runfileSha256 would be fetched and run as root
+    unchecked. The CLI's exit code and message, the site file's line named."""
+    from installer.cli import main
+
+    (tmp_path / "site.yaml").write_text(
+        "operator: {version: v24.9.2}\nregistry: {host: r:5000}\n"
+        "driver: {mode: runfile, runfile: 'https://files.lab/NVIDIA-Linux-x86_64-535.216.03.run'}\n")
+    assert main(["render", "-s", str(tmp_path / "site.yaml"), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "driver.runfileSha256 is required with a URL driver.runfile" in err, err
+    assert "`sha256sum NVIDIA-Linux-x86_64-535.216.03.run`" in err and "DIR/files/SHA256SUMS" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("tag,want", [("v1.17.4-ubuntu20.04", "1.17.4"), ("v1.18.0", "1.18.0"), ("1.17.4", "1.17.4"),

@@ -262,7 +262,7 @@ def test_the_inventorys_role_variables_are_honoured(tmp_path):
     # runfile mode without --dkms: no build tools
     inv2 = write_inventory(tmp_path / "b", "g1: {gpu_install_os: debian12, gpu_install_kernel: 6.1.0-28-amd64}\n",
                            "nvidia_driver_runfile_dkms: false\nnvidia_driver_runfile_packages: [libglvnd-dev]\n")
-    ap = artifacts(site(driver={"mode": "runfile", "runfile": RUNFILE}), inventory=inv2)
+    ap = artifacts(site(driver={"mode": "runfile", "runfile": RUNFILE, "runfileSha256": SHA}), inventory=inv2)
     assert set(packages(ap, "debian12")) == {"linux-headers-6.1.0-28-amd64", "libglvnd-dev"}
 
 
@@ -342,7 +342,7 @@ def test_why_answers(cli, host_site):
 
 def test_why_the_runfile(cli, write_site):
     path = write_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "registry.lab:5000"},
-                       "driver": {"mode": "runfile", "runfile": RUNFILE}})
+                       "driver": {"mode": "runfile", "runfile": RUNFILE, "runfileSha256": SHA}})
     rc, out, err = cli("mirror", "plan", "-s", path, "--os", "debian12", "--why", "NVIDIA-Linux-x86_64-535.216.03.run")
     assert rc == 0, err
     assert f"file {RUNFILE}" in out and "driver.mode=runfile" in out
@@ -415,7 +415,7 @@ def test_inventory_with_os_flag_is_exit_2_and_kernel_is_allowed(cli, write_site,
 
 def test_the_plan_contacts_nothing(monkeypatch):
     no_network(monkeypatch)
-    s = site(driver={"mode": "runfile", "runfile": RUNFILE}, toolkit={"mode": "host"},
+    s = site(driver={"mode": "runfile", "runfile": RUNFILE, "runfileSha256": SHA}, toolkit={"mode": "host"},
              mirror={"chartRepository": "oci://registry.lab:5000/charts"})
     ap = artifacts(s, [Node("a", "ubuntu", "22.04", "5.15.0-105-generic")])
     assert ap.images and ap.charts and ap.files and ap.packages

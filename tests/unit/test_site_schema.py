@@ -225,6 +225,12 @@ CROSS = [
     ({"driver": {"runfile": None, "runfileSha256": None}}, True),
     ({"driver": {"mode": "host", "runfile": ""}}, True),
     ({"driver": {"mode": "operator", "runfileSha256": "a" * 64}}, False),
+    # a URL runfile has its checksum given; a path on the controller is hashed there
+    ({"driver": {"mode": "runfile", "runfile": "https://f.lab/NVIDIA-Linux-x86_64-535.216.03.run"}}, False),
+    ({"driver": {"mode": "runfile", "runfile": "https://f.lab/NVIDIA-Linux-x86_64-535.216.03.run",
+                 "runfileSha256": None}}, False),
+    ({"driver": {"mode": "runfile", "runfile": "http://f.lab/NVIDIA-Linux-x86_64-535.216.03.run",
+                 "runfileSha256": "a" * 64}}, True),
     # extenders: prioritizeVerb needs a positive weight; at most one binds
     ({"scheduler": {"extenders": [{**EXTENDER, "prioritizeVerb": "p"}]}}, False),
     ({"scheduler": {"extenders": [{**EXTENDER, "prioritizeVerb": "p", "weight": 0}]}}, False),
