@@ -20,6 +20,7 @@ in it), removes the drop-in, the registry CA files and the release, and the tool
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, UPSTREAM
 from tests.integration.conftest import lab_prerequisites
@@ -127,6 +129,17 @@ def test_demo_carries_images_and_chart_across_the_air_gap(demo, tmp_path):
     assert len(want) >= 8 and all(d.startswith(registry + "/") for _, d in want), want
     lock = json.loads((where / "bundle" / "bundle.lock.json").read_text())
     assert lock["complete"] is True and lock["failed"] == [] and lock["release"] == "v23.9.2"
+    # the lock is signed by the connected side's bundle key, whose public half the site file pins (mirror.trustedKeys)
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
+
+    pinned = yaml.safe_load(site.read_text())["mirror"]["trustedKeys"]
+    assert pinned == [str(where / "trusted" / "connected-side.pub.pem")], pinned
+    fpr = hashlib.sha256(load_pem_public_key(Path(pinned[0]).read_bytes()).public_bytes(
+        Encoding.DER, PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+    envelope = json.loads((where / "bundle" / "bundle.lock.json.dsse").read_text())
+    assert [s["keyid"] for s in envelope["signatures"]] == [fpr], envelope["signatures"]
+    assert base64.b64decode(envelope["payload"]) == (where / "bundle" / "bundle.lock.json").read_bytes()
+    assert f"key fingerprint {fpr}" in proc.stderr
     assert {(e["source"], e["destination"]) for e in lock["images"]} == want
     for e in lock["images"]:
         assert re.fullmatch(r"sha256:[0-9a-f]{64}", e["digest"]), e

@@ -80,12 +80,14 @@ def env(tmp_path_factory):
             "driver": {"mode": "runfile", "runfile": f"{url}/files/{runfile.name}",
                        "runfileSha256": hashlib.sha256(runfile.read_bytes()).hexdigest()},
             "toolkit": {"mode": "operator"},
-            "mirror": {"chartRepository": f"{url}/charts", "upstreamCa": str(ca)}}
+            "mirror": {"chartRepository": f"{url}/charts", "upstreamCa": str(ca),
+                       # the connected side's bundle key, pinned as the air-gapped side would (relative to the site)
+                       "trustedKeys": ["connected-key/signing-key.pub.pem"]}}
     site_file = root / "site.yaml"
     site_file.write_text(yaml.safe_dump(site))
     try:
         yield {"root": root, "site": site_file, "src": src, "runfile": runfile, "ca": ca, "reg": reg, "url": url,
-               "www": www}
+               "www": www, "key_home": root / "connected-key"}
     finally:
         httpd.shutdown()
         reg_proc.terminate()
@@ -103,6 +105,7 @@ def _pull(env, bundle: Path, **override) -> list[str]:
     """The chart/file part of `mirror pull` (the image part with no images: it writes the lock's header)."""
     from installer.mirror import bundle as lockfile
     from installer.mirror import charts, images
+    from installer.signing import load_or_create
 
     plan = _plan(env, **override)
     art = plan.artifacts(())
@@ -111,7 +114,7 @@ def _pull(env, bundle: Path, **override) -> list[str]:
     try:
         charts.pull(plan, art.charts, art.files, bundle, say=lines.append)
     finally:
-        lockfile.finish(bundle)
+        lockfile.finish(bundle, load_or_create(env["key_home"]))
     return lines
 
 

@@ -48,7 +48,9 @@ def _site(tmp: Path, up, toolkit: str = TOOLKIT, repos: dict | None = None, **ex
             "toolkit": {"mode": "host", "version": toolkit},
             "mirror": {"packageRepositories": repos if repos is not None else {
                 "debian12": [{"url": up.apt, "suite": "stable", "key": str(up.key)}],
-                "rocky9.4": [{"url": up.rpm, "key": str(up.key)}]}}, **extra}
+                "rocky9.4": [{"url": up.rpm, "key": str(up.key)}]},
+                # the air-gapped side pins the connected side's bundle key (_pull signs with it)
+                "trustedKeys": [str(tmp / "connected-key" / "signing-key.pub.pem")]}, **extra}
     path = tmp / f"site-{toolkit}.yaml"
     path.write_text(yaml.safe_dump(site))
     return path
@@ -60,6 +62,7 @@ def _pull(site: Path, bundle: Path, since: Path | None = None) -> tuple[list[str
     from installer.mirror import bundle as lockfile
     from installer.mirror import images, packages
     from installer.plan import Options, resolve
+    from installer.signing import load_or_create
 
     plan = resolve(load_site(site), Options(os_tags=OSES))
     lines: list[str] = []
@@ -67,7 +70,7 @@ def _pull(site: Path, bundle: Path, since: Path | None = None) -> tuple[list[str
     try:
         packages.pull(plan.site, plan.artifacts(()).packages, bundle, say=lines.append, since=since)
     finally:
-        lock = lockfile.finish(bundle)
+        lock = lockfile.finish(bundle, load_or_create(site.parent / "connected-key"))
     return lines, lock
 
 
@@ -253,13 +256,15 @@ def test_tampered_package_is_refused_before_anything_is_published(pushed, tmp_pa
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{deb['file']}: sha256" in proc.stderr and "the lock says" in proc.stderr, proc.stderr
     assert not repo.exists() and not (tmp_path / "signing").exists()
-    # the lock itself changed: refused by its checksum
+    # the lock itself changed (its checksum recomputed): refused by its signature
     (bundle / deb["file"]).write_bytes((pushed["bundle"] / deb["file"]).read_bytes())
     lock = json.loads((bundle / "bundle.lock.json").read_text())
     lock["packages"][0]["sha256"] = "0" * 64
-    (bundle / "bundle.lock.json").write_text(json.dumps(lock, indent=2) + "\n")
+    text = json.dumps(lock, indent=2) + "\n"
+    (bundle / "bundle.lock.json").write_text(text)
+    (bundle / "bundle.lock.json.sha256").write_text(f"{hashlib.sha256(text.encode()).hexdigest()}  bundle.lock.json\n")
     proc = _gi("mirror", "push", str(bundle), "-s", str(pushed["site"]), "--repo-dir", str(repo))
-    assert proc.returncode == 2 and "checksum mismatch" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "the lock was changed after signing" in proc.stderr, proc.stderr
     assert not repo.exists()
 
 

@@ -113,6 +113,25 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed):
     assert link.resolve() == Path(where["root"]) and (link / "roles" / "nvidia_driver").is_dir()
 
 
+def test_the_bundle_signature_works_from_the_wheel(installed, tmp_path):
+    """The signing dependencies come with the wheel: a lock signed with a key made by the installed package verifies
+    against the exported public key, and `mirror push` of that bundle without a pinned key is refused (exit 2)."""
+    bindir, work, env = installed
+    code = ("import sys; from pathlib import Path; from installer import signing; from installer.mirror import bundle "
+            "as b; d = Path(sys.argv[1]); b.write_lock(d / 'bundle', {'schema': b.SCHEMA, 'registry': '127.0.0.1:9', 'images': [], 'failed': []});"
+            " k = signing.load_or_create(d / 'key'); b.finish(d / 'bundle', k); "
+            "print(b.signed_lock(d / 'bundle', [k.public_path])['complete'], k.fingerprint)")
+    out = run([bindir / "python", "-c", code, tmp_path], cwd=work, env=env).stdout.split()
+    assert out[0] == "True" and len(out[1]) == 64, out
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"operator": {"version": "v24.9.2"}, "registry": {"host": "127.0.0.1:9"}}))
+    proc = gi(installed, "mirror", "push", tmp_path / "bundle", "-s", site, check=False)
+    assert proc.returncode == 2 and "no bundle signing key is pinned" in proc.stderr, proc.stderr
+    proc = gi(installed, "mirror", "push", tmp_path / "bundle", "-s", site, "--trusted-key",
+              tmp_path / "key" / "signing-key.pub.pem", check=False)  # signed and pinned: refused only as empty
+    assert "signature" not in proc.stderr and "pinned" not in proc.stderr, proc.stderr
+
+
 def test_catalog_render_images(installed, tmp_path):
     out = gi(installed, "catalog", "list").stdout
     assert "v24.9.2" in out and "v1.11.0" in out
