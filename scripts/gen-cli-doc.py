@@ -32,6 +32,10 @@ ENVIRONMENT = {
                          "`runs/<time>-<playbook>/`, one 0700 ansible-runner record per node run",
     "GPU_INSTALL_SIGNING_HOME": "GnuPG home of the site's package signing key (`mirror push --repo-dir`; generated "
                                 "there on first use and kept; default `<state root>/signing`)",
+    "GPU_INSTALL_BUNDLE_KEY_HOME": "directory of the bundle signing key (Ed25519) that `mirror pull` signs the bundle lock "
+                                   "with (generated there on first use and kept; its public half `signing-key.pub.pem` is "
+                                   "what the air-gapped side pins in `mirror.trustedKeys`; default "
+                                   "`<state root>/bundle-signing`; `--key-home` overrides it)",
     "GPU_INSTALL_LAB_DIR": "lab: default for `--lab-dir` (default `/var/lib/gpu-install/lab`)",
     "GPU_INSTALL_LAB_MIRROR": "lab: Debian mirror for the first node rootfs build (default `http://deb.debian.org/debian`)",
 }
