@@ -129,7 +129,14 @@ def load_or_create(home: Path) -> SigningKey:
     hint = f"give a directory of your own with --key-home (or {BUNDLE_KEY_ENV}); the key is generated there once"
     try:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(home, 0o700)
+        mode = stat.S_IMODE(os.stat(home).st_mode)
+        if mode & 0o077:
+            # made private only when it is the key's own directory: never a shared one given by mistake (/tmp, ~)
+            others = sorted(p.name for p in home.iterdir() if p.name not in (PRIVATE, PUBLIC))
+            if others:
+                raise ConfigError(f"{home}: not a directory of the signing key's own (mode {mode:04o}, it holds "
+                                  f"{', '.join(others[:3])}{' …' if len(others) > 3 else ''})", hint=hint)
+            os.chmod(home, 0o700)
     except OSError as exc:
         raise ConfigError(f"{home}: cannot use it as the signing key's directory ({exc.strerror})", hint=hint) from None
     path = home / PRIVATE

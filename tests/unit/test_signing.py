@@ -79,12 +79,20 @@ def test_the_key_is_generated_once_private_and_reused(tmp_path):
     assert sorted(p.name for p in (tmp_path / "home").iterdir()) == sorted([signing.PRIVATE, signing.PUBLIC])
 
 
-def test_an_existing_home_is_made_private(tmp_path):
+def test_an_existing_home_is_made_private_only_when_it_is_the_keys_own(tmp_path):
     home = tmp_path / "home"
     home.mkdir(mode=0o755)
     os.chmod(home, 0o755)
     signing.load_or_create(home)
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"  # e.g. --key-home /tmp or ~ by mistake: refused, its mode left alone
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "someone-else.txt").write_text("x")
+    with pytest.raises(ConfigError, match=rf"{shared}: not a directory of the signing key's own \(mode 1777, it "
+                                          r"holds someone-else.txt\)"):
+        signing.load_or_create(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777 and not (shared / signing.PRIVATE).exists()
 
 
 def test_concurrent_first_use_makes_one_key(tmp_path):
