@@ -30,6 +30,7 @@ from installer.errors import (
     ConfigError,
     EnvironmentProblem,
     GpuInstallError,
+    HostFailures,
 )
 
 SECRET_KEY = re.compile(r"pass(word|wd|phrase)?|secret|token|credential|private_?key|api_?key|auth", re.I)
@@ -200,8 +201,12 @@ def run_playbook(
         warnings.simplefilter("ignore")
         import ansible_runner
 
+    from installer import limits
+
+    run_limit = limits.ansible_timeout()
     failures: list[TaskFailure] = []
     seconds: dict[str, float] = {}
+    running: dict[str, str] = {}  # host -> the task it started and has not finished (named when the limit passes)
     if display is None and progress is not None:
         from installer.progress import Display
 
@@ -210,6 +215,10 @@ def run_playbook(
     def on_event(event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if kind == "runner_on_start":
+            running[str(data.get("host"))] = str(data.get("task", ""))
+        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped"):
+            running.pop(str(data.get("host")), None)
         if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             failures.append(TaskFailure(str(data.get("host")), str(data.get("task", "")), _message(data.get("res") or {}),
                                         unreachable=kind == "runner_on_unreachable"))
@@ -250,10 +259,19 @@ def run_playbook(
                 event_handler=on_event,
                 quiet=True,
                 ident="run",
+                timeout=max(1, int(run_limit)),  # the run is stopped (its process group terminated) when it passes
             )
         finally:
             if display is not None:
                 display.finish_run()
+    if runner.status == "timeout":
+        busy = ", ".join(f"{h} ({t})" if t else h for h, t in sorted(running.items()))
+        raise HostFailures(
+            f"ansible-playbook {pb.name} ran past its {run_limit:g} s limit and was stopped"
+            + (f"; still running: {busy}" if busy else ""),
+            hint=f"a task hung on those hosts (see {private}/artifacts/run/stdout); if the run is only long, raise "
+                 f"${limits.ENV_ANSIBLE_TIMEOUT}=SECONDS (default {limits.DEFAULT_ANSIBLE_TIMEOUT:g}). Re-running is "
+                 "safe: the roles are idempotent")
     for sub in ("env", "artifacts"):
         if (private / sub).exists():
             os.chmod(private / sub, 0o700)

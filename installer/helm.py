@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,12 +149,64 @@ def _helm_error(action: str, exc: Exception, hint: str) -> ClusterError | Cluste
     return ClusterError(f"{action} failed: {text[-1500:]}", hint=hint)
 
 
-def _run(coro: Coroutine[Any, Any, T], action: str, hint: str) -> T:
-    """Run one pyhelm3 coroutine; its errors (carrying helm's stderr) become ClusterError / ClusterUnreachable."""
+class _HelmLoop(asyncio.SelectorEventLoop):
+    """The event loop pyhelm3's coroutines run on: each helm command (pyhelm3 starts `sh -c 'helm …'`) in a session
+    of its own, so that a command past its limit is stopped whole -- pyhelm3's own cancellation terminates the shell
+    only, which leaves helm running and holding the pipes it then waits on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[asyncio.SubprocessTransport] = []
+
+    async def subprocess_shell(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["start_new_session"] = True
+        transport, protocol = await super().subprocess_shell(*args, **kwargs)
+        self.started.append(transport)
+        return transport, protocol
+
+    def stop_running(self, sig: int) -> None:
+        for t in self.started:
+            if t.get_returncode() is None:  # still running: its session (shell and helm) is alive
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(t.get_pid(), sig)
+
+
+async def _bounded(coro: Coroutine[Any, Any, T], seconds: float) -> T:
+    """coro's result, or TimeoutError after seconds with every helm it started stopped (TERM, then KILL)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if task in done:
+        return task.result()
+    assert isinstance(loop, _HelmLoop)
+    loop.stop_running(signal.SIGTERM)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=10)
+    if not done:
+        loop.stop_running(signal.SIGKILL)
+        await asyncio.wait({task}, timeout=10)
+    raise TimeoutError
+
+
+def _run_bounded(coro: Coroutine[Any, Any, T], seconds: float) -> T:
+    with asyncio.Runner(loop_factory=_HelmLoop) as runner:
+        return runner.run(_bounded(coro, seconds))
+
+
+def _run(coro: Coroutine[Any, Any, T], action: str, hint: str, limit: float | None = None) -> T:
+    """Run one pyhelm3 coroutine, stopped after limit seconds (default: limits.helm_timeout()); its errors (carrying
+    helm's stderr) become ClusterError / ClusterUnreachable."""
+    from installer import limits
+
+    seconds = limits.helm_timeout() if limit is None else limit
     try:
-        return asyncio.run(coro)
+        return _run_bounded(coro, seconds)
     except GpuInstallError:
         raise
+    except TimeoutError:
+        raise ClusterError(f"{action} did not finish in {seconds:g} s and was stopped",
+                           hint=f"check the API server (and, for an oci:// chart, the registry); the limit is "
+                                f"${limits.ENV_HELM_TIMEOUT}=SECONDS") from None
     except Exception as exc:  # noqa: BLE001 - pyhelm3 raises its own and asyncio's errors; all carry helm's words
         raise _helm_error(action, exc, hint) from None
 
@@ -187,7 +242,7 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
         return await _state(rev, changed=True)
 
     try:
-        return asyncio.run(asyncio.wait_for(run(), timeout + 120))
+        return _run_bounded(run(), timeout + 120)
     except GpuInstallError:
         raise
     except TimeoutError:
@@ -228,7 +283,7 @@ def uninstall(release_name: str, namespace: str, kubeconfig: Path | None, timeou
         await c.uninstall_release(release_name, namespace=namespace, wait=True, timeout=_timeout(timeout))
         return True
 
-    return _run(run(), f"helm uninstall {release_name}", "re-running is safe")
+    return _run(run(), f"helm uninstall {release_name}", "re-running is safe", timeout + 120)
 
 
 @dataclass

