@@ -21,12 +21,15 @@ UPSTREAM = ROOT.parent / "shared" / "upstream" / "gpu-operator"
 REQUIRE_TOOLS = bool(os.environ.get("CI") or os.environ.get("GPU_INSTALL_REQUIRE_TOOLS"))
 
 
-def need(available: object, reason: str) -> None:
-    """Inside a test: skip without the tool -- or fail, when tools are required (CI)."""
+def need(available: object, reason: str, *, required: bool = False, why_required: str = "") -> None:
+    """Inside a test: skip without the tool -- or fail, when tools are required (CI, GPU_INSTALL_REQUIRE_TOOLS, or
+    `required`: the lab's GPU_INSTALL_REQUIRE_LAB / _KUBERNETES, named by why_required). Every skip of the test suite
+    goes through here, except the few that depend on what the machine IS (an NVIDIA driver present), not on what
+    was installed on it."""
     if available:
         return
-    if REQUIRE_TOOLS:
-        pytest.fail(f"{reason} (CI / GPU_INSTALL_REQUIRE_TOOLS is set: not skipping)")
+    if REQUIRE_TOOLS or required:
+        pytest.fail(f"{reason} ({why_required or 'CI / GPU_INSTALL_REQUIRE_TOOLS'} is set: not skipping)")
     pytest.skip(reason)
 
 

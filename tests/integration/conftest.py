@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import need
+
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -30,9 +32,7 @@ def _required() -> bool:
 
 
 def _skip_or_fail(reason: str) -> None:
-    if _required():
-        pytest.fail(f"{reason} (CI / GPU_INSTALL_REQUIRE_LAB is set: not skipping)")
-    pytest.skip(reason)
+    need(False, reason, required=_required(), why_required="CI / GPU_INSTALL_REQUIRE_LAB")
 
 
 def lab_prerequisites() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import UPSTREAM, needs_upstream
+from tests.conftest import UPSTREAM, need, needs_upstream
 
 pytestmark = [pytest.mark.lab, pytest.mark.kubernetes, needs_upstream]
 
@@ -44,8 +44,7 @@ def build_recipe() -> int:
 
 def chart(version: str) -> Path:
     path = CHARTS / f"gpu-operator-{version}.tgz"
-    if not path.is_file():
-        pytest.skip(f"real chart {path} not found")
+    need(path.is_file(), f"real chart {path} not found")
     return path
 
 

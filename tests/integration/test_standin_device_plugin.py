@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import need
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-smi"
 
@@ -58,21 +60,21 @@ gpus:
 """
 
 
+LAB = "CI / GPU_INSTALL_REQUIRE_LAB"
+
+
 def _required() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("GPU_INSTALL_REQUIRE_LAB"))
 
 
 @pytest.fixture(scope="module")
 def tools() -> Path:
-    if shutil.which("go") is None:
-        if _required():
-            pytest.fail("go (golang-go) is missing: scripts/bootstrap installs it")
-        pytest.skip("go (golang-go) is missing: scripts/bootstrap installs it")
+    need(shutil.which("go"), "go (golang-go) is missing: scripts/bootstrap installs it", required=_required(), why_required=LAB)
     proc = subprocess.run([str(ROOT / "scripts" / "build-lab-tools")], capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         msg = f"scripts/build-lab-tools failed ({proc.returncode}): {proc.stderr[-2000:]}"
-        if proc.returncode == 3 and not _required():
-            pytest.skip(msg)
+        if proc.returncode == 3:  # what build-lab-tools needs is missing
+            need(False, msg, required=_required(), why_required=LAB)
         pytest.fail(msg)
     return Path(proc.stdout.strip().splitlines()[-1])
 
@@ -426,12 +428,9 @@ def test_smoke_image_runs_the_allocated_stand_in_nvidia_smi(node: Node, tmp_path
     with the env and the mounts Allocate returned: it lists exactly the one allocated GPU and passes."""
     from gpu_install_lab.smoke_image import RESULT_PREFIX, build_smoke_image
 
-    if shutil.which("umoci") is None or not Path("/bin/busybox").is_file():
-        if _required():
-            pytest.fail("umoci / busybox-static missing (scripts/apt-packages.txt)")
-        pytest.skip("umoci / busybox-static missing (apt-get install umoci busybox-static)")
-    if os.geteuid() != 0:
-        pytest.skip("running the image's rootfs needs chroot (root)")
+    need(shutil.which("umoci") and Path("/bin/busybox").is_file(),
+         "umoci / busybox-static missing (apt-get install umoci busybox-static)", required=_required(), why_required=LAB)
+    need(os.geteuid() == 0, "running the image's rootfs needs chroot (root)", required=_required(), why_required=LAB)
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
     tag = "12.3.2-base-ubi8"
     layout = build_smoke_image(tag, tmp_path / "images")
@@ -473,10 +472,7 @@ def test_smoke_image_push_to_a_registry_at_the_release_path(tmp_path: Path) -> N
     from installer.config import Registry
 
     for tool in ("umoci", "skopeo", "docker-registry"):
-        if shutil.which(tool) is None:
-            if _required():
-                pytest.fail(f"{tool} missing (scripts/apt-packages.txt)")
-            pytest.skip(f"{tool} missing (scripts/apt-packages.txt)")
+        need(shutil.which(tool), f"{tool} missing (scripts/apt-packages.txt)", required=_required(), why_required=LAB)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

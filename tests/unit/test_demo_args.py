@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, UPSTREAM
+from tests.conftest import ROOT, UPSTREAM, need
 
 DEMO = ROOT / "scripts" / "demo"
 CHARTS = UPSTREAM.parent / "charts"
@@ -43,8 +43,7 @@ def test_bad_arguments_start_nothing(tmp_path, args, message):
 
 def test_a_real_chart_of_another_release_is_refused(tmp_path):
     chart = CHARTS / "gpu-operator-v22.9.2.tgz"
-    if not chart.is_file():
-        pytest.skip(f"real chart {chart} not found")
+    need(chart.is_file(), f"real chart {chart} not found")
     proc = demo(tmp_path, "--chart", str(chart))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (f"demo: --chart {chart} is GPU Operator v22.9.2 but the demo's site has operator.version v23.9.2: "

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import need
+
 GI = str(Path(sys.executable).parent / "gpu-install")
 
 
@@ -42,8 +44,7 @@ def test_lab_dir_from_env(tmp_path):
 
 def test_not_root_exits_2_with_hint(tmp_path):
     if os.geteuid() == 0:
-        if not shutil.which("setpriv"):
-            pytest.skip("setpriv (util-linux) needed to drop root for this test")
+        need(shutil.which("setpriv"), "setpriv (util-linux) needed to drop root for this test")
         tmp_path.chmod(0o777)
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", GI]
     else:

@@ -26,6 +26,7 @@ from installer.validate.runtime import (
     containerd_config,
     docker_config,
 )
+from tests.conftest import need
 
 MAIN_V2 = 'version = 2\nimports = ["{dropin}"]\n'
 DROPIN_V2 = """version = 2
@@ -40,8 +41,7 @@ DROPIN_V2 = """version = 2
 
 def dump(tmp_path: Path, default: str = "nvidia", with_dropin: bool = True) -> str:
     """`containerd config dump` of a main config importing the role's drop-in (real containerd)."""
-    if shutil.which("containerd") is None:
-        pytest.skip("containerd not installed (scripts/apt-packages.txt)")
+    need(shutil.which("containerd"), "containerd not installed (scripts/apt-packages.txt)")
     dropin = tmp_path / "99-nvidia.toml"
     dropin.write_text(DROPIN_V2.format(default=default))
     main = tmp_path / "config.toml"

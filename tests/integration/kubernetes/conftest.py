@@ -21,6 +21,7 @@ import pytest
 
 from gpu_install_lab import kube
 from installer.errors import GpuInstallError
+from tests.conftest import need
 
 # The lab nodes the tests register: two GPU nodes (one with MIG resources) and a CPU-only node.
 NODES = [
@@ -40,9 +41,7 @@ def _required() -> bool:
 
 
 def _skip_or_fail(reason: str) -> None:
-    if _required():
-        pytest.fail(f"{reason} (CI / GPU_INSTALL_REQUIRE_KUBERNETES is set: not skipping)")
-    pytest.skip(reason)
+    need(False, reason, required=_required(), why_required="CI / GPU_INSTALL_REQUIRE_KUBERNETES")
 
 
 def _prerequisites() -> Path:
