@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import LAB_DRIVER_OS, ROOT
+from tests.conftest import LAB_DRIVER_OS, ROOT, need
 from tests.integration.conftest import LabHandle
 
 pytestmark = pytest.mark.lab
@@ -47,8 +47,9 @@ def run(argv: list, **kw) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(venv bin dir, a work dir outside any checkout, the clean environment to run it with)."""
-    if os.geteuid() != 0 and os.environ.get("CI") is None:
-        pytest.skip("builds and installs a wheel and applies to the lab: root (lab tests)")
+    need(os.geteuid() == 0, "builds and installs a wheel and applies to the lab: root (lab tests)",
+         required=bool(os.environ.get("CI") or os.environ.get("GPU_INSTALL_REQUIRE_LAB")),
+         why_required="CI / GPU_INSTALL_REQUIRE_LAB")
     tmp = tmp_path_factory.mktemp("wheel")
     dist, venv, work = tmp / "dist", tmp / "venv", tmp / "work"
     work.mkdir()
