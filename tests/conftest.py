@@ -117,4 +117,10 @@ def upstream_available() -> bool:
     return (UPSTREAM / "matrix.json").is_file()
 
 
-needs_upstream = pytest.mark.skipif(not upstream_available(), reason=f"upstream facts not found at {UPSTREAM}")
+@pytest.fixture(scope="session")  # session: set up before any module fixture that reads the facts
+def upstream_facts() -> None:
+    need(upstream_available(), f"upstream facts not found at {UPSTREAM}")
+
+
+#: a mark: the test needs ../shared/upstream (skipped without it, a failure in CI -- through need())
+needs_upstream = pytest.mark.usefixtures("upstream_facts")
