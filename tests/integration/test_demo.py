@@ -39,7 +39,7 @@ from tests.conftest import ROOT, UPSTREAM
 from tests.integration.conftest import lab_prerequisites
 from tests.integration.registries import raw_digest
 
-pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
+pytestmark = [pytest.mark.lab, pytest.mark.kubernetes, pytest.mark.timeout(2700)]  # the demo runs up to 1800 s
 GI = Path(sys.executable).parent / "gpu-install"
 REAL_CHART = UPSTREAM.parent / "charts" / "gpu-operator-v23.9.2.tgz"
 TOOLKIT_CHAIN = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",

@@ -61,6 +61,7 @@ gpus:
 
 
 LAB = "CI / GPU_INSTALL_REQUIRE_LAB"
+pytestmark = pytest.mark.timeout(1800)  # the first test builds the lab tools (scripts/build-lab-tools: up to 1200 s)
 
 
 def _required() -> bool:

@@ -39,6 +39,7 @@ def test_a_missing_wheelhouse_is_a_usage_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(1500)  # the check itself may take 1200 s (it builds and installs the wheel)
 @pytest.mark.skipif(not has_gpu(), reason="no NVIDIA GPU here (nvidia-smi -L fails or is missing)")
 def test_gpu_check_on_this_machine(tmp_path: Path) -> None:
     """validate --local passes and the XML parser agrees with NVML (every difference explained). Offline with
