@@ -156,18 +156,23 @@ def scrape(name: str) -> metrics.Scrape:
     return metrics.parse((FIXTURES / name).read_text())
 
 
+# facts of the recorded output (tests/fixtures/dcgm-exporter/README.md): node-a.prom is the LKE RTX 4000 Ada recording
+# (GPU 0, its series attributed to pod default/cuda-75454ffb9f-8ljq7) plus a second GPU made from it
+NODE_A_GPUS = ["GPU-00000000-0000-0000-0000-00000000a001", "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c"]
+NODE_A_POD = ("default", "cuda-75454ffb9f-8ljq7")
+
+
 def test_recorded_output_passes_gpus_core_and_attribution():
     a = scrape("node-a.prom")
-    assert len(a.gpus) == 2 and a.pods, a.pods
-    (ns, pod) = sorted(a.pods)[0]
-    checks = {c.check: c for c in metrics.node_checks("node-a", a, sorted(a.gpus), None, [(ns, pod)])}
+    assert sorted(a.gpus) == NODE_A_GPUS and a.pods == {NODE_A_POD}, (a.gpus, a.pods)
+    checks = {c.check: c for c in metrics.node_checks("node-a", a, NODE_A_GPUS, None, [NODE_A_POD])}
     assert {k: c.status for k, c in checks.items()} == {"metrics.gpus": "pass", "metrics.core": "pass",
                                                          "metrics.attribution": "pass"}, checks
 
 
 def test_missing_gpu_missing_core_metric_and_unattributed_pod_fail():
     a = scrape("node-a.prom")
-    uuids = sorted(a.gpus)
+    uuids = NODE_A_GPUS
     got = {c.check: c for c in metrics.node_checks("n", a, [*uuids, "GPU-gone"], None, [("ml", "not-there")])}
     assert got["metrics.gpus"].status == "fail" and "GPU-gone" in got["metrics.gpus"].message
     assert got["metrics.attribution"].status == "fail" and "ml/not-there" in got["metrics.attribution"].message
