@@ -36,6 +36,12 @@ ENVIRONMENT = {
                                    "with (generated there on first use and kept; its public half `signing-key.pub.pem` is "
                                    "what the air-gapped side pins in `mirror.trustedKeys`; default "
                                    "`<state root>/bundle-signing`; `--key-home` overrides it)",
+    "GPU_INSTALL_API_TIMEOUT": "seconds every Kubernetes API request may take: `CONNECT,READ` (or one number for both; "
+                               "default `10,30`); a request with no answer is exit 5 naming the API server",
+    "GPU_INSTALL_HELM_TIMEOUT": "seconds a helm command that waits for nothing (status, template, show chart) may run "
+                                "before it is stopped (default 600; install/upgrade/uninstall: `--timeout` + 120)",
+    "GPU_INSTALL_ANSIBLE_TIMEOUT": "seconds one playbook run may take before it is stopped, exit 4 naming the hosts "
+                                   "still running and their task (default 14400)",
     "GPU_INSTALL_LAB_DIR": "lab: default for `--lab-dir` (default `/var/lib/gpu-install/lab`)",
     "GPU_INSTALL_LAB_MIRROR": "lab: Debian mirror for the first node rootfs build (default `http://deb.debian.org/debian`)",
 }
@@ -44,9 +50,9 @@ DEVELOPMENT = {
     "GPU_INSTALL_DEMO_DIR": "scripts/demo: where the demo keeps its lab, site file, bundle and run records "
                             "(default `/var/lib/gpu-install/demo`)",
     "GPU_INSTALL_HAMI_CHART": "tests: HAMi's chart (its charts/hami directory or a .tgz) to render gpu-install's "
-                              "HAMi values with; without it that test skips (the chart is not shipped with the tests)",
+                              "HAMi values with (default `../shared/upstream/charts/hami-2.10.0.tgz`)",
     "GPU_INSTALL_NOS_CHART": "tests: nos' chart (its helm-charts/nos directory at tag 0.1.2, or a .tgz) to render "
-                             "gpu-install's nos values with; without it that test skips",
+                             "gpu-install's nos values with (default `../shared/upstream/charts/nos-0.1.2.tgz`)",
     "GPU_INSTALL_NO_APT": "scripts/bootstrap: skip the system packages",
     "GPU_INSTALL_NO_KUBERNETES": "scripts/bootstrap: do not build the lab's Kubernetes binaries",
     "GPU_INSTALL_REQUIRE_LAB": "tests: a missing lab prerequisite fails instead of skipping (set by CI)",
