@@ -96,9 +96,25 @@ def _client_class() -> Any:
     return TimedApiClient
 
 
+def _retry_class(base: Any) -> Any:
+    """urllib3's Retry (HTTP statuses are _call's business), except that a request that got no answer in the read
+    limit is never sent again: that would wait the limit again (and a write may have been done). A connection the
+    server closed while idle (a pooled keep-alive one) is still retried, as urllib3 does for idempotent methods."""
+    from urllib3.exceptions import ReadTimeoutError
+
+    class NoSecondWait(base):  # type: ignore[misc]
+        def increment(self, *args: Any, **kwargs: Any) -> Any:
+            error = kwargs.get("error")
+            if isinstance(error, ReadTimeoutError):
+                raise error
+            return super().increment(*args, **kwargs)
+
+    return NoSecondWait
+
+
 def api_client(kubeconfig: Path) -> ApiClient:
     """A client for the kubeconfig's current context. Every request: connect and read timeouts (limits.api_timeout());
-    connection errors retried once, read timeouts never (a write may have been done), HTTP statuses left to _call."""
+    a connection error retried once, a read timeout never (_retry_class), HTTP statuses left to _call."""
     import yaml
     from kubernetes import config
     from kubernetes.client import Configuration
@@ -112,7 +128,7 @@ def api_client(kubeconfig: Path) -> ApiClient:
     except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
         text = " ".join(str(exc).split())
         raise ConfigError(f"kubeconfig {kubeconfig}: {text[:500]}", hint="check the file (kubectl config view)") from None
-    cfg.retries = Retry(total=1, connect=1, read=0, status=0, other=0, redirect=0, raise_on_status=False)
+    cfg.retries = _retry_class(Retry)(total=3, connect=1, status=0, raise_on_status=False)
     client = _client_class()(configuration=cfg)
     client.request_timeout = timeout
     return client  # type: ignore[no-any-return]
