@@ -847,7 +847,8 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
     layout = Layout(inside_bundle(bundle, lock.get("layout") or LAYOUT, "layout"), root=bundle)
     hint = "the bundle was damaged in transit: pull it again and carry the whole directory"
     try:
-        layout.read_index()
+        if entries:  # a bundle without images (charts and files only) has no index.json
+            layout.read_index()
     except LayoutError as exc:
         raise ConfigError(f"{bundle}: {exc}", hint=hint) from None
     for e in entries:
