@@ -7,7 +7,8 @@ pinned key that turned hostile, or a key stolen from the connected side). The re
 copied: a spy `skopeo` / `helm` on PATH logs every call and then runs the real tool, and records no call at all. The
 positive control shows the spy sees a copy of the unforged bundle.
 
-A FIFO as a blob runs in a child process with a wall-clock limit: a hang fails the test instead of stalling it.
+A FIFO as a blob runs in a child process with a wall-clock limit (and pytest-timeout around the test): a hang fails
+the test instead of stalling it.
 """
 
 from __future__ import annotations
@@ -318,6 +319,7 @@ def _hangs_not(bundle: Path) -> subprocess.CompletedProcess[str]:
         pytest.fail("push hung on a FIFO in the bundle")
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("which", ["manifest", "layer"])
 def test_a_fifo_as_a_blob_is_refused_without_hanging(tmp_path, spy, which):
     bundle, digest = _bundle(tmp_path)
@@ -371,6 +373,7 @@ def test_malformed_manifests_with_a_correct_digest_are_named(tmp_path, spy, body
     assert digest in err.message
 
 
+@pytest.mark.timeout(120)
 def test_a_hostile_index_json_is_refused(tmp_path, spy):
     bundle, _ = _bundle(tmp_path)
     (bundle / "images" / "index.json").unlink()
