@@ -48,9 +48,18 @@ def redact_diff(diff):
         return [redact_diff(d) for d in diff]
     out = dict(diff)
     for side in ("before", "after"):
-        if isinstance(out.get(side), str):
+        if isinstance(out.get(side), (str, type(u""))):
             out[side] = redact(out[side])
     return out
+
+
+def makedirs(path, mode=0o755):
+    """os.makedirs that is content when the directory is there (``exist_ok`` is Python 3 only)."""
+    try:
+        os.makedirs(path, mode)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST or not os.path.isdir(path):
+            raise
 
 
 def temp_path(path):

@@ -3,8 +3,6 @@
 modules: a small JSON file next to the config (``.<name>.gpu-install-state``, mode 0600, no secrets) that keeps what
 the file held before the first apply, so that ``state=absent`` can give it back."""
 
-from __future__ import annotations
-
 import json
 import os
 

@@ -1,8 +1,6 @@
 # -*- coding: utf-8 -*-
 """Reading Kubernetes component flags from a command list (the scheduler modules)."""
 
-from __future__ import annotations
-
 
 def flag_value(command, name, default=None):
     """The value of --name=value (or --name value) in a command list; the last one wins, like pflag."""

@@ -2,8 +2,6 @@
 # -*- coding: utf-8 -*-
 """Add the NVIDIA runtime to containerd through a drop-in file; edit the main config only to import it."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: containerd_runtime
 short_description: NVIDIA runtime for containerd (config version 2 and 3) through a drop-in

@@ -2,8 +2,6 @@
 # -*- coding: utf-8 -*-
 """Merge the NVIDIA runtime (and registry settings) into Docker's daemon.json; keep every other key."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: daemon_json
 short_description: Merge the NVIDIA runtime into /etc/docker/daemon.json

@@ -2,8 +2,6 @@
 # -*- coding: utf-8 -*-
 """What a role of gpu-install installed and wrote on a node, so that its removal reverses exactly that."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: install_record
 short_description: Record what gpu-install installed on a node (packages, files) and remove exactly that
@@ -46,6 +44,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_install.node.plugins.module_utils.files import makedirs
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     RecordError, load_state, write_state)
 
@@ -177,7 +176,7 @@ def main():
                          p["requested"], p["entries"])
         changed = new != (record or empty())
         if changed and not module.check_mode:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            makedirs(os.path.dirname(path) or ".", 0o700)
             write_state(path, new)
         module.exit_json(changed=changed, record=new, added=added)
 

@@ -2,8 +2,6 @@
 # -*- coding: utf-8 -*-
 """MIG mode of a node's GPUs (nvidia-smi -mig), for dynamic MIG partitioning (mig.dynamic nos)."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: mig_mode
 short_description: Turn MIG mode on (or back off) on a node's GPUs, with the pending-reset handling

@@ -2,8 +2,6 @@
 # -*- coding: utf-8 -*-
 """Read-only node probe for gpu-install preflight: facts plus the problems they show, each with its fix."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: preflight
 short_description: Read-only checks of a GPU node before gpu-install changes anything

@@ -3,8 +3,6 @@
 """Patch gpu-install's scheduler flags, policy mount and dnsPolicy into the kube-scheduler static-pod manifest
 (and take them out again)."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: scheduler_manifest
 short_description: Add or remove gpu-install's scheduler extender file in the kube-scheduler static pod

@@ -2,8 +2,6 @@
 # -*- coding: utf-8 -*-
 """Render and write kube-scheduler's extender configuration (legacy Policy or KubeSchedulerConfiguration)."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: scheduler_policy
 short_description: Write the scheduler extender file that the kube-scheduler static pod will read

@@ -2,8 +2,6 @@
 # -*- coding: utf-8 -*-
 """Wait until the kube-scheduler of a given command line runs, stays up and answers /healthz."""
 
-from __future__ import annotations
-
 DOCUMENTATION = r"""
 module: scheduler_wait
 short_description: Wait for a healthy kube-scheduler started from the current static-pod manifest

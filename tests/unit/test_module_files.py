@@ -169,3 +169,26 @@ def test_modules_create_files_at_their_mode_under_umask_0(tmp_path):
     res = run_module("daemon_json", {"path": str(daemon), "insecure_registries": ["r.lab:5000"]}, umask=0)
     assert res["changed"] and not res.get("failed"), res
     assert stat.S_IMODE(daemon.stat().st_mode) == 0o644
+
+
+# ---------------------------------------------------------------- the node's Python
+
+#: what `from __future__ import …` may name on Python 3.6 (CentOS/RHEL 8's platform-python); `annotations` came in 3.7
+FUTURE_36 = {"nested_scopes", "generators", "division", "absolute_import", "with_statement", "print_function",
+             "unicode_literals", "barry_as_FLUFL", "generator_stop"}
+
+
+@pytest.mark.parametrize("path", sorted((content.collections_path() / "ansible_collections" / content.NAMESPACE
+                                         / content.NAME / "plugins").rglob("*.py")), ids=lambda p: p.name)
+def test_plugins_parse_as_python_3_6(path):
+    """The modules run with the node's Python: its grammar (no walrus, no positional-only parameters), no
+    `from __future__ import annotations` (a SyntaxError there), no variable annotations."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path), feature_version=(3, 6))
+    futures = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "__future__"
+               for a in n.names}
+    assert futures <= FUTURE_36, futures - FUTURE_36
+    assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)]
+    assert not [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                and (n.returns or any(a.annotation for a in n.args.args + n.args.kwonlyargs))]
