@@ -250,11 +250,12 @@ def cmd_push(args: argparse.Namespace) -> int:
     from installer.kube import docker_config_json
     from installer.mirror import charts, images, packages
     from installer.mirror.bundle import bundle_for_push
+    from installer.mirror.lock import check_images
 
     site = load_site(args.site, args.set)
     bundle = Path(args.bundle)
     lock = bundle_for_push(bundle, _trusted(site, args))  # signature and completeness before any credential is read
-    images.check_images(site, lock, bundle)  # every destination from the site, before anything is read or copied
+    check_images(site, lock, bundle)  # every destination from the site, before anything is read or copied
     charts.verify(bundle, lock, site)  # every chart, file and package: the plan's, by sha256, before any push
     packages.verify(bundle, lock)
     if lock.get("packages") and not args.repo_dir:
@@ -366,6 +367,27 @@ def _platform(text: str) -> str:
     return text
 
 
+KERNEL_HELP = "node kernel (uname -r) for precompiled driver images; repeatable; used without -i"
+KERNEL_PLAN_HELP = ("node kernel (uname -r): its headers are listed (and, without -i, precompiled driver images); "
+                    "repeatable; with -i: kernels besides the inventory's gpu_install_kernel")
+
+
+def _nodes_args(p: argparse.ArgumentParser, kernel_help: str = KERNEL_HELP) -> None:
+    """--os and --kernel: the nodes of a mirror subcommand without an inventory."""
+    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
+                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL", help=kernel_help)
+
+
+def _platform_args(p: argparse.ArgumentParser, digest_note: str = "") -> None:
+    """--platform OS/ARCH | --all-platforms: which manifest of a multi-platform image pull and sync copy."""
+    plat = p.add_mutually_exclusive_group()
+    plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
+                      help="copy this platform's manifest of a multi-platform image (default linux/amd64)" + digest_note)
+    plat.add_argument("--all-platforms", action="store_true",
+                      help="copy manifest lists / indexes whole, every platform (the published digest)")
+
+
 def _trusted_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trusted-key", action="append", default=[], metavar="FILE",
                    help="public key (PEM) of the connected side's bundle signing key: the bundle's lock must be signed "
@@ -383,11 +405,7 @@ def register(sub: Any) -> None:
                               "offline")
     site_args(p)
     inventory_arg(p)
-    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
-                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
-    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
-                   help="node kernel (uname -r): its headers are listed (and, without -i, precompiled driver images); "
-                        "repeatable; with -i: kernels besides the inventory's gpu_install_kernel")
+    _nodes_args(p, kernel_help=KERNEL_PLAN_HELP)
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: tables by kind; json: schema gpu-install.mirror-plan/v1")
     p.add_argument("--why", metavar="REF",
@@ -400,18 +418,10 @@ def register(sub: Any) -> None:
                               "bundle.lock.json); connected side; resumable")
     site_args(p)
     inventory_arg(p)
-    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
-                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
-    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
-                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    _nodes_args(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="bundle directory (created; an existing bundle is completed, not copied again)")
-    plat = p.add_mutually_exclusive_group()
-    plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
-                      help="copy this platform's manifest of a multi-platform image (default linux/amd64); its digest "
-                           "is the one recorded and pushed")
-    plat.add_argument("--all-platforms", action="store_true",
-                      help="copy manifest lists / indexes whole, every platform (the published digest)")
+    _platform_args(p, "; its digest is the one recorded and pushed")
     p.add_argument("--skip-packages", action="store_true",
                    help="leave the OS packages out of the bundle (the nodes install them from a package mirror of "
                         "their own); the lock lists the roots as skipped")
@@ -431,15 +441,8 @@ def register(sub: Any) -> None:
                               "digests preserved and checked (a host that sees both registries); idempotent")
     site_args(p)
     inventory_arg(p)
-    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
-                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
-    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
-                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
-    plat = p.add_mutually_exclusive_group()
-    plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
-                      help="copy this platform's manifest of a multi-platform image (default linux/amd64)")
-    plat.add_argument("--all-platforms", action="store_true",
-                      help="copy manifest lists / indexes whole, every platform (the published digest)")
+    _nodes_args(p)
+    _platform_args(p)
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_sync)
@@ -449,10 +452,7 @@ def register(sub: Any) -> None:
                                 "naming what is missing")
     site_args(p)
     inventory_arg(p)
-    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
-                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
-    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
-                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    _nodes_args(p)
     p.add_argument("--bundle", metavar="DIR",
                    help="check the images of this bundle's lock, each by its digest (default: the plan's images, "
                         "their tags must resolve)")

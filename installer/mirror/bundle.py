@@ -26,6 +26,7 @@ from installer.errors import ConfigError, GpuInstallError
 from installer.util import atomic_write
 
 if TYPE_CHECKING:
+    from installer.plan import Plan
     from installer.signing import SigningKey
 
 SCHEMA = "gpu-install.bundle-lock/v1"
@@ -79,7 +80,7 @@ def read_lock(bundle: Path, *, verify: bool = True) -> dict[str, Any]:
     return lock
 
 
-def catalog_record(plan: Any) -> dict[str, Any]:
+def catalog_record(plan: Plan) -> dict[str, Any]:
     """The catalog file the release was resolved from: name and sha256 (which pins every image of the release)."""
     path = Path(plan.release.catalog_dir) / f"{plan.release.version}.yaml"
     record: dict[str, Any] = {"release": plan.release.version, "file": path.name}

@@ -22,34 +22,43 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import ssl
 import subprocess
 import tarfile
 import tempfile
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from installer.errors import ConfigError, EnvironmentProblem, HostFailures
+from installer.errors import ConfigError, EnvironmentProblem
 from installer.mirror import bundle as lockfile
+from installer.mirror.common import (
+    HINT_DAMAGED,
+    HINT_FORGED,
+    Say,
+    incomplete,
+    inside_bundle,
+    redact,
+    reusable,
+    secrets_of,
+)
+from installer.mirror.common import ChartFailures as ChartFailures
+from installer.mirror.common import fetch as fetch
+from installer.mirror.lock import CHARTS, FILES, ChartEntry, Failure, FileEntry, check_charts
 from installer.util import sha256_file
+
+if TYPE_CHECKING:
+    from installer.config import Site
+    from installer.mirror.plan import ChartArtifact, FileArtifact
+    from installer.plan import Plan
 
 sha256_of = sha256_file  # the name the push, verify and tests call
 
-CHARTS, FILES = "charts", "files"
 HELM_TIMEOUT = 600.0
 MAX_CHART_YAML = 1 << 20
-Say = Callable[[str], None]
-
-
-class ChartFailures(HostFailures):
-    """A chart or file could not be pulled or pushed (each named with the reason); exit 4."""
 
 
 def _safe_name(name: str, what: str) -> str:
@@ -80,10 +89,7 @@ def _helm(argv: Sequence[str], env: Mapping[str, str], secrets: Sequence[str] = 
     except subprocess.TimeoutExpired:
         return 124, f"helm {argv[0]} did not finish in {HELM_TIMEOUT:.0f}s"
     text = (proc.stderr or proc.stdout).strip().splitlines()
-    msg = text[-1] if text else "(no message)"
-    for s in secrets:
-        if s:
-            msg = msg.replace(s, "***")
+    msg = redact(text[-1] if text else "(no message)", secrets)
     return proc.returncode, msg.removeprefix("Error: ")[:2000]
 
 
@@ -105,7 +111,7 @@ def chart_identity(tgz: Path) -> tuple[str, str]:
     raise ValueError("no Chart.yaml with a name and version at the top of the archive")
 
 
-def oci_ref(site: Any, name: str) -> str:
+def oci_ref(site: Site, name: str) -> str:
     """Where push puts the chart in the site registry: oci://<host>/<prefix>/charts/<name> (the tag is the chart's
     version). This is what `operator.chart` can name on the air-gapped side."""
     prefix = site.registry.prefix.strip("/") if getattr(site.registry, "prefix", None) else ""
@@ -115,7 +121,7 @@ def oci_ref(site: Any, name: str) -> str:
 # ---------------------------------------------------------------- pull
 
 
-def _pull_chart(c: Any, dest: Path, ca: Path | None, env: Mapping[str, str]) -> str | None:
+def _pull_chart(c: ChartArtifact, dest: Path, ca: Path | None, env: Mapping[str, str]) -> str | None:
     """helm pull c into dest; None when done, else why not."""
     with tempfile.TemporaryDirectory(prefix="gpu-install-chart-", dir=dest.parent) as tmp:
         argv = ["pull", f"{c.repository}/{c.name}" if c.oci else c.name, "--version", c.version, "--destination", tmp]
@@ -139,40 +145,25 @@ def _pull_chart(c: Any, dest: Path, ca: Path | None, env: Mapping[str, str]) -> 
     return None
 
 
-def fetch(source: str, dest: Path, ca: Path | None) -> None:
-    """A file from an http(s) URL (the system CAs and ca trusted), a file: URL (apt names local archives so) or a path
-    on this machine, into dest atomically (through a .part name: a killed fetch leaves no half file under dest)."""
-    tmp = dest.with_name(f".{dest.name}.part")
-    if source.startswith("file:"):
-        shutil.copyfile(urllib.parse.unquote(urllib.parse.urlparse(source).path), tmp)
-    elif source.startswith(("http://", "https://")):
-        ctx = ssl.create_default_context()
-        if ca:
-            ctx.load_verify_locations(cafile=str(ca))
-        with urllib.request.urlopen(source, timeout=120, context=ctx) as resp, open(tmp, "wb") as out:  # noqa: S310
-            shutil.copyfileobj(resp, out, 1 << 20)
-    else:
-        shutil.copyfile(Path(source).expanduser(), tmp)
-    os.replace(tmp, dest)
-
-
-def pull(plan: Any, charts: Sequence[Any], files: Sequence[Any], bundle: Path, say: Say = lambda m: None) -> None:
+def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifact], bundle: Path,
+         say: Say = lambda m: None) -> None:
     """The plan's charts and files into the bundle and its lock (sections charts, files). Raises ChartFailures
     (exit 4) naming what failed, after trying everything; the bundle stays incomplete then."""
     site = plan.site
     ca = site.mirror.upstreamCa
     lock = lockfile.load_for_update(bundle)
-    old = {str(e.get("file")): e for e in [*(lock.get(CHARTS) or []), *(lock.get(FILES) or [])] if isinstance(e, dict)}
+    old: dict[str, Any] = {str(e.get("file")): e for e in [*(lock.get(CHARTS) or []), *(lock.get(FILES) or [])]
+                           if isinstance(e, dict)}
     (bundle / CHARTS).mkdir(exist_ok=True)
-    failed: dict[str, list[dict[str, str]]] = {"chart": [], "file": []}
-    entries: dict[str, list[dict[str, Any]]] = {"chart": [], "file": []}
+    failed: dict[str, list[Failure]] = {"chart": [], "file": []}
+    chart_entries: list[ChartEntry] = []
+    file_entries: list[FileEntry] = []
     with helm_env() as env:
         for c in charts:
             rel = f"{CHARTS}/{_safe_name(c.file, 'chart file')}"
             dest = bundle / rel
-            prev = old.get(rel)
-            if prev and dest.is_file() and sha256_of(dest) == prev.get("sha256"):
-                entries["chart"].append(prev)
+            if (prev := reusable(old, rel, dest)) is not None:
+                chart_entries.append(prev)
                 say(f"chart {c.name} {c.version}: already in the bundle")
                 continue
             say(f"chart {c.name} {c.version}: helm pull from {c.repository}")
@@ -181,14 +172,13 @@ def pull(plan: Any, charts: Sequence[Any], files: Sequence[Any], bundle: Path, s
                 failed["chart"].append({"ref": c.ref, "error": why})
                 say(f"chart {c.name} {c.version}: FAILED: {why}")
                 continue
-            entries["chart"].append({"name": c.name, "version": c.version, "repository": c.repository, "file": rel,
-                                     "sha256": sha256_of(dest), "size": dest.stat().st_size})
+            chart_entries.append({"name": c.name, "version": c.version, "repository": c.repository, "file": rel,
+                                  "sha256": sha256_of(dest), "size": dest.stat().st_size})
     for f in files:
         rel = f"{FILES}/{_safe_name(f.name, 'file name')}"
         dest = bundle / rel
-        prev = old.get(rel)
-        if prev and dest.is_file() and sha256_of(dest) == prev.get("sha256"):
-            entries["file"].append(prev)
+        if (prev := reusable(old, rel, dest)) is not None:
+            file_entries.append(prev)
             say(f"file {f.name}: already in the bundle")
             continue
         dest.parent.mkdir(exist_ok=True)
@@ -205,72 +195,27 @@ def pull(plan: Any, charts: Sequence[Any], files: Sequence[Any], bundle: Path, s
             failed["file"].append({"ref": f.source, "error": f"sha256 {digest}, the site file says {f.sha256}"})
             say(f"file {f.name}: FAILED: sha256 mismatch")
             continue
-        entries["file"].append({"name": f.name, "source": f.source, "file": rel, "sha256": digest,
-                                "size": dest.stat().st_size})
-    lockfile.put_section(bundle, "chart", CHARTS, entries["chart"], failed["chart"])
-    lockfile.put_section(bundle, "file", FILES, entries["file"], failed["file"])
+        file_entries.append({"name": f.name, "source": f.source, "file": rel, "sha256": digest,
+                             "size": dest.stat().st_size})
+    lockfile.put_section(bundle, "chart", CHARTS, chart_entries, failed["chart"])
+    lockfile.put_section(bundle, "file", FILES, file_entries, failed["file"])
     bad = failed["chart"] + failed["file"]
     if bad:
-        raise ChartFailures(f"{len(bad)} chart(s)/file(s) could not be pulled; the bundle is incomplete:\n"
-                            + "\n".join(f"  {b['ref']}: {b['error']}" for b in bad),
-                            hint="check mirror.chartRepository (and that the release's chart version is there), "
-                                 "the runfile URL and mirror.upstreamCa; run pull again: what the bundle holds is "
-                                 "not fetched again")
+        raise incomplete(ChartFailures, f"{len(bad)} chart(s)/file(s) could not be pulled", bad,
+                         hint="check mirror.chartRepository (and that the release's chart version is there), the "
+                              "runfile URL and mirror.upstreamCa; run pull again: what the bundle holds is not "
+                              "fetched again")
 
 
 # ---------------------------------------------------------------- push
 
 
-CHART_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")  # helm's chart name rule, one path component
-CHART_VERSION = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?")  # SemVer 2
-HINT_FORGED = ("the bundle's lock does not match what this site's plan pulls: pull the bundle again with this site's "
-               "file (or check that the bundle comes from your connected side)")
-
-
-def check(site: Any, bundle: Path, lock: Mapping[str, Any]) -> None:
-    """Every chart and file entry of the lock is one this site's plan carries, BEFORE anything is pushed (ConfigError,
-    exit 2, naming the entry): a chart's name and version are plain (helm's name rule, SemVer: nothing that could
-    lead `helm push` elsewhere in the registry) and are a chart of the plan (the GPU Operator's at the release's chart
-    version, HAMi's, nos'), with its file charts/<name>-<version>.tgz; a file is the plan's runfile."""
-    from installer.mirror.plan import chart_artifacts, runfile_artifact
-    from installer.plan import resolve
-
-    where = bundle / lockfile.LOCK
-    plan = resolve(site)
-    planned = {(c.name, c.version) for c in chart_artifacts(plan)}
-    for i, e in enumerate(lock.get(CHARTS) or []):
-        if not isinstance(e, dict):
-            raise ConfigError(f"{where}: charts[{i}] is not an object", hint=HINT_FORGED)
-        name, version = e.get("name"), e.get("version")
-        if not isinstance(name, str) or not CHART_NAME.fullmatch(name):
-            raise ConfigError(f"{where}: charts[{i}]: chart name {str(name)[:200]!r} is not a chart name (lower-case "
-                              "letters, digits and '-')", hint=HINT_FORGED)
-        if not isinstance(version, str) or not CHART_VERSION.fullmatch(version):
-            raise ConfigError(f"{where}: charts[{i}] ({name}): version {str(version)[:200]!r} is not a SemVer "
-                              "version", hint=HINT_FORGED)
-        if (name, version) not in planned:
-            raise ConfigError(f"{where}: charts[{i}]: chart {name} {version} is not a chart this site's plan carries "
-                              f"({', '.join(f'{n} {v}' for n, v in sorted(planned))})", hint=HINT_FORGED)
-        if e.get("file") != f"{CHARTS}/{name}-{version}.tgz":
-            raise ConfigError(f"{where}: charts[{i}] ({name} {version}): file {str(e.get('file'))[:200]!r}, expected "
-                              f"{CHARTS}/{name}-{version}.tgz", hint=HINT_FORGED)
-    runfile = runfile_artifact(plan)
-    for i, e in enumerate(lock.get(FILES) or []):
-        name = e.get("name") if isinstance(e, dict) else None
-        if runfile is None or name != runfile.name or e.get("file") != f"{FILES}/{runfile.name}":
-            raise ConfigError(f"{where}: files[{i}]: {str(name)[:200]!r} is not a file this site's plan carries"
-                              + (f" (the runfile {runfile.name})" if runfile else " (driver.mode is not runfile)"),
-                              hint=HINT_FORGED)
-
-
-def verify(bundle: Path, lock: Mapping[str, Any], site: Any = None) -> list[dict[str, Any]]:
+def verify(bundle: Path, lock: Mapping[str, Any], site: Site | None = None) -> list[dict[str, Any]]:
     """Every chart and file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
     sha256, and a chart archive is the chart the entry names (ConfigError naming the first that is not); with site,
-    check() first. The entries, checked."""
-    from installer.mirror.images import inside_bundle
-
+    check_charts() first. The entries, checked."""
     if site is not None:
-        check(site, bundle, lock)
+        check_charts(site, bundle, lock)
     out = []
     for section in (CHARTS, FILES):
         for e in lock.get(section) or []:
@@ -282,7 +227,7 @@ def verify(bundle: Path, lock: Mapping[str, Any], site: Any = None) -> list[dict
                 raise ConfigError(f"{bundle / lockfile.LOCK}: {section} entry names {rel!r}")
             _safe_name(name, f"{section} entry")
             path = inside_bundle(bundle, rel, f"{section} entry")
-            hint = "the bundle was damaged in transit: pull it again and carry the whole directory"
+            hint = HINT_DAMAGED
             if path.is_symlink() or not path.is_file():
                 raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=hint)
             got = sha256_of(path)
@@ -312,12 +257,10 @@ def _registry_config(config_json: bytes | None, env: Mapping[str, str]) -> Itera
     yield
 
 
-def push(site: Any, bundle: Path, lock: Mapping[str, Any], *, config_json: bytes | None, repo_dir: Path | None,
+def push(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: bytes | None, repo_dir: Path | None,
          say: Say = lambda m: None) -> list[str]:
     """The verified charts into the site registry (and repo_dir), the files into repo_dir; what was done, as lines.
     Raises ChartFailures (exit 4)."""
-    from installer.mirror.images import secrets_of
-
     entries = verify(bundle, lock, site)
     charts = [e for e in entries if e["kind"] == CHARTS]
     files = [e for e in entries if e["kind"] == FILES]

@@ -33,32 +33,46 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from installer.errors import ConfigError, EnvironmentProblem, HostFailures, PreflightError
+from installer.errors import ConfigError, PreflightError
 from installer.mirror.bundle import IMAGE, SCHEMA, bundle_for_push, catalog_record, load_for_update, write_lock
+from installer.mirror.common import ALL_PLATFORMS as ALL_PLATFORMS
+from installer.mirror.common import DEFAULT_JOBS as DEFAULT_JOBS
+from installer.mirror.common import DEFAULT_PLATFORM as DEFAULT_PLATFORM
+from installer.mirror.common import TransferFailures as TransferFailures
+from installer.mirror.common import authfile as authfile
+from installer.mirror.common import (
+    cert_dir,
+    copy_argv,
+    inside_bundle,
+    manifest_digest,
+    raw_manifest,
+    read_since,
+    run_skopeo,
+)
+from installer.mirror.common import secrets_of as secrets_of
+from installer.mirror.lock import DIGEST, LAYOUT, ImageEntry
+from installer.mirror.lock import check_images as check_images
+from installer.mirror.lock import expected_destination as expected_destination
+from installer.mirror.lock import planned_sources as planned_sources
+from installer.mirror.lock import ref_name as ref_name
+from installer.mirror.registry import Wanted, check
 
-LAYOUT = "images"
-DEFAULT_PLATFORM = "linux/amd64"
-ALL_PLATFORMS = "all"
-SKOPEO_TIMEOUT = 3600.0
-INSPECT_TIMEOUT = 120.0
+if TYPE_CHECKING:
+    from installer.config import Site
+    from installer.mirror.plan import ImageArtifact
+    from installer.plan import Plan
 
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 REF_NAME = "org.opencontainers.image.ref.name"
 MAX_JSON = 4 << 20  # bytes: the largest manifest, index or index.json a layout may hold (real ones: a few KiB)
 MAX_DEPTH = 8  # indexes nested in indexes: real images have 1 or 2 levels
-DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
-
-
-class TransferFailures(HostFailures):
-    """Some images could not be copied (each named with skopeo's message); the others were. Exit code 4."""
 
 
 @dataclass(frozen=True)
@@ -99,122 +113,6 @@ def pull_from(source: str, upstream: Mapping[str, str]) -> str:
     registry, rest = split_registry(source)
     mirror = upstream.get(registry.lower())
     return f"{mirror}/{rest}" if mirror else source
-
-
-def ref_name(source: str) -> str:
-    """The image's reference name inside the layout: its canonical source (a digest reference's '@' as ':', which
-    the OCI layout's reference names allow)."""
-    return source.replace("@", ":")
-
-
-# ---------------------------------------------------------------- skopeo
-
-
-def skopeo() -> str:
-    path = shutil.which("skopeo")
-    if path is None:
-        raise EnvironmentProblem("skopeo is not installed: `gpu-install mirror` copies images with it",
-                                 hint="install it (Debian/Ubuntu: apt-get install skopeo; RHEL: dnf install skopeo)")
-    return path
-
-
-def _redact(text: str, secrets: Sequence[str]) -> str:
-    for s in secrets:
-        if s:
-            text = text.replace(s, "***")
-    return text
-
-
-def _skopeo_message(stderr: str, secrets: Sequence[str]) -> str:
-    """skopeo's own message, without its log prefix (time="…" level=fatal msg="…")."""
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    text = lines[-1] if lines else "(no message)"
-    m = re.search(r'msg="((?:[^"\\]|\\.)*)"', text)
-    if m:
-        text = m.group(1).replace('\\"', '"')
-    return _redact(text, secrets)[:2000]
-
-
-def _run(argv: list[str], secrets: Sequence[str] = (), timeout: float = SKOPEO_TIMEOUT) -> tuple[int, str, str]:
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return 124, "", f"skopeo did not finish in {timeout:.0f}s"
-    out = proc.stdout.decode(errors="replace")
-    return proc.returncode, out, _skopeo_message(proc.stderr.decode(errors="replace"), secrets)
-
-
-@contextlib.contextmanager
-def cert_dir(ca: Path | None) -> Iterator[str | None]:
-    """A temporary directory holding ca as ca.crt (what skopeo's --*-cert-dir reads), or None without a CA."""
-    if ca is None:
-        yield None
-        return
-    try:
-        pem = Path(ca).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"CA file {ca}: cannot read it ({exc.strerror})", hint="check the path in the site file") from None
-    with tempfile.TemporaryDirectory(prefix="gpu-install-certs-") as tmp:
-        (Path(tmp) / "ca.crt").write_bytes(pem)
-        yield tmp
-
-
-@contextlib.contextmanager
-def authfile(config_json: bytes | None) -> Iterator[str | None]:
-    """A temporary 0600 auth file holding config_json (docker config.json), deleted afterwards; None without one."""
-    if config_json is None:
-        yield None
-        return
-    fd, path = tempfile.mkstemp(prefix="gpu-install-auth-", suffix=".json")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(config_json)
-        yield path
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-def secrets_of(config_json: bytes | None) -> list[str]:
-    """Every credential string in a docker config.json: redacted from any message that could echo it."""
-    if not config_json:
-        return []
-    try:
-        doc = json.loads(config_json)
-    except ValueError:
-        return []
-    out: list[str] = []
-    for entry in (doc.get("auths") or {}).values() if isinstance(doc, dict) else ():
-        if isinstance(entry, dict):
-            out += [str(v) for k, v in entry.items() if k in ("password", "auth", "identitytoken", "registrytoken")
-                    and v]
-    return out
-
-
-def raw_manifest(ref: str, **kw: Any) -> tuple[bytes | None, str]:
-    """(the raw manifest at docker://ref, "") or (None, skopeo's message); kw: cert, auth, tls_verify, secrets."""
-    argv = [skopeo(), "inspect", "--raw", "--retry-times", "2"]
-    if kw.get("cert"):
-        argv += ["--cert-dir", kw["cert"]]
-    if kw.get("auth"):
-        argv += ["--authfile", kw["auth"]]
-    if not kw.get("tls_verify", True):
-        argv += ["--tls-verify=false"]
-    try:
-        proc = subprocess.run([*argv, f"docker://{ref}"], capture_output=True, timeout=INSPECT_TIMEOUT,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return None, f"skopeo inspect did not finish in {INSPECT_TIMEOUT:.0f}s"
-    if proc.returncode != 0:
-        return None, _skopeo_message(proc.stderr.decode(errors="replace"), kw.get("secrets", ()))
-    return proc.stdout, ""
-
-
-def manifest_digest(ref: str, **kw: Any) -> tuple[str | None, str]:
-    """(sha256:… of the raw manifest at docker://ref, "") or (None, skopeo's message); kw as raw_manifest."""
-    raw, err = raw_manifest(ref, **kw)
-    return (None, err) if raw is None else ("sha256:" + hashlib.sha256(raw).hexdigest(), "")
 
 
 def platform_digest(raw: bytes, platform: str) -> tuple[str | None, str]:
@@ -492,7 +390,6 @@ class Layout:
 # ---------------------------------------------------------------- pull
 
 
-DEFAULT_JOBS = 4
 PARTIAL = ".pulling"
 
 
@@ -528,7 +425,7 @@ def _merge_index(layout: Layout, name: str, descriptor: Mapping[str, Any]) -> No
 @dataclass(frozen=True)
 class _Pulled:
     n: int
-    img: Any
+    img: ImageArtifact
     src: str
     rc: int
     err: str
@@ -537,27 +434,7 @@ class _Pulled:
     base: bool = False
 
 
-def read_since(path: Path) -> tuple[dict[str, Any], str]:
-    """The lock an incremental pull builds on, and its sha256 (checked against PATH.sha256 when that file is there)."""
-    hint = "give the bundle.lock.json of the bundle last pushed to this site (copied back from the air-gapped side)"
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"--since {path}: cannot read it ({exc.strerror})", hint=hint) from None
-    sha = hashlib.sha256(raw).hexdigest()
-    side = Path(f"{path}.sha256")
-    if side.exists() and side.read_text().split()[:1] != [sha]:
-        raise ConfigError(f"--since {path}: checksum mismatch with {side.name}: the lock was changed", hint=hint)
-    try:
-        lock = json.loads(raw)
-    except ValueError:
-        raise ConfigError(f"--since {path}: not valid JSON", hint=hint) from None
-    if not isinstance(lock, dict) or lock.get("schema") != SCHEMA or not isinstance(lock.get("images"), list):
-        raise ConfigError(f"--since {path}: not a {SCHEMA} lock", hint=hint)
-    return lock, sha
-
-
-def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFAULT_PLATFORM,
+def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform: str = DEFAULT_PLATFORM,
          progress: Progress = lambda e: None, finish: bool = True, jobs: int = DEFAULT_JOBS,
          since: Path | None = None) -> Outcome:
     """Copy images (ImageArtifacts of the mirror plan) into bundle/images and record bundle/bundle.lock.json, jobs
@@ -609,7 +486,7 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
     total = len(images)
     order = {img.source: n for n, img in enumerate(images)}
     upstream = dict(site.mirror.upstream)
-    todo: list[tuple[int, Any]] = []
+    todo: list[tuple[int, ImageArtifact]] = []
     for n, img in enumerate(images, 1):
         prev_entry = old.get(img.source)
         if prev_entry and layout.complete(ref_name(img.source), str(prev_entry.get("digest"))):
@@ -620,7 +497,7 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
             todo.append((n, img))
     write_lock(bundle, lock)
 
-    def copy(n: int, img: Any, certs: str | None) -> _Pulled:
+    def copy(n: int, img: ImageArtifact, certs: str | None) -> _Pulled:
         name = ref_name(img.source)
         src = pull_from(img.source, upstream)
         private = _private_layout(bundle, layout, name)
@@ -631,19 +508,8 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
                 return _Pulled(n, img, src, 0, "", have, private, base=True)
         progress(Event("start", n, total, img.source, src if src != img.source else ""))
         digestfile = private / "digest"
-        argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", "--digestfile",
-                str(digestfile)]
-        if platform == ALL_PLATFORMS:
-            argv += ["--all"]
-        else:
-            os_, _, arch = platform.partition("/")
-            arch, _, variant = arch.partition("/")
-            argv += ["--override-os", os_, "--override-arch", arch]
-            if variant:
-                argv += ["--override-variant", variant]
-        if certs:
-            argv += ["--src-cert-dir", certs]
-        rc, _, err = _run([*argv, f"docker://{src}", f"oci:{private}:{name}"])
+        rc, _, err = run_skopeo(copy_argv(f"docker://{src}", f"oci:{private}:{name}", platform=platform,
+                                          digestfile=digestfile, src_certs=certs))
         digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
         return _Pulled(n, img, src, rc, err, digest, private)
 
@@ -707,134 +573,12 @@ def pull(plan: Any, images: Sequence[Any], bundle: Path, *, platform: str = DEFA
     return outcome
 
 
-# ---------------------------------------------------------------- what a bundle may ask push to write
-
-
-# an image reference as the distribution project's grammar has it: [domain[:port]/]path[:tag][@sha256:…]
-_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?)"
-_PATH = r"(?:[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)"
-REFERENCE = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-                       r"(?:@sha256:[a-f0-9]{64})?")
-
-HINT_FORGED = ("the bundle's lock does not match what this site's plan pulls: pull the bundle again with this site's "
-               "file (or check that the bundle comes from your connected side)")
-
-
-def inside_bundle(bundle: Path, rel: Any, what: str) -> Path:
-    """bundle/rel for a path the lock names: relative, no '..', and -- symlinks resolved -- inside the bundle
-    directory; ConfigError (exit 2) naming the entry otherwise."""
-    from pathlib import PurePosixPath
-
-    from installer.mirror.bundle import LOCK
-
-    text = rel if isinstance(rel, str) else ""
-    parts = PurePosixPath(text).parts
-    if not text or "\\" in text or "\0" in text or PurePosixPath(text).is_absolute() or ".." in parts:
-        raise ConfigError(f"{bundle / LOCK}: {what} {str(rel)[:200]!r} is not a path inside the bundle",
-                          hint=HINT_FORGED)
-    path = bundle / text
-    real, root = os.path.realpath(path), os.path.realpath(bundle)
-    if os.path.commonpath([real, root]) != root:
-        raise ConfigError(f"{bundle / LOCK}: {what} {text!r} leads outside the bundle (to {real})", hint=HINT_FORGED)
-    return path
-
-
-def planned_sources(site: Any) -> Callable[[str], bool]:
-    """Whether an image source is one this site's plan pulls: an image of a component the site deploys at its pinned
-    version (a component whose tag names the node OS: that version with any -<suffix>, the nodes being unknown here),
-    an image of the sharing mode, or a Kata runtime class artifact of the release. Resolved from the site file and the
-    catalog shipped with the installer; nothing of the bundle."""
-    from installer import sharing
-    from installer.plan import resolve
-
-    plan = resolve(site)
-    exact: set[str] = {i.source for i in sharing.images(plan.site)}
-    prefixes: list[str] = []
-    for comp in plan.components.values():
-        if not comp.repository or not comp.version or not plan.deployed(comp):
-            continue
-        ref = comp.source_ref(comp.version)
-        if comp.spec.os_suffix and not comp.version.startswith("sha256:"):
-            prefixes.append(ref + "-")
-        else:
-            exact.add(ref)
-        if comp.name == "kataManager":
-            exact |= {str((rc.get("artifacts") or {}).get("url")) for rc in plan.release.kata_runtime_classes
-                      if (rc.get("artifacts") or {}).get("url")}
-    tag_rest = re.compile(r"[A-Za-z0-9_.-]{1,127}")
-    return lambda source: source in exact or any(
-        source.startswith(p) and bool(tag_rest.fullmatch(source[len(p):])) for p in prefixes)
-
-
-def expected_destination(site: Any, source: str) -> str:
-    """Where the site puts source in registry.host: what the plan computes (installer.render.values.destination_ref,
-    registry.layout and registry.prefix)."""
-    from installer.render.values import destination_ref
-
-    return destination_ref(source, site.registry)
-
-
-def check_images(site: Any, lock: Mapping[str, Any], bundle: Path) -> list[dict[str, Any]]:
-    """The lock's image entries, each checked against the site BEFORE anything is copied (ConfigError, exit 2, naming
-    the entry and the expected destination): its source is a well-formed reference that this site's plan pulls, its
-    destination is the one the site computes for that source (another repository, another registry, a path with
-    '..' is refused), its digest a sha256 and its reference name the layout's name for the source; the layout's path
-    lies inside the bundle (inside_bundle). Each entry comes back with "destination" set to the recomputed one; push
-    writes there and nowhere else. The lock's "base" entries (an incremental bundle: only read) must name references
-    in registry.host."""
-    where = f"{bundle}/bundle.lock.json"
-    if lock.get("registry") != site.registry.host:
-        raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
-                          f"{site.registry.host}",
-                          hint="pull with the site file of this site (the destinations follow registry.host, layout "
-                               "and prefix)")
-    if not isinstance(lock.get("images"), list):
-        raise ConfigError(f"{where}: no image list", hint=HINT_FORGED)
-    planned = planned_sources(site)
-    if lock.get("release") != site.operator.version:
-        raise ConfigError(f"{bundle}: the bundle carries release {str(lock.get('release'))[:80]}, the site file names "
-                          f"operator.version {site.operator.version}",
-                          hint="push the bundle pulled for this release, with the site file it was pulled with")
-    inside_bundle(bundle, lock.get("layout") or LAYOUT, "layout")
-    host = site.registry.host
-    out: list[dict[str, Any]] = []
-    for i, e in enumerate(lock["images"]):
-        if not isinstance(e, dict):
-            raise ConfigError(f"{where}: images[{i}] is not an object", hint=HINT_FORGED)
-        source = e.get("source")
-        if not isinstance(source, str) or not REFERENCE.fullmatch(source):
-            raise ConfigError(f"{where}: images[{i}]: source {str(source)[:200]!r} is not an image reference",
-                              hint=HINT_FORGED)
-        if not planned(source):
-            raise ConfigError(f"{where}: images[{i}]: {source} is not an image this site's plan pulls (release "
-                              f"{site.operator.version}, the components the site deploys)", hint=HINT_FORGED)
-        want = expected_destination(site, source)
-        if not want.startswith(f"{host}/") or not REFERENCE.fullmatch(want):
-            raise ConfigError(f"{where}: images[{i}]: {source} maps to {want}, not a reference in {host}",
-                              hint=HINT_FORGED)
-        if e.get("destination") != want:
-            raise ConfigError(f"{where}: images[{i}] ({source}): destination {str(e.get('destination'))[:200]!r} is "
-                              f"not where this site puts that image; expected {want}", hint=HINT_FORGED)
-        digest = e.get("digest")
-        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
-            raise ConfigError(f"{where}: images[{i}] ({source}): digest {str(digest)[:100]!r} is not sha256:<64 hex>",
-                              hint=HINT_FORGED)
-        if e.get("refName") != ref_name(source):
-            raise ConfigError(f"{where}: images[{i}] ({source}): refName {str(e.get('refName'))[:200]!r}, expected "
-                              f"{ref_name(source)}", hint=HINT_FORGED)
-        out.append({**e, "destination": want})
-    for i, e in enumerate(lock.get("base") or []):
-        dest = e.get("destination") if isinstance(e, dict) else None
-        if not isinstance(dest, str) or not dest.startswith(f"{host}/") or not REFERENCE.fullmatch(dest):
-            raise ConfigError(f"{where}: base[{i}]: destination {str(dest)[:200]!r} is not a reference in {host}",
-                              hint=HINT_FORGED)
-    return out
 
 
 # ---------------------------------------------------------------- push
 
 
-def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
+def push(site: Site, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
          jobs: int = DEFAULT_JOBS, lock: Mapping[str, Any] | None = None) -> Outcome:
     """Every image of a complete, verified bundle to its destination in registry.host -- recomputed from the site for
     each entry's source (check_images: a lock naming another destination is refused, exit 2, before anything is
@@ -861,9 +605,8 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
     outcome = Outcome()
     total = len(entries)
     tls = not reg.insecure
+    whole = ALL_PLATFORMS if lock.get("platform") == ALL_PLATFORMS else None  # a dir: copy holds what pull took
     if lock.get("incremental"):
-        from installer.mirror.verify import Wanted, check
-
         base = [Wanted(str(e.get("source")), str(e.get("destination")), str(e.get("digest")))
                 for e in lock.get("base") or [] if isinstance(e, dict)]
         missing = check(site, base, config_json=config_json, jobs=jobs)
@@ -875,7 +618,7 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
                 + "\n".join(f.line() for f in missing),
                 hint="push the bundle that lock belongs to first (or pull a full bundle, without --since)")
 
-    def one(n: int, e: Mapping[str, Any], certs: str | None, auth: str | None) -> tuple[str, str, str]:
+    def one(n: int, e: ImageEntry, certs: str | None, auth: str | None) -> tuple[str, str, str]:
         """(outcome kind, destination, message) of one image."""
         digest, dest = str(e["digest"]), str(e["destination"])
         have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
@@ -884,16 +627,8 @@ def push(site: Any, bundle: Path, *, config_json: bytes | None, progress: Progre
             return "skipped", dest, ""
         progress(Event("start", n, total, dest, ""))
         with layout.as_dir(digest) as d:
-            argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2"]
-            if lock.get("platform") == ALL_PLATFORMS:
-                argv += ["--all"]
-            if certs:
-                argv += ["--dest-cert-dir", certs]
-            if auth:
-                argv += ["--dest-authfile", auth]
-            if not tls:
-                argv += ["--dest-tls-verify=false"]
-            rc, _, err = _run([*argv, f"dir:{d}", f"docker://{dest}"], secrets)
+            rc, _, err = run_skopeo(copy_argv(f"dir:{d}", f"docker://{dest}", platform=whole, dest_certs=certs,
+                                              dest_auth=auth, dest_tls=tls), secrets)
         if rc != 0:
             progress(Event("failed", n, total, dest, err))
             return "failed", dest, err
@@ -972,7 +707,7 @@ class BlobTurns:
             mine.set()
 
 
-def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platform: str = DEFAULT_PLATFORM,
+def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | None, platform: str = DEFAULT_PLATFORM,
          progress: Progress = lambda e: None, jobs: int = DEFAULT_JOBS) -> Outcome:
     """Registry to registry, for a host that sees both: every image from its upstream (through mirror.upstream /
     mirror.upstreamCa, as pull reads it) straight to its destination in registry.host (credentials and CA as push),
@@ -990,7 +725,7 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
     outcome = Outcome()
     turns = BlobTurns()
 
-    def one(n: int, img: Any, up: str | None, certs: str | None, auth: str | None) -> tuple[str, str]:
+    def one(n: int, img: ImageArtifact, up: str | None, certs: str | None, auth: str | None) -> tuple[str, str]:
         src, dest = pull_from(img.source, upstream), img.destination
         have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
         raw: bytes | None = None
@@ -1014,26 +749,15 @@ def sync(plan: Any, images: Sequence[Any], *, config_json: bytes | None, platfor
         with turns.turn(layer_digests(raw) if raw is not None else frozenset()):
             return copy(n, img, src, dest, want, up, certs, auth)
 
-    def copy(n: int, img: Any, src: str, dest: str, want: str | None, up: str | None, certs: str | None,
+    def copy(n: int, img: ImageArtifact, src: str, dest: str, want: str | None, up: str | None, certs: str | None,
              auth: str | None) -> tuple[str, str]:
         """skopeo copy; the digest it wrote (--digestfile) must be the upstream's (as read before, when it was)."""
         progress(Event("start", n, total, dest, src))
         with tempfile.TemporaryDirectory(prefix="gpu-install-sync-") as tmp:
             digestfile = Path(tmp) / "digest"
-            argv = [skopeo(), "copy", "--quiet", "--preserve-digests", "--retry-times", "2", "--digestfile",
-                    str(digestfile)]
-            if platform == ALL_PLATFORMS:
-                argv += ["--all"]
-            else:
-                os_, _, arch = platform.partition("/")
-                arch, _, variant = arch.partition("/")
-                argv += ["--override-os", os_, "--override-arch", arch] + (
-                    ["--override-variant", variant] if variant else [])
-            argv += ["--src-cert-dir", up] if up else []
-            argv += ["--dest-cert-dir", certs] if certs else []
-            argv += ["--dest-authfile", auth] if auth else []
-            argv += [] if tls else ["--dest-tls-verify=false"]
-            rc, _, err = _run([*argv, f"docker://{src}", f"docker://{dest}"], secrets)
+            rc, _, err = run_skopeo(copy_argv(f"docker://{src}", f"docker://{dest}", platform=platform,
+                                              digestfile=digestfile, src_certs=up, dest_certs=certs, dest_auth=auth,
+                                              dest_tls=tls), secrets)
             got = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else None
         if rc != 0:
             progress(Event("failed", n, total, dest, err))

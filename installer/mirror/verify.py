@@ -10,78 +10,47 @@ afterwards is outside this check. One finding per missing or different image, ea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from installer.errors import ConfigError, PreflightError
-from installer.mirror.images import DEFAULT_JOBS, authfile, cert_dir, manifest_digest, secrets_of
+from installer.mirror.common import DEFAULT_JOBS
+from installer.mirror.registry import Finding as Finding
+from installer.mirror.registry import Wanted as Wanted
+from installer.mirror.registry import check as check
+
+if TYPE_CHECKING:
+    from installer.config import Site
+    from installer.mirror.plan import ImageArtifact
+    from installer.plan import Plan
 
 
-@dataclass(frozen=True)
-class Wanted:
-    """An image the site needs at destination; digest None: any manifest the tag resolves to."""
-
-    source: str
-    destination: str
-    digest: str | None = None
-
-
-@dataclass(frozen=True)
-class Finding:
-    wanted: Wanted
-    problem: str
-
-    def line(self) -> str:
-        return f"  {self.wanted.destination} (from {self.wanted.source}): {self.problem}"
-
-
-def from_plan(images: Sequence[Any]) -> list[Wanted]:
+def from_plan(images: Sequence[ImageArtifact]) -> list[Wanted]:
     """The plan's images (ImageArtifacts), by tag (or by digest where the plan pins one)."""
     return [Wanted(i.source, i.destination) for i in images]
 
 
-def from_lock(site: Any, lock: dict[str, Any], bundle: Path) -> list[Wanted]:
+def from_lock(site: Site, lock: Mapping[str, Any], bundle: Path) -> list[Wanted]:
     """The images of a bundle's (verified) lock, each with its digest, at the destination the site computes for its
     source. The whole lock is checked first as push checks it (ConfigError, exit 2, naming the entry): images
-    (installer.mirror.images.check_images), charts and files (installer.mirror.charts.check), package entries
-    (installer.mirror.packages.check_entry): nothing the lock names is read from anywhere else."""
-    from installer.mirror import charts, packages
+    (installer.mirror.lock.check_images), charts and files (installer.mirror.lock.check_charts), package entries
+    (installer.mirror.lock.check_entry): nothing the lock names is read from anywhere else."""
+    from installer.mirror import lock as entries
     from installer.mirror.bundle import LOCK
-    from installer.mirror.images import check_images
 
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
                           f"{site.registry.host}", hint="verify with the site file the bundle was pulled for")
-    entries = check_images(site, lock, bundle)
-    charts.check(site, bundle, lock)
-    for section in (packages.PACKAGES, packages.BASE):
+    images = entries.check_images(site, lock, bundle)
+    entries.check_charts(site, bundle, lock)
+    for section in (entries.PACKAGES, entries.BASE):
         for i, e in enumerate(lock.get(section) or []):
-            packages.check_entry(bundle / LOCK, section, i, e)
-    return [Wanted(str(e["source"]), str(e["destination"]), str(e["digest"])) for e in entries]
+            entries.check_entry(bundle / LOCK, section, i, e)
+    return [Wanted(e["source"], e["destination"], e["digest"]) for e in images]
 
 
-def check(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, jobs: int = DEFAULT_JOBS) -> list[Finding]:
-    """The images of wanted that registry.host lacks or holds with another digest (plan order)."""
-    reg = site.registry
-    secrets = secrets_of(config_json)
-    with cert_dir(reg.ca) as certs, authfile(config_json) as auth, ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        got = list(pool.map(lambda w: manifest_digest(w.destination, cert=certs, auth=auth,
-                                                      tls_verify=not reg.insecure, secrets=secrets), wanted))
-    findings = []
-    for w, (digest, err) in zip(wanted, got, strict=True):
-        if digest is None:
-            unknown = any(t in err.lower() for t in ("manifest unknown", "name unknown", "not found"))
-            findings.append(Finding(w, f"missing: the registry has no such tag ({err.rsplit(': ', 1)[-1].strip()})"
-                                    if unknown else f"cannot be read ({err})"))
-        elif w.digest and digest != w.digest:
-            findings.append(Finding(w, f"the registry has {digest}, the bundle {w.digest}"))
-    return findings
-
-
-def charts(site: Any, bundle: Path, lock: dict[str, Any], *, config_json: bytes | None) -> list[str]:
+def charts(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: bytes | None) -> list[str]:
     """The bundle's charts that the site registry lacks or holds with another sha256 (as lines for require's
     message): each OCI chart `mirror push` put at installer.mirror.charts.oci_ref, pulled with helm and hashed."""
     import tempfile
@@ -107,7 +76,7 @@ def charts(site: Any, bundle: Path, lock: dict[str, Any], *, config_json: bytes 
     return out
 
 
-def require(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, jobs: int = DEFAULT_JOBS,
+def require(site: Site, wanted: Sequence[Wanted], *, config_json: bytes | None, jobs: int = DEFAULT_JOBS,
             what: str = "", more: Sequence[str] = ()) -> int:
     """check(), raising PreflightError (exit 3) naming every missing or different image (and the lines of more:
     other artifacts found missing); the number of images checked."""
@@ -123,7 +92,7 @@ def require(site: Any, wanted: Sequence[Wanted], *, config_json: bytes | None, j
     return len(wanted)
 
 
-def for_apply(plan: Any) -> int:
+def for_apply(plan: Plan) -> int:
     """apply's mirror check: every image the operator stage deploys is in registry.host (its tag resolves), with the
     site's CA and pull credentials; PreflightError (exit 3) naming each missing one. The number checked. The operator
     is cluster-wide: with --limit the images are those of every GPU node of the inventory (a driver image per node
@@ -142,7 +111,7 @@ def for_apply(plan: Any) -> int:
     return require(site, from_plan(plan.artifacts(()).images), config_json=creds, what="the release deploys ")
 
 
-def packages_for_apply(plan: Any) -> int:
+def packages_for_apply(plan: Plan) -> int:
     """apply's package check (with packages.url): every package root the node roles install is in the site
     repository as the nodes read it (<packages.url>/packages/<os>, the index's signature checked with packages.key);
     PreflightError (exit 3) naming each missing one. The number of roots checked."""

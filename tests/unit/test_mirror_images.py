@@ -13,6 +13,7 @@ import pytest
 
 from installer.errors import ConfigError
 from installer.mirror import bundle as b
+from installer.mirror import common
 from installer.mirror import images as m
 
 
@@ -51,7 +52,7 @@ def test_credentials_are_redacted_from_skopeo_messages():
     secrets = m.secrets_of(config.encode())
     assert "s3cret-pw" in secrets and "u" not in secrets  # the user name is no secret (and would redact too much)
     stderr = 'time="x" level=fatal msg="auth s3cret-pw dTpzM2NyZXQtcHc= refused: \\"unauthorized\\""\n'
-    assert m._skopeo_message(stderr, secrets) == 'auth *** *** refused: "unauthorized"'
+    assert common.skopeo_message(stderr, secrets) == 'auth *** *** refused: "unauthorized"'
 
 
 def _layout(tmp_path: Path) -> tuple[Path, str]:
@@ -135,7 +136,7 @@ def test_layout_checks_find_a_missing_or_changed_blob(tmp_path):
 def test_push_refuses_a_damaged_bundle_or_another_registry_before_contacting_anything(tmp_path, monkeypatch):
     from installer.config import parse_site
 
-    monkeypatch.setattr(m, "skopeo", lambda: pytest.fail("skopeo must not run"))
+    monkeypatch.setattr(common, "skopeo", lambda: pytest.fail("skopeo must not run"))
     bundle, digest = _layout(tmp_path)
     b.signed_lock(bundle, _sign(tmp_path, bundle))  # as `mirror push` does first
     other = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "other.lab"}})

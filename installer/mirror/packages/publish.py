@@ -1,0 +1,210 @@
+"""`mirror push --repo-dir` of the OS packages (the air-gapped side): every package file of the lock checked by
+sha256, then each OS gets a repository signed by the site's key (apt: pool/ + dists/gpu-install/, InRelease and
+Release.gpg; dnf: repodata/ by createrepo_c with repomd.xml.asc), the key generated once in the signing home."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from installer.errors import ConfigError, EnvironmentProblem
+from installer.mirror import bundle as lockfile
+from installer.mirror.common import HINT_DAMAGED, Say, inside_bundle
+from installer.mirror.lock import check_entry
+from installer.mirror.packages.tools import (
+    APT_ARCH,
+    BASE,
+    COMPONENT,
+    KEY_NAME,
+    PACKAGES,
+    SITE_KEY,
+    SUITE,
+    UPSTREAM_KEYS,
+    _errors,
+    _run,
+    _tool,
+)
+from installer.util import atomic_write, sha256_file
+
+
+def verify(bundle: Path, lock: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every package file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
+    sha256 (ConfigError naming the first that is not), every entry (and every packageBase entry) of plain shape
+    (check_entry)."""
+    out = []
+    hint = HINT_DAMAGED
+    for i, e in enumerate(lock.get(BASE) or []):
+        check_entry(bundle / lockfile.LOCK, BASE, i, e)
+    for i, e in enumerate(lock.get(PACKAGES) or []):
+        check_entry(bundle / lockfile.LOCK, PACKAGES, i, e)
+        rel = str(e["file"])
+        path = inside_bundle(bundle, rel, f"packages[{i}] file")
+        if path.is_symlink() or not path.is_file():
+            raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=hint)
+        got = sha256_file(path)
+        if got != e.get("sha256"):
+            raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {e.get('sha256')}", hint=hint)
+        out.append(dict(e))
+    return out
+
+
+def signing_home(given: Path | None = None) -> Path:
+    if given:
+        return given
+    from installer.ansible import state_dir
+
+    return Path(os.environ.get("GPU_INSTALL_SIGNING_HOME") or state_dir() / "signing")
+
+
+def _gpg(home: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    gpg = _tool("gpg", "the site's package repositories are signed with it",
+                "install GnuPG (Debian/Ubuntu: apt-get install gpg gpg-agent; RHEL: dnf install gnupg2)")
+    return _run([gpg, "--batch", "--quiet", "--no-tty", "--homedir", str(home), *argv],
+                env={**os.environ, "LC_ALL": "C"}, stdin=stdin)
+
+
+def site_key(home: Path, say: Say = lambda m: None) -> tuple[str, str]:
+    """The site signing key in home, generated once: (fingerprint, armored public key)."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(home, 0o700)
+    proc = _gpg(home, "--with-colons", "--list-secret-keys", KEY_NAME)
+    fprs = [ln.split(":")[9] for ln in proc.stdout.splitlines() if ln.startswith("fpr:")]
+    if not fprs:
+        say(f"signing key: none in {home}; generating the site's package signing key (RSA 3072, sign only)")
+        params = (f"%no-protection\nKey-Type: RSA\nKey-Length: 3072\nKey-Usage: sign\nName-Real: {KEY_NAME}\n"
+                  "Expire-Date: 0\n%commit\n")
+        gen = _gpg(home, "--gen-key", stdin=params)
+        if gen.returncode != 0:
+            raise EnvironmentProblem(f"gpg could not generate the signing key in {home}: {_errors(gen.stderr)}",
+                                     hint="check that gpg-agent is installed and the directory is writable")
+        proc = _gpg(home, "--with-colons", "--list-secret-keys", KEY_NAME)
+        fprs = [ln.split(":")[9] for ln in proc.stdout.splitlines() if ln.startswith("fpr:")]
+    if not fprs:
+        raise EnvironmentProblem(f"no signing key '{KEY_NAME}' in {home}", hint="check the signing home")
+    pub = _gpg(home, "--armor", "--export", fprs[0])
+    if pub.returncode != 0 or "BEGIN PGP PUBLIC KEY BLOCK" not in pub.stdout:
+        raise EnvironmentProblem(f"gpg could not export the signing key from {home}: {_errors(pub.stderr)}")
+    return fprs[0], pub.stdout
+
+
+def _sign(home: Path, fpr: str, path: Path, out: Path, clear: bool = False) -> None:
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    mode = ["--clearsign"] if clear else ["--armor", "--detach-sign"]
+    proc = _gpg(home, "--yes", "--local-user", fpr, "--digest-algo", "SHA256", *mode, "--output", str(tmp), str(path))
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"gpg could not sign {path}: {_errors(proc.stderr)}")
+    os.replace(tmp, out)
+
+
+def _copy_in(src: Path, dest: Path, sha256: str) -> bool:
+    """Copy a verified file into the repository unless it is there already; True when it was copied."""
+    if dest.is_file() and sha256_file(dest) == sha256:
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+    return True
+
+
+def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | None = None,
+            say: Say = lambda m: None) -> list[str]:
+    """The lock's packages into signed repositories under repo_dir/packages/<os>/; what was done, as lines."""
+    entries = verify(bundle, lock)
+    require_base(lock, repo_dir)
+    if not entries:
+        return []
+    home = signing_home(home)
+    fpr, public = site_key(home, say)
+    key_file = repo_dir / SITE_KEY
+    if not key_file.is_file() or key_file.read_text() != public:
+        atomic_write(key_file, public)
+    done = [f"site signing key {fpr} ({home}); public key {key_file} (packages.key)"]
+    by_os: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_os.setdefault(str(e["os"]), []).append(e)
+    for os_tag, items in sorted(by_os.items()):
+        root = repo_dir / PACKAGES / os_tag
+        manager = str(items[0].get("manager"))
+        if manager == "apt":
+            copied = sum(_copy_in(bundle / str(e["file"]), root / "pool" / COMPONENT / Path(str(e["file"])).name,
+                                  str(e["sha256"])) for e in items)
+            _apt_index(root, home, fpr)
+        elif manager == "dnf":
+            pkgs = [e for e in items if not e.get("key")]
+            copied = sum(_copy_in(bundle / str(e["file"]), root / Path(str(e["file"])).name, str(e["sha256"]))
+                         for e in pkgs)
+            keys = "".join((bundle / str(e["file"])).read_text() for e in items if e.get("key"))
+            if not (root / UPSTREAM_KEYS).is_file() or (root / UPSTREAM_KEYS).read_text() != keys:
+                atomic_write(root / UPSTREAM_KEYS, keys)
+            _rpm_index(root, home, fpr)
+        else:
+            raise ConfigError(f"{bundle / lockfile.LOCK}: packages of {os_tag} have manager {manager!r}")
+        n = sum(1 for e in items if not e.get("key"))
+        done.append(f"packages {os_tag}: {n} in {root} ({copied} new), signed by the site key")
+        say(f"packages {os_tag}: {n} package(s) published in {root} ({copied} new)")
+    return done
+
+
+def _published(repo_dir: Path, e: Mapping[str, Any]) -> Path:
+    """Where publish puts a package file of the lock in repo_dir."""
+    name = Path(str(e["file"])).name
+    root = repo_dir / PACKAGES / str(e["os"])
+    return root / "pool" / COMPONENT / name if e.get("manager") == "apt" else root / name
+
+
+def require_base(lock: Mapping[str, Any], repo_dir: Path) -> None:
+    """An incremental bundle (pulled --since an older lock) builds on packages the site repository must hold
+    already (by sha256): PreflightError (exit 3) naming the missing ones, before anything is written."""
+    from installer.errors import PreflightError
+
+    base = [e for e in lock.get(BASE) or [] if isinstance(e, dict)]
+    missing = [e for e in base if not _published(repo_dir, e).is_file()
+               or sha256_file(_published(repo_dir, e)) != e.get("sha256")]
+    if missing:
+        raise PreflightError(f"the bundle builds on {len(base)} package(s) of an older bundle; {repo_dir} lacks "
+                             f"{len(missing)} of them:\n" + "\n".join(f"  {e['os']}/{Path(str(e['file'])).name}"
+                                                                       for e in missing),
+                             hint="push the bundle that --since lock belongs to into this --repo-dir first (or pull a "
+                                  "full bundle, without --since)")
+
+
+def _apt_index(root: Path, home: Path, fpr: str) -> None:
+    ftp = _tool("apt-ftparchive", "the site's apt repositories are indexed with it",
+                "install apt-utils (Debian/Ubuntu: apt-get install apt-utils)")
+    dist = root / "dists" / SUITE
+    binary = dist / COMPONENT / f"binary-{APT_ARCH}"
+    binary.mkdir(parents=True, exist_ok=True)
+    proc = _run([ftp, "packages", f"pool/{COMPONENT}"], cwd=root)
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"apt-ftparchive packages {root}: {_errors(proc.stderr)}")
+    atomic_write(binary / "Packages", proc.stdout)
+    with open(binary / ".Packages.gz.tmp", "wb") as fh:
+        fh.write(gzip.compress(proc.stdout.encode(), mtime=0))
+    os.replace(binary / ".Packages.gz.tmp", binary / "Packages.gz")
+    proc = _run([ftp, "-o", f"APT::FTPArchive::Release::Origin={KEY_NAME}", "-o",
+                 f"APT::FTPArchive::Release::Label={SUITE}", "-o", f"APT::FTPArchive::Release::Suite={SUITE}",
+                 "-o", f"APT::FTPArchive::Release::Codename={SUITE}", "-o",
+                 f"APT::FTPArchive::Release::Components={COMPONENT}", "-o",
+                 f"APT::FTPArchive::Release::Architectures={APT_ARCH}", "release", "."], cwd=dist)
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"apt-ftparchive release {dist}: {_errors(proc.stderr)}")
+    atomic_write(dist / "Release", proc.stdout)
+    _sign(home, fpr, dist / "Release", dist / "InRelease", clear=True)
+    _sign(home, fpr, dist / "Release", dist / "Release.gpg")
+
+
+def _rpm_index(root: Path, home: Path, fpr: str) -> None:
+    createrepo = _tool("createrepo_c", "the site's rpm repositories are indexed with it",
+                       "install createrepo-c (Debian/Ubuntu: apt-get install createrepo-c; RHEL: dnf install "
+                       "createrepo_c)")
+    proc = _run([createrepo, "--quiet", "--update", "--simple-md-filenames", "--no-database", str(root)])
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"createrepo_c {root}: {_errors(proc.stdout + proc.stderr)}")
+    _sign(home, fpr, root / "repodata" / "repomd.xml", root / "repodata" / "repomd.xml.asc")

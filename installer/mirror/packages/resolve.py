@@ -1,0 +1,375 @@
+"""`mirror pull` of the OS packages (the connected side): each OS's closure resolved by its own package manager
+(apt, dnf) against the site's upstream repositories, fetched into the bundle, checked (apt: the signed index's
+sha256; dnf: each rpm's signature against the OS's keys only, with rpmkeys) and recorded in the lock."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import ssl
+import tempfile
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from installer.errors import ConfigError
+from installer.mirror import bundle as lockfile
+from installer.mirror.common import PackageFailures, Say, fetch, incomplete, read_since, reusable
+from installer.mirror.lock import Failure, PackageEntry
+from installer.mirror.packages.tools import (
+    APT_ARCH,
+    BASE,
+    BASE_KIND,
+    KIND,
+    PACKAGES,
+    RPM_ARCH,
+    SET_KIND,
+    SETS,
+    _errors,
+    _run,
+    _tool,
+)
+from installer.util import sha256_file
+
+if TYPE_CHECKING:
+    from installer.config import PackageSource, Site
+    from installer.mirror.plan import OsPackages
+
+
+def check_sources(site: Site, sets: Sequence[OsPackages]) -> None:
+    """Every node OS whose packages are planned has upstream repositories of the right kind in the site file, and
+    their keys are readable: ConfigError (exit 2) naming the field, before anything is fetched."""
+    repos = site.mirror.packageRepositories
+    for s in sets:
+        field = f"mirror.packageRepositories.{s.os}"
+        sources = repos.get(s.os)
+        if not sources:
+            roots = ", ".join(p.spec for p in s.packages)
+            example = ("[{url: http://archive.ubuntu.com/ubuntu, suite: jammy, components: [main, universe], "
+                       "key: ubuntu-archive-keyring.gpg}]" if s.manager == "apt" else
+                       "[{url: https://dl.rockylinux.org/pub/rocky/9/BaseOS/x86_64/os, key: RPM-GPG-KEY-Rocky-9}]")
+            raise ConfigError(f"{field}: not set, and the nodes with OS {s.os} install packages ({roots}) whose "
+                              "dependency closure mirror pull resolves against those repositories",
+                              hint=f"add it to the site file, e.g. {s.os}: {example}")
+        for i, src in enumerate(sources):
+            where = f"{field}[{i}]"
+            if s.manager == "apt" and not src.suite:
+                raise ConfigError(f"{where}.suite: not set; {s.os} resolves its packages with apt",
+                                  hint="give the suite (jammy, bookworm) or '/' for a flat repository such as "
+                                       "NVIDIA's CUDA repository")
+            if s.manager == "apt" and (src.suite or "").endswith("/") and "components" in src.model_fields_set:
+                raise ConfigError(f"{where}.components: a flat repository (suite {src.suite!r}) has no components",
+                                  hint="leave components out")
+            if s.manager == "dnf" and (src.suite or "components" in src.model_fields_set):
+                raise ConfigError(f"{where}: suite/components are apt settings; {s.os} uses dnf",
+                                  hint="give url (the directory holding repodata/) and key only")
+            try:
+                data = src.key.read_bytes()
+            except OSError as exc:
+                raise ConfigError(f"{where}.key: cannot read {src.key} ({exc.strerror})",
+                                  hint="the repository's OpenPGP public key file (armored or binary)") from None
+            if not data.strip():
+                raise ConfigError(f"{where}.key: {src.key} is empty", hint="the repository's OpenPGP public key")
+
+
+# ---------------------------------------------------------------- resolution (what the distro tools say)
+
+
+def _apt_conf(work: Path, sources: Sequence[PackageSource], ca: Path | None) -> dict[str, str]:
+    """A private apt: configuration, sources, lists, an empty dpkg status; the environment that selects it."""
+    for d in ("lists/partial", "archives/partial", "conf.d", "preferences.d", "trusted.d"):
+        (work / d).mkdir(parents=True, exist_ok=True)
+    (work / "status").write_text("")
+    lines = []
+    for src in sources:
+        opts = f"[signed-by={src.key.resolve()} arch={APT_ARCH}]"
+        if (src.suite or "").endswith("/"):
+            lines.append(f"deb {opts} {src.url}/ {src.suite}")
+        else:
+            lines.append(f"deb {opts} {src.url} {src.suite} {' '.join(src.components)}")
+    (work / "sources.list").write_text("\n".join(lines) + "\n")
+    conf = {
+        "Dir::Etc::main": "/dev/null", "Dir::Etc::Parts": work / "conf.d", "Dir::Etc::sourcelist": work / "sources.list",
+        "Dir::Etc::sourceparts": "-", "Dir::Etc::preferences": "/dev/null",
+        "Dir::Etc::preferencesparts": work / "preferences.d", "Dir::Etc::trusted": "/dev/null",
+        "Dir::Etc::trustedparts": work / "trusted.d", "Dir::State": work, "Dir::State::Lists": work / "lists",
+        "Dir::State::status": work / "status", "Dir::Cache": work, "Dir::Cache::archives": work / "archives",
+        "Dir::Cache::pkgcache": "", "Dir::Cache::srcpkgcache": "", "Dir::Log": work, "Debug::NoLocking": "1",
+        "APT::Architecture": APT_ARCH, "APT::Install-Recommends": "0", "APT::Install-Suggests": "0",
+        "APT::Get::AllowUnauthenticated": "0", "Acquire::AllowInsecureRepositories": "0",
+        "Acquire::AllowDowngradeToInsecureRepositories": "0", "Acquire::Languages": "none",
+        "APT::Sandbox::User": "root" if os.geteuid() == 0 else "",
+    }
+    if ca:
+        conf["Acquire::https::CaInfo"] = ca.resolve()
+    text = "".join(f'{k} "{v}";\n' for k, v in conf.items() if not (k == "APT::Sandbox::User" and not v))
+    text += f'APT::Architectures {{ "{APT_ARCH}"; }};\n'
+    (work / "apt.conf").write_text(text)
+    return {**os.environ, "APT_CONFIG": str(work / "apt.conf"), "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+
+
+_PRINT_URI = re.compile(r"^'(?P<uri>[^']+)' (?P<file>\S+) (?P<size>\d+) (?P<hash>\S+)")
+
+
+def _apt_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | None, work: Path, dest: Path) -> list[dict[str, Any]]:
+    """What a node with nothing installed needs to install the roots, [{uri, file, size}], downloaded by apt into
+    dest. Raises ValueError with apt's message."""
+    apt = _tool("apt-get", f"the packages of {s.os} are resolved with apt",
+                "run mirror pull on a Debian or Ubuntu machine (apt-get), or install apt")
+    env = _apt_conf(work, sources, ca)
+    proc = _run([apt, "update", "-q"], env=env)
+    if proc.returncode != 0 or re.search(r"^(E|W): ", proc.stdout + proc.stderr, re.M):
+        raise ValueError(f"apt-get update: {_errors(proc.stdout + proc.stderr)}")
+    roots = [p.spec for p in s.packages]
+    proc = _run([apt, "install", "--print-uris", "-y", "-q", *roots], env=env)
+    if proc.returncode != 0:
+        raise ValueError(_errors(proc.stdout + proc.stderr))
+    out = [{"uri": m["uri"], "file": m["file"], "size": int(m["size"]), "sha256": None}
+           for m in map(_PRINT_URI.match, proc.stdout.splitlines()) if m]
+    if not out:
+        raise ValueError(f"apt resolved nothing to download for {', '.join(roots)}")
+    # apt fetches them itself into the bundle's directory: it checks every file against the signed index's hashes,
+    # and keeps (after checking) what a killed pull already brought
+    (dest / "partial").mkdir(parents=True, exist_ok=True)
+    proc = _run([apt, "install", "--download-only", "-y", "-q", "-o", f"Dir::Cache::archives={dest}", *roots],
+                env=env)
+    shutil.rmtree(dest / "partial", ignore_errors=True)
+    (dest / "lock").unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise ValueError(_errors(proc.stdout + proc.stderr))
+    return out
+
+
+def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | None, work: Path, dest: Path) -> list[dict[str, Any]]:
+    """The URLs of the roots and their whole closure (an empty installroot) as dnf resolves them (fetched later, each
+    checked against the repository's key)."""
+    dnf = _tool("dnf", f"the packages of {s.os} are resolved with dnf",
+                "install dnf and its download plugin (Debian/Ubuntu: apt-get install dnf dnf-plugins-core)")
+    repos = work / "repos.d"
+    repos.mkdir(parents=True, exist_ok=True)
+    for i, src in enumerate(sources):
+        (repos / f"upstream{i}.repo").write_text(
+            f"[upstream{i}]\nname=upstream {i} ({src.url})\nbaseurl={src.url}/\nenabled=1\ngpgcheck=1\n"
+            f"gpgkey=file://{src.key.resolve()}\nmetadata_expire=0\n" + (f"sslcacert={ca.resolve()}\n" if ca else ""))
+    (work / "dnf.conf").write_text("[main]\ninstall_weak_deps=False\nkeepcache=False\n")
+    major = re.sub(r"^\D*", "", s.os).split(".")[0] or "9"
+    # only the download plugin: another one (dnf-plugins-core's `local`) would add its own repository
+    argv = [dnf, "download", "--url", "-q", "--resolve", "--alldeps", "--disableplugin=*", "--enableplugin=download",
+            f"--config={work / 'dnf.conf'}",
+            f"--installroot={work / 'root'}", f"--setopt=reposdir={repos}", f"--setopt=cachedir={work / 'cache'}",
+            f"--releasever={major}", f"--forcearch={RPM_ARCH}", "--setopt=install_weak_deps=False",
+            *[p.spec for p in s.packages]]
+    proc = _run(argv, env={**os.environ, "LC_ALL": "C"})
+    if proc.returncode != 0:
+        raise ValueError(_errors(proc.stdout + proc.stderr))
+    urls = [ln.strip() for ln in proc.stdout.splitlines() if re.match(r"^(https?|file)://\S+\.rpm$", ln.strip())]
+    if not urls:
+        raise ValueError(f"dnf resolved nothing to download for {', '.join(p.spec for p in s.packages)}")
+    return [{"uri": u, "file": urllib.parse.unquote(u.rsplit("/", 1)[1]), "size": None, "sha256": None}
+            for u in dict.fromkeys(urls)]
+
+
+# ---------------------------------------------------------------- fetch and check
+
+
+@contextlib.contextmanager
+def _rpm_keyring(keys: Sequence[Path]) -> Iterator[Path]:
+    """A throw-away rpm database that trusts exactly these keys."""
+    rpmkeys = _tool("rpmkeys", "the rpm packages' signatures are checked with it",
+                    "install rpm (Debian/Ubuntu: apt-get install rpm)")
+    with tempfile.TemporaryDirectory(prefix="gpu-install-rpmdb-") as db:
+        for key in keys:
+            proc = _run([rpmkeys, "--dbpath", db, "--import", str(key)])
+            if proc.returncode != 0:
+                raise ConfigError(f"{key}: not an OpenPGP public key rpm can import ({_errors(proc.stderr)})",
+                                  hint="give the repository's signing key (RPM-GPG-KEY-…), armored")
+        yield Path(db)
+
+
+def _rpm_signed(db: Path, path: Path) -> str | None:
+    """None when the package's digests are intact and a trusted key signed it, else why not."""
+    proc = _run(["rpmkeys", "--dbpath", str(db), "--checksig", str(path)], env={**os.environ, "LC_ALL": "C"})
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode == 0 and re.search(r"\bsignatures OK\b", text):
+        return None
+    if proc.returncode == 0:
+        return "not signed: only its digests check out (the repository's key must sign every package)"
+    return "signature check failed: " + (text.split(":", 1)[-1].strip() or "rpmkeys failed")[:500]
+
+
+def _rpm_identity(paths: Sequence[Path]) -> dict[str, tuple[str, str, str]]:
+    rpm = _tool("rpm", "the rpm packages are read with it", "install rpm (Debian/Ubuntu: apt-get install rpm)")
+    out: dict[str, tuple[str, str, str]] = {}
+    for chunk in range(0, len(paths), 200):
+        part = paths[chunk:chunk + 200]
+        proc = _run([rpm, "-qp", "--nosignature", "--nodigest", "--qf",
+                     "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}\\n", *map(str, part)])
+        rows = [ln.split("\t") for ln in proc.stdout.splitlines() if ln.count("\t") == 2]
+        if proc.returncode != 0 or len(rows) != len(part):
+            raise ValueError(f"rpm cannot read {', '.join(p.name for p in part)}: {_errors(proc.stderr)}")
+        for p, (name, version, arch) in zip(part, rows, strict=True):
+            out[p.name] = (name, version.removeprefix("0:"), arch)
+    return out
+
+
+def _deb_identity(file: str) -> tuple[str, str, str]:
+    """name, version, architecture from apt's archive file name (name_version_arch.deb, the epoch as %3a)."""
+    stem = file.removesuffix(".deb")
+    parts = stem.split("_")
+    if len(parts) != 3:
+        raise ValueError(f"{file}: not an apt archive name (name_version_arch.deb)")
+    return parts[0], urllib.parse.unquote(parts[1]), parts[2]
+
+
+def _safe(name: str) -> str:
+    if not name or "/" in name or name.startswith(".") or "\\" in name:
+        raise ValueError(f"{name!r} is not a plain file name")
+    return name
+
+
+# ---------------------------------------------------------------- pull
+
+
+def _base_of(since: Path | None) -> dict[str, str]:
+    """--since OLD.lock.json: the package files (os/file name) that older bundle carried (or built on), with sha256."""
+    if since is None:
+        return {}
+    old_lock, _ = read_since(since)
+    return {f"{e.get('os')}/{Path(str(e.get('file'))).name}": str(e.get("sha256"))
+            for e in [*(old_lock.get(PACKAGES) or []), *(old_lock.get(BASE) or [])]
+            if isinstance(e, dict) and not e.get("key")}
+
+
+def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda m: None,
+         since: Path | None = None) -> None:
+    """Each OS's closure into BUNDLE/packages/<os>/ and the lock (sections packages, packageSets); raises
+    PackageFailures (exit 4) naming what failed, after trying every OS; the bundle stays incomplete then. since: an
+    older bundle's lock: a package file it has with the same sha256 is not carried but listed in section packageBase
+    (push then requires the site repository to hold it)."""
+    check_sources(site, sets)
+    ca = site.mirror.upstreamCa
+    lock = lockfile.load_for_update(bundle)
+    old: dict[str, Any] = {str(e.get("file")): e for e in lock.get(PACKAGES) or [] if isinstance(e, dict)}
+    base_of = _base_of(since)
+    base: list[PackageEntry] = []
+    entries: list[PackageEntry] = []
+    records: list[dict[str, Any]] = []
+    failed: list[Failure] = []
+    for s in sets:
+        sources = site.mirror.packageRepositories[s.os]
+        out = bundle / PACKAGES / _safe(s.os)
+        out.mkdir(parents=True, exist_ok=True)
+        records.append({"os": s.os, "manager": s.manager, "roots": [p.spec for p in s.packages],
+                        "sources": [{"url": x.url, **({"suite": x.suite, "components": x.components} if x.suite
+                                                      else {})} for x in sources],
+                        "architecture": APT_ARCH if s.manager == "apt" else RPM_ARCH})
+        say(f"packages {s.os}: resolving {len(s.packages)} root(s) and their closure with {s.manager}")
+        with tempfile.TemporaryDirectory(prefix=f"gpu-install-{s.manager}-") as tmp:
+            try:
+                wanted = (_apt_resolve if s.manager == "apt" else _dnf_resolve)(s, sources, ca, Path(tmp), out)
+            except ValueError as exc:
+                failed.append({"ref": f"{s.os} ({', '.join(p.spec for p in s.packages)})", "error": str(exc)})
+                say(f"packages {s.os}: FAILED: {exc}")
+                continue
+        say(f"packages {s.os}: {len(wanted)} package(s) in the closure")
+        got = _fetch_all(s, wanted, out, old, ca, failed, say)
+        if s.manager == "dnf":
+            got = _check_rpms(s, sources, got, out, failed, say)
+            got += _keys(s, sources, out)
+        for e in got:  # --since: what the older bundle already carried stays out of this one
+            ref = f"{s.os}/{Path(str(e['file'])).name}"
+            if not e.get("key") and base_of.get(ref) == e["sha256"]:
+                (bundle / str(e["file"])).unlink(missing_ok=True)
+                base.append(e)
+            else:
+                entries.append(e)
+        if base_of:
+            say(f"packages {s.os}: {sum(1 for e in base if e['os'] == s.os)} in the base bundle, not carried")
+    lockfile.put_section(bundle, BASE_KIND, BASE, base, [])
+    lockfile.put_section(bundle, SET_KIND, SETS, records, [])
+    lockfile.put_section(bundle, KIND, PACKAGES, entries, failed)
+    if failed:
+        raise incomplete(PackageFailures, f"{len(failed)} OS package problem(s)", failed,
+                         hint="check mirror.packageRepositories (URL, suite, components, key) and that the pinned "
+                              "versions are there; run pull again: what the bundle holds is not fetched again")
+
+
+def record_skipped(sets: Sequence[OsPackages], bundle: Path) -> None:
+    """`mirror pull --skip-packages`: the lock says which roots were left out, per OS (nothing is fetched)."""
+    lockfile.put_section(bundle, SET_KIND, SETS, [{"os": s.os, "manager": s.manager, "roots": [p.spec for p in s.packages],
+                                                   "skipped": True} for s in sets], [])
+    lockfile.put_section(bundle, KIND, PACKAGES, [], [])
+
+
+def _fetch_all(s: OsPackages, wanted: Sequence[Mapping[str, Any]], out: Path, old: Mapping[str, PackageEntry],
+               ca: Path | None, failed: list[Failure], say: Say) -> list[PackageEntry]:
+    got = []
+    for w in wanted:
+        try:
+            name = _safe(str(w["file"]))
+        except ValueError as exc:
+            failed.append({"ref": f"{s.os}/{w['file']}", "error": str(exc)})
+            continue
+        rel = f"{PACKAGES}/{s.os}/{name}"
+        dest = out / name
+        if (prev := reusable(old, rel, dest)) is not None:
+            got.append(prev)
+            continue
+        if s.manager == "dnf" or not dest.is_file():  # apt fetched and checked its files already
+            try:
+                fetch(str(w["uri"]), dest, ca)
+            except (OSError, ValueError, ssl.SSLError) as exc:
+                failed.append({"ref": f"{s.os}/{name}", "error": f"{w['uri']}: {getattr(exc, 'reason', None) or exc}"})
+                say(f"packages {s.os}: {name}: FAILED: {exc}")
+                continue
+        digest = sha256_file(dest)
+        if w["size"] is not None and dest.stat().st_size != w["size"]:
+            dest.unlink()
+            failed.append({"ref": f"{s.os}/{name}", "error": f"{dest.stat().st_size} bytes, the index says {w['size']}"})
+            continue
+        entry: PackageEntry = {"os": s.os, "manager": s.manager, "file": rel, "source": w["uri"], "sha256": digest,
+                               "size": dest.stat().st_size}
+        if s.manager == "apt":
+            n, v, a = _deb_identity(name)
+            entry.update({"name": n, "version": v, "arch": a})
+        say(f"packages {s.os}: {name} ({entry['size']} bytes)")
+        got.append(entry)
+    return got
+
+
+def _check_rpms(s: OsPackages, sources: Sequence[PackageSource], got: list[PackageEntry], out: Path,
+                failed: list[Failure], say: Say) -> list[PackageEntry]:
+    """Keep the rpms a key of this OS's repositories signed (the others are removed and named) with their identity."""
+    kept: list[PackageEntry] = []
+    with _rpm_keyring([src.key for src in sources]) as db:
+        for e in got:
+            path = out / str(e["file"]).rsplit("/", 1)[1]
+            why = _rpm_signed(db, path)
+            if why:
+                path.unlink(missing_ok=True)
+                failed.append({"ref": f"{s.os}/{path.name}", "error": why})
+                say(f"packages {s.os}: {path.name}: REFUSED: {why}")
+                continue
+            kept.append(e)
+    if kept:
+        ids = _rpm_identity([out / str(e["file"]).rsplit("/", 1)[1] for e in kept])
+        for e in kept:
+            n, v, a = ids[str(e["file"]).rsplit("/", 1)[1]]
+            e.update({"name": n, "version": v, "arch": a})
+    return kept
+
+
+def _keys(s: OsPackages, sources: Sequence[PackageSource], out: Path) -> list[PackageEntry]:
+    """The dnf OS's upstream keys into the bundle (the nodes check the packages' signatures with them)."""
+    (out / "keys").mkdir(exist_ok=True)
+    entries: list[PackageEntry] = []
+    for i, src in enumerate(sources):
+        name = f"upstream{i}{''.join(src.key.suffixes[-1:]) or '.asc'}"
+        dest = out / "keys" / name
+        shutil.copyfile(src.key, dest)
+        entries.append({"os": s.os, "manager": s.manager, "key": True, "file": f"{PACKAGES}/{s.os}/keys/{name}",
+                        "source": str(src.key), "sha256": sha256_file(dest), "size": dest.stat().st_size})
+    return entries
