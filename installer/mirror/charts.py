@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import ssl
 import subprocess
 import tarfile
@@ -39,8 +38,9 @@ from installer.mirror.common import (
     HINT_DAMAGED,
     HINT_FORGED,
     Say,
+    bundle_file,
+    copy_in,
     incomplete,
-    inside_bundle,
     redact,
     reusable,
     secrets_of,
@@ -210,13 +210,15 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
 # ---------------------------------------------------------------- push
 
 
-def verify(bundle: Path, lock: Mapping[str, Any], site: Site | None = None) -> list[dict[str, Any]]:
+def verify(bundle: Path, lock: Mapping[str, Any],
+           site: Site | None = None) -> tuple[list[ChartEntry], list[FileEntry]]:
     """Every chart and file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
     sha256, and a chart archive is the chart the entry names (ConfigError naming the first that is not); with site,
-    check_charts() first. The entries, checked."""
+    check_charts() first. The entries, checked: (charts, files)."""
     if site is not None:
         check_charts(site, bundle, lock)
-    out = []
+    charts: list[ChartEntry] = []
+    files: list[FileEntry] = []
     for section in (CHARTS, FILES):
         for e in lock.get(section) or []:
             if not isinstance(e, dict):
@@ -226,23 +228,23 @@ def verify(bundle: Path, lock: Mapping[str, Any], site: Site | None = None) -> l
             if kind != section:
                 raise ConfigError(f"{bundle / lockfile.LOCK}: {section} entry names {rel!r}")
             _safe_name(name, f"{section} entry")
-            path = inside_bundle(bundle, rel, f"{section} entry")
-            hint = HINT_DAMAGED
-            if path.is_symlink() or not path.is_file():
-                raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=hint)
-            got = sha256_of(path)
-            if got != e.get("sha256"):
-                raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {e.get('sha256')}", hint=hint)
-            if section == CHARTS:
-                try:
-                    identity = chart_identity(path)
-                except ValueError as exc:
-                    raise ConfigError(f"{bundle}: {rel}: {exc}", hint=hint) from None
-                if identity != (e.get("name"), e.get("version")):
-                    raise ConfigError(f"{bundle}: {rel}: the archive is chart {identity[0][:100]} {identity[1][:100]}, "
-                                      f"the lock says {e.get('name')} {e.get('version')}", hint=HINT_FORGED)
-            out.append({**e, "kind": section})
-    return out
+            path = bundle_file(bundle, rel, e.get("sha256"), f"{section} entry")
+            sha256, size = str(e.get("sha256")), e.get("size")
+            size = size if isinstance(size, int) else 0
+            if section == FILES:
+                files.append({"name": str(e.get("name")), "source": str(e.get("source") or ""), "file": rel,
+                              "sha256": sha256, "size": size})
+                continue
+            try:
+                identity = chart_identity(path)
+            except ValueError as exc:
+                raise ConfigError(f"{bundle}: {rel}: {exc}", hint=HINT_DAMAGED) from None
+            if identity != (e.get("name"), e.get("version")):
+                raise ConfigError(f"{bundle}: {rel}: the archive is chart {identity[0][:100]} {identity[1][:100]}, "
+                                  f"the lock says {e.get('name')} {e.get('version')}", hint=HINT_FORGED)
+            charts.append({"name": identity[0], "version": identity[1], "repository": str(e.get("repository") or ""),
+                           "file": rel, "sha256": sha256, "size": size})
+    return charts, files
 
 
 @contextlib.contextmanager
@@ -261,9 +263,7 @@ def push(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: byte
          say: Say = lambda m: None) -> list[str]:
     """The verified charts into the site registry (and repo_dir), the files into repo_dir; what was done, as lines.
     Raises ChartFailures (exit 4)."""
-    entries = verify(bundle, lock, site)
-    charts = [e for e in entries if e["kind"] == CHARTS]
-    files = [e for e in entries if e["kind"] == FILES]
+    charts, files = verify(bundle, lock, site)
     reg = site.registry
     secrets = secrets_of(config_json)
     done: list[str] = []
@@ -308,24 +308,22 @@ def push(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: byte
     return done
 
 
-def publish(bundle: Path, charts: Sequence[Mapping[str, Any]], files: Sequence[Mapping[str, Any]], repo_dir: Path,
+def publish(bundle: Path, charts: Sequence[ChartEntry], files: Sequence[FileEntry], repo_dir: Path,
             say: Say = lambda m: None) -> list[str]:
     """Charts into repo_dir/charts (+ index.yaml), files into repo_dir/files (+ SHA256SUMS); unchanged ones stay."""
     done: list[str] = []
     changed_charts = False
+    items: Sequence[ChartEntry | FileEntry]
     for section, items in ((CHARTS, charts), (FILES, files)):
         if not items:
             continue
         out = repo_dir / section
         out.mkdir(parents=True, exist_ok=True)
         for e in items:
-            name = str(e["file"]).split("/", 1)[1]
+            name = e["file"].split("/", 1)[1]
             dest = out / name
-            if dest.is_file() and sha256_of(dest) == e["sha256"]:
+            if not copy_in(bundle / e["file"], dest, e["sha256"]):
                 continue
-            tmp = out / f".{name}.part"
-            shutil.copyfile(bundle / str(e["file"]), tmp)
-            os.replace(tmp, dest)
             changed_charts |= section == CHARTS
             done.append(f"{section[:-1]} {dest}")
             say(f"{section[:-1]} {name}: into {out}")

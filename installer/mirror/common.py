@@ -100,6 +100,30 @@ def inside_bundle(bundle: Path, rel: Any, what: str) -> Path:
     return path
 
 
+def bundle_file(bundle: Path, rel: Any, sha256: Any, what: str) -> Path:
+    """bundle/rel for a file the lock names with its sha256: a path inside the bundle (inside_bundle), a regular file
+    there (not a symlink), with those bytes; ConfigError (exit 2) naming the file otherwise."""
+    path = inside_bundle(bundle, rel, what)
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=HINT_DAMAGED)
+    got = sha256_file(path)
+    if got != sha256:
+        raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {sha256}", hint=HINT_DAMAGED)
+    return path
+
+
+def copy_in(src: Path, dest: Path, sha256: str) -> bool:
+    """Copy a verified file into a published repository unless it is there already (by sha256), through a .part
+    name; True when it was copied."""
+    if dest.is_file() and sha256_file(dest) == sha256:
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+    return True
+
+
 def read_since(path: Path) -> tuple[dict[str, Any], str]:
     """The lock an incremental pull builds on, and its sha256 (checked against PATH.sha256 when that file is there)."""
     hint = "give the bundle.lock.json of the bundle last pushed to this site (copied back from the air-gapped side)"

@@ -251,7 +251,7 @@ OS_TAG = re.compile(r"([a-z][a-z0-9-]*?)([0-9]+(?:\.[0-9]+)*)")  # ID+VERSION_ID
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~%:@=-]{0,254}")  # a package file name (apt quotes an epoch: %3a)
 
 
-def check_entry(where: Path, section: str, i: int, e: Any) -> None:
+def check_entry(where: Path, section: str, i: int, e: Any) -> PackageEntry:
     """A packages (or packageBase) entry of the lock names a plain OS tag of a supported OS, a package manager the
     roles use (apt, dnf) and a file packages/<os>/<name> (or packages/<os>/keys/<name>) with a plain file name:
     ConfigError (exit 2) naming the entry otherwise. Nothing of it can lead publish outside DIR/packages/<os>/."""
@@ -280,4 +280,18 @@ def check_entry(where: Path, section: str, i: int, e: Any) -> None:
                           f"{PACKAGES}/{os_tag}/{'keys/' if key else ''}<a plain "
                           f"{'key file' if key else ('.deb' if e.get('manager') == 'apt' else '.rpm') + ' file'} "
                           "name>", hint=hint)
+    size = e.get("size")
+    entry: PackageEntry = {"os": str(os_tag), "manager": str(e["manager"]), "file": str(rel),
+                           "source": str(e.get("source") or ""), "sha256": str(e.get("sha256")),
+                           "size": size if isinstance(size, int) else 0}
+    if key:
+        entry["key"] = True
+    name, version, arch = e.get("name"), e.get("version"), e.get("arch")
+    if isinstance(name, str):
+        entry["name"] = name
+    if isinstance(version, str):
+        entry["version"] = version
+    if isinstance(arch, str):
+        entry["arch"] = arch
+    return entry
 

@@ -47,7 +47,9 @@ def test_verify_names_a_changed_missing_or_escaping_file(tgz, tmp_path):
     dest.write_bytes(tgz.read_bytes())
     entry = {"name": "gpu-operator", "version": "v24.9.2", "file": f"charts/{tgz.name}",
              "sha256": hashlib.sha256(tgz.read_bytes()).hexdigest()}
-    assert charts.verify(bundle, {"charts": [entry]})[0]["kind"] == "charts"
+    checked, files = charts.verify(bundle, {"charts": [entry]})
+    assert files == [] and [(c["name"], c["version"], c["file"], c["sha256"]) for c in checked] == [
+        ("gpu-operator", "v24.9.2", entry["file"], entry["sha256"])]
     dest.write_bytes(tgz.read_bytes() + b"\0")
     with pytest.raises(ConfigError, match=rf"charts/{tgz.name}: sha256 .* the lock says"):
         charts.verify(bundle, {"charts": [entry]})

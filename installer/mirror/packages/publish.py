@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,8 +13,8 @@ from typing import Any
 
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.mirror import bundle as lockfile
-from installer.mirror.common import HINT_DAMAGED, Say, inside_bundle
-from installer.mirror.lock import check_entry
+from installer.mirror.common import Say, bundle_file, copy_in
+from installer.mirror.lock import PackageEntry, check_entry
 from installer.mirror.packages.tools import (
     APT_ARCH,
     BASE,
@@ -32,24 +31,17 @@ from installer.mirror.packages.tools import (
 from installer.util import atomic_write, sha256_file
 
 
-def verify(bundle: Path, lock: Mapping[str, Any]) -> list[dict[str, Any]]:
+def verify(bundle: Path, lock: Mapping[str, Any]) -> list[PackageEntry]:
     """Every package file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
     sha256 (ConfigError naming the first that is not), every entry (and every packageBase entry) of plain shape
     (check_entry)."""
-    out = []
-    hint = HINT_DAMAGED
+    out: list[PackageEntry] = []
     for i, e in enumerate(lock.get(BASE) or []):
         check_entry(bundle / lockfile.LOCK, BASE, i, e)
     for i, e in enumerate(lock.get(PACKAGES) or []):
-        check_entry(bundle / lockfile.LOCK, PACKAGES, i, e)
-        rel = str(e["file"])
-        path = inside_bundle(bundle, rel, f"packages[{i}] file")
-        if path.is_symlink() or not path.is_file():
-            raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=hint)
-        got = sha256_file(path)
-        if got != e.get("sha256"):
-            raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {e.get('sha256')}", hint=hint)
-        out.append(dict(e))
+        entry = check_entry(bundle / lockfile.LOCK, PACKAGES, i, e)
+        bundle_file(bundle, entry["file"], e.get("sha256"), f"packages[{i}] file")
+        out.append(entry)
     return out
 
 
@@ -102,17 +94,6 @@ def _sign(home: Path, fpr: str, path: Path, out: Path, clear: bool = False) -> N
     os.replace(tmp, out)
 
 
-def _copy_in(src: Path, dest: Path, sha256: str) -> bool:
-    """Copy a verified file into the repository unless it is there already; True when it was copied."""
-    if dest.is_file() and sha256_file(dest) == sha256:
-        return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
-    return True
-
-
 def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | None = None,
             say: Say = lambda m: None) -> list[str]:
     """The lock's packages into signed repositories under repo_dir/packages/<os>/; what was done, as lines."""
@@ -126,19 +107,19 @@ def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | 
     if not key_file.is_file() or key_file.read_text() != public:
         atomic_write(key_file, public)
     done = [f"site signing key {fpr} ({home}); public key {key_file} (packages.key)"]
-    by_os: dict[str, list[dict[str, Any]]] = {}
+    by_os: dict[str, list[PackageEntry]] = {}
     for e in entries:
         by_os.setdefault(str(e["os"]), []).append(e)
     for os_tag, items in sorted(by_os.items()):
         root = repo_dir / PACKAGES / os_tag
         manager = str(items[0].get("manager"))
         if manager == "apt":
-            copied = sum(_copy_in(bundle / str(e["file"]), root / "pool" / COMPONENT / Path(str(e["file"])).name,
+            copied = sum(copy_in(bundle / str(e["file"]), root / "pool" / COMPONENT / Path(str(e["file"])).name,
                                   str(e["sha256"])) for e in items)
             _apt_index(root, home, fpr)
         elif manager == "dnf":
             pkgs = [e for e in items if not e.get("key")]
-            copied = sum(_copy_in(bundle / str(e["file"]), root / Path(str(e["file"])).name, str(e["sha256"]))
+            copied = sum(copy_in(bundle / str(e["file"]), root / Path(str(e["file"])).name, str(e["sha256"]))
                          for e in pkgs)
             keys = "".join((bundle / str(e["file"])).read_text() for e in items if e.get("key"))
             if not (root / UPSTREAM_KEYS).is_file() or (root / UPSTREAM_KEYS).read_text() != keys:
