@@ -21,7 +21,8 @@ from installer.cli.common import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from installer.mirror.images import Event
+    from installer.config import Site
+    from installer.mirror.images import Event, Outcome
     from installer.mirror.plan import Artifact, ArtifactPlan
     from installer.ui import Transfer, TransferProgress
 
@@ -168,7 +169,7 @@ class _Report:
         return f"{_size(self.bytes)} in {_clock_text(elapsed)}{speed}"
 
 
-def _summary(what: str, outcome: Any, quiet: bool, report: _Report | None = None) -> None:
+def _summary(what: str, outcome: Outcome, quiet: bool, report: _Report | None = None) -> None:
     import sys
 
     if not quiet:
@@ -247,7 +248,6 @@ def cmd_push(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from installer.config import load_site
-    from installer.kube import docker_config_json
     from installer.mirror import charts, images, packages
     from installer.mirror.bundle import bundle_for_push
     from installer.mirror.lock import check_images
@@ -264,8 +264,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise ConfigError(f"{bundle}: the bundle holds OS packages and --repo-dir is not given",
                           hint="give --repo-dir DIR (a directory a web server of the site serves to the nodes): "
                                "push publishes the packages there as signed repositories")
-    creds = docker_config_json(site.registry) if site.registry.pullSecret and (
-        site.registry.pullSecret.dockerConfigFile or site.registry.pullSecret.usernameEnv) else None
+    creds = _credentials(site)
     report = _Report(args.quiet, "pushing")
     try:
         outcome = images.push(site, bundle, config_json=creds, progress=report, jobs=args.jobs, lock=lock)
@@ -290,19 +289,17 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trusted(site: Any, args: argparse.Namespace) -> list[Path]:
+def _trusted(site: Site, args: argparse.Namespace) -> list[Path]:
     """The bundle keys pinned on this side: mirror.trustedKeys (relative to the site file) and --trusted-key."""
     from pathlib import Path
 
     return [*site.mirror.trustedKeys, *(Path(p) for p in args.trusted_key or [])]
 
 
-def _credentials(site: Any) -> bytes | None:
-    """The site registry's docker config.json from registry.pullSecret (env vars or file), or None without one."""
-    from installer.kube import docker_config_json
+def _credentials(site: Site) -> bytes | None:
+    from installer.mirror.common import credentials
 
-    ps = site.registry.pullSecret
-    return docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
+    return credentials(site)
 
 
 def cmd_sync(args: argparse.Namespace) -> int:

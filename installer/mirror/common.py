@@ -22,11 +22,14 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from installer.errors import ConfigError, EnvironmentProblem, HostFailures
 from installer.mirror.bundle import LOCK, SCHEMA
 from installer.util import sha256_file
+
+if TYPE_CHECKING:
+    from installer.config import Site
 
 Say = Callable[[str], None]
 
@@ -162,6 +165,14 @@ def fetch(source: str, dest: Path, ca: Path | None) -> None:
 
 
 # ---------------------------------------------------------------- credentials and CA
+
+
+def credentials(site: Site) -> bytes | None:
+    """The site registry's docker config.json from registry.pullSecret (env vars or file), or None without one."""
+    from installer.kube import docker_config_json
+
+    ps = site.registry.pullSecret
+    return docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
 
 
 @contextlib.contextmanager

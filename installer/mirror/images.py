@@ -57,7 +57,7 @@ from installer.mirror.common import (
     run_skopeo,
 )
 from installer.mirror.common import secrets_of as secrets_of
-from installer.mirror.lock import DIGEST, LAYOUT, ImageEntry
+from installer.mirror.lock import DIGEST, LAYOUT, BaseEntry, FailedImage, ImageEntry
 from installer.mirror.lock import check_images as check_images
 from installer.mirror.lock import expected_destination as expected_destination
 from installer.mirror.lock import planned_sources as planned_sources
@@ -518,7 +518,8 @@ def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform:
         mine = Layout(r.private)
         msg = ""
         if r.base:
-            lock["base"].append({"source": img.source, "destination": img.destination, "digest": digest})
+            based: BaseEntry = {"source": img.source, "destination": img.destination, "digest": digest}
+            lock["base"].append(based)
             outcome.skipped.append(img.source)
             progress(Event("skipped", r.n, total, img.source, f"{digest}, in the base bundle"))
             shutil.rmtree(r.private, ignore_errors=True)
@@ -535,16 +536,18 @@ def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform:
             msg = f"the layout names {mine.digest_of(name)} for it, skopeo copied {digest}"
         if msg:
             outcome.failed[img.source] = msg
-            lock["failed"].append({"source": img.source, "pulledFrom": src, "error": msg})
+            failure: FailedImage = {"source": img.source, "pulledFrom": src, "error": msg}
+            lock["failed"].append(failure)
             progress(Event("failed", r.n, total, img.source, msg))
         else:
             descriptor = mine.descriptor(name) or {}
             _merge_index(layout, name, descriptor)
             blobs = layout.closure(digest)
             size = sum(blobs.values())
-            lock["images"].append({"source": img.source, "pulledFrom": src, "destination": img.destination,
-                                   "component": img.component, "refName": name, "digest": digest, "size": size,
-                                   "blobs": sorted(blobs)})
+            entry: ImageEntry = {"source": img.source, "pulledFrom": src, "destination": img.destination,
+                                 "component": img.component, "refName": name, "digest": digest, "size": size,
+                                 "blobs": sorted(blobs)}
+            lock["images"].append(entry)
             outcome.copied.append(img.source)
             progress(Event("copied", r.n, total, img.source, f"{digest} {size}"))
         shutil.rmtree(r.private, ignore_errors=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer.errors import ConfigError, PreflightError
-from installer.mirror.common import DEFAULT_JOBS
+from installer.mirror.common import DEFAULT_JOBS, credentials
 from installer.mirror.registry import Finding as Finding
 from installer.mirror.registry import Wanted as Wanted
 from installer.mirror.registry import check as check
@@ -99,16 +99,13 @@ def for_apply(plan: Plan) -> int:
     OS), not only the limited ones."""
     import dataclasses
 
-    from installer.kube import docker_config_json
-
     if plan.limit:
         from installer.plan import resolve
 
         plan = resolve(plan.site, dataclasses.replace(plan.options, limit=None))
     site = plan.site
-    ps = site.registry.pullSecret
-    creds = docker_config_json(site.registry) if ps and (ps.dockerConfigFile or ps.usernameEnv) else None
-    return require(site, from_plan(plan.artifacts(()).images), config_json=creds, what="the release deploys ")
+    return require(site, from_plan(plan.artifacts(()).images), config_json=credentials(site),
+                   what="the release deploys ")
 
 
 def packages_for_apply(plan: Plan) -> int:
