@@ -12,7 +12,9 @@ uninstall: the reverse, guarded by --yes: the Helm release and gpu-install's pul
 configs back to their backups minus our keys, the registry CA files, then the toolkit and driver packages and files
 that gpu-install installed -- its record on each node says which; what was there before stays).
 
-Each stage's outcome is collected in a Summary, printed by the CLI also when a stage fails.
+Each command is a list of named stages (apply_stages, uninstall_stages) run by installer.stages: every stage gets
+its row in the Summary (ok/changed/..., skipped with the reason, failed, or not run after an earlier failure), printed
+by the CLI also when a stage fails.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from installer import apply as nodes
+from installer import stages
 from installer.errors import ConfigError, GpuInstallError, HostsUnreachable, ValidationFindings
+from installer.stages import Result, Row, Stage
 
 if TYPE_CHECKING:
     from installer.ansible import RunResult
@@ -49,31 +53,24 @@ class OperatorOptions:
 
 
 @dataclass
-class Stage:
-    name: str
-    outcome: str  # ok | changed | unchanged | would change | skipped | FAILED | not run | removed
-    detail: str = ""
-
-
-@dataclass
 class Summary:
+    """The stage table of one apply/uninstall: a row per stage (installer.stages), printed by the CLI also when a
+    stage fails."""
+
     command: str
     check: bool = False
-    stages: list[Stage] = field(default_factory=list)
+    stages: list[Row] = field(default_factory=list)
     nodes_changed: int | None = None  # sum of per-host changed counts of the node playbook
     report: Any = None  # apply's validate stage: its installer.validate.Report (printed with the stage table)
 
-    def add(self, name: str, outcome: str, detail: str = "") -> Stage:
-        st = Stage(name, outcome, detail)
-        self.stages.append(st)
-        return st
-
     def table(self) -> str:
         """The stage table printed after apply/uninstall (also when a stage failed)."""
-        from installer.ui import table
-
         title = f"{self.command}{' (check mode: nothing changed)' if self.check else ''} stages:"
-        return table(title, ["stage", "outcome", "detail"], [(s.name, s.outcome, s.detail) for s in self.stages])
+        return stages.table(title, self.stages)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The stage table as data: [{name, outcome, reason, seconds}] per stage."""
+        return stages.records(self.stages)
 
 
 def _split(tags: str | None) -> set[str]:
@@ -120,8 +117,16 @@ def _nodes_detail(res: RunResult) -> str:
 
 def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: Summary,
               display: Display | None = None) -> Summary:
-    """preflight → nodes → operator → sharing → monitoring → mig → validate; raises the first stage's error after
-    recording it in summary."""
+    """preflight → nodes → operator → sharing → monitoring → mig → validate (apply_stages); raises the first stage's
+    error after every stage has its row in summary."""
+    stages.run(apply_stages(plan, run, op, summary, display), summary.stages)
+    return summary
+
+
+def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: Summary,
+                 display: Display | None = None) -> list[Stage]:
+    """apply's stages, in order. What the operator, sharing and monitoring stages need is resolved here, before any
+    stage runs and so before any host is touched: a missing piece is exit 2 with nothing changed (and no stage)."""
     from installer import monitoring, operator, sharing
 
     say = _say(display)
@@ -133,10 +138,14 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
         sharing.check_chart(site)
     if monitoring.enabled(site):  # the metrics CSV, before any host (exit 2)
         monitoring.metrics_csv(site)
-    scrape = ""
+    scrape = ""  # the monitoring stage's flavour, decided by preflight from what the cluster serves
 
-    stage = "preflight"
-    try:
+    def with_operator(not_configured: str | None) -> Callable[[], str | None]:
+        """The precondition of a stage that runs after the operator stage, on the same cluster."""
+        return lambda: not_configured or ("runs with the operator stage" if prepared is None else None)
+
+    def preflight() -> Result:
+        nonlocal scrape
         if prepared is not None:  # the cluster's Kubernetes version, before any host is touched (read-only)
             note = operator.check_cluster(plan, prepared.kubeconfig)
             if note:
@@ -162,165 +171,130 @@ def run_apply(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary: S
 
             say(f"preflight: {packages_for_apply(plan)} package roots in {site.packages.url}")
         pre = nodes.preflight(plan, run, display)
-        summary.add("preflight", "ok", f"{len(pre.hosts)} host(s) checked, read-only")
-        stage = "nodes"
+        return Result(stages.OK, f"{len(pre.hosts)} host(s) checked, read-only")
+
+    def node_roles() -> Result:
         say("stage nodes: playbooks/site.yml")
         res = nodes.run_nodes("site.yml", plan, run, display)
         summary.nodes_changed = res.changed
-        outcome = ("would change" if run.check else "changed") if res.changed else "unchanged"
-        summary.add("nodes", outcome, _nodes_detail(res))
-    except GpuInstallError as exc:
-        summary.add(stage, "FAILED", exc.message.split(" (run artifacts")[0][:300])
-        if stage == "preflight":
-            summary.add("nodes", "not run")
-        summary.add("operator", "not run" if not skip_reason else "skipped", skip_reason or "")
-        raise
+        return Result(stages.changed(res.changed, run.check), _nodes_detail(res))
 
-    if skip_reason or prepared is None:
-        summary.add("operator", "skipped", skip_reason or "")
-        if sharing.active(site):
-            summary.add("sharing", "skipped", "runs with the operator stage")
-        if monitoring.enabled(site):
-            summary.add("monitoring", "skipped", "runs with the operator stage")
-        summary.add("mig", "skipped", "runs with the operator stage")
-        summary.add("validate", "skipped", "runs after the operator stage: run `gpu-install validate` once the "
-                                           "operator is up" if op.validate else "--skip-validate")
-        return summary
-    name = f"release {site.operator.releaseName} in namespace {site.operator.namespace}"
-    try:
+    def operator_release() -> Result:
+        assert prepared is not None
+        name = f"release {site.operator.releaseName} in namespace {site.operator.namespace}"
         if run.check:
             say(f"stage operator (check mode): comparing {name} with chart {prepared.chart}")
             report = operator.preview(plan, prepared)
             for line in report.lines():
                 say(f"operator: {line}")
-            summary.add("operator", "would change" if report.changed else "unchanged", report.lines()[-1])
-        else:
-            say(f"stage operator: {name}, chart {prepared.chart}")
-            done = operator.install(plan, prepared, timeout=op.timeout, wait=op.wait,
-                                    progress=lambda m: say(f"operator: {m}"))
-            summary.add("operator", "changed" if done.changed else "unchanged", done.lines()[-2])
-    except GpuInstallError as exc:
-        summary.add("operator", "FAILED", exc.message[:300])
-        if sharing.active(site):
-            summary.add("sharing", "not run")
-        if monitoring.enabled(site):
-            summary.add("monitoring", "not run")
-        summary.add("mig", "not run")
-        summary.add("validate", "not run")
-        raise
-    if sharing.active(site):
-        try:
-            run_sharing(plan, run.check, op, prepared.kubeconfig, summary, say)
-        except GpuInstallError:
-            if monitoring.enabled(site):
-                summary.add("monitoring", "not run")
-            summary.add("mig", "not run")
-            summary.add("validate", "not run")
-            raise
-    if monitoring.enabled(site):
-        try:
-            run_monitoring(plan, run.check, prepared.kubeconfig, scrape, summary, say)
-        except GpuInstallError:
-            summary.add("mig", "not run")
-            summary.add("validate", "not run")
-            raise
-    if not plan.mig:
-        summary.add("mig", "skipped", "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)")
-    else:
-        try:
-            run_mig(plan, run.check, str(prepared.kubeconfig), summary, say)
-        except GpuInstallError:
-            summary.add("validate", "not run")
-            raise
-    run_validate(plan, run, op, str(prepared.kubeconfig), summary, say)
-    return summary
+            return Result(stages.changed(report.changed, True), report.lines()[-1])
+        say(f"stage operator: {name}, chart {prepared.chart}")
+        done = operator.install(plan, prepared, timeout=op.timeout, wait=op.wait,
+                                progress=lambda m: say(f"operator: {m}"))
+        return Result(stages.changed(done.changed, False), done.lines()[-2])
+
+    def kubeconfig() -> Any:
+        assert prepared is not None
+        return prepared.kubeconfig
+
+    return [
+        Stage("preflight", preflight, failure=_without_artifacts),
+        Stage("nodes", node_roles, failure=_without_artifacts),
+        Stage("operator", operator_release, skip=lambda: skip_reason),
+        Stage("sharing", lambda: run_sharing(plan, run.check, op, kubeconfig(), say),
+              skip=with_operator(None if sharing.active(site) else NO_SHARING)),
+        Stage("monitoring", lambda: run_monitoring(plan, run.check, kubeconfig(), scrape, say),
+              skip=with_operator(None if monitoring.enabled(site) else "monitoring.enabled is false")),
+        Stage("mig", lambda: run_mig(plan, run.check, str(kubeconfig()), say),
+              skip=with_operator(None if plan.mig else NO_MIG)),
+        Stage("validate", lambda: run_validate(plan, str(kubeconfig()), op, summary, say),
+              skip=lambda: validate_skipped(plan, run, op, skip_reason)),
+    ]
 
 
-def run_validate(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, kubeconfig: str, summary: Summary,
-                 say: Progress) -> None:
+NO_SHARING = "no sharing.mode with a release of its own (gpumanager, hami) and no mig.dynamic nos"
+NO_MIG = "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)"
+
+
+def _without_artifacts(exc: GpuInstallError) -> str:
+    """A node stage's error without the run-records path (the detail column names it for the stage that ran)."""
+    return exc.message.split(" (run artifacts")[0]
+
+
+def validate_skipped(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, operator_skipped: str | None) -> str | None:
+    """Why apply's validate stage does not run, or None."""
+    if operator_skipped:
+        return ("runs after the operator stage: run `gpu-install validate` once the operator is up" if op.validate
+                else "--skip-validate")
+    if not op.validate:
+        return "--skip-validate"
+    if run.check:
+        return "check mode"
+    if not op.wait:
+        return "--no-wait: the operator's pods may not be up yet; run `gpu-install validate` when they are"
+    if not plan.nodes:
+        return f"no GPU node in this run (--limit {plan.limit})"
+    return None
+
+
+def run_validate(plan: Plan, kubeconfig: str, op: OperatorOptions, summary: Summary, say: Progress) -> Result:
     """apply's last stage: `gpu-install validate` (every layer) on what apply just installed; its report goes into
-    summary.report. Findings raise ValidationFindings (exit 6), an unreachable node HostsUnreachable (exit 5)."""
+    summary.report. Findings fail the stage with ValidationFindings (exit 6), an unreachable node with
+    HostsUnreachable (exit 5)."""
     from installer import validate
 
-    why = ("--skip-validate" if not op.validate else "check mode" if run.check else
-           "--no-wait: the operator's pods may not be up yet; run `gpu-install validate` when they are"
-           if not op.wait else f"no GPU node in this run (--limit {plan.limit})" if not plan.nodes else "")
-    if why:
-        summary.add("validate", "skipped", why)
-        return
     say("stage validate: " + ", ".join(validate.AVAILABLE))
-    try:
-        report = validate.run(plan, kubeconfig, validate.AVAILABLE, timeout=op.timeout, progress=say)
-    except GpuInstallError as exc:
-        summary.add("validate", "FAILED", exc.message[:300])
-        raise
+    report = validate.run(plan, kubeconfig, validate.AVAILABLE, timeout=op.timeout, progress=say)
     summary.report = report
     counts = report.counts()
     detail = ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" ({report.seconds:.1f}s)"
     code = report.exit_code()
-    summary.add("validate", "passed" if code == 0 else "FAILED", detail)
     if code == HostsUnreachable.exit_code:
-        raise HostsUnreachable(f"validate: {counts['unreachable']} node(s) unreachable (the report above names them)",
-                               hint="check the nodes' SSH (the inventory's connection settings), then run "
-                                    "`gpu-install validate`")
+        return Result(stages.FAILED, detail, HostsUnreachable(
+            f"validate: {counts['unreachable']} node(s) unreachable (the report above names them)",
+            hint="check the nodes' SSH (the inventory's connection settings), then run `gpu-install validate`"))
     if code:
-        raise ValidationFindings(f"validate: {counts['fail']} check(s) failed after the install (the report above "
-                                 "gives the fix for each)",
-                                 hint="fix them and run `gpu-install validate` (apply again where the fix says so)")
+        return Result(stages.FAILED, detail, ValidationFindings(
+            f"validate: {counts['fail']} check(s) failed after the install (the report above gives the fix for each)",
+            hint="fix them and run `gpu-install validate` (apply again where the fix says so)"))
+    return Result("passed", detail)
 
 
-def run_monitoring(plan: Plan, check: bool, kubeconfig: Any, scrape: str, summary: Summary, say: Progress) -> None:
+def run_monitoring(plan: Plan, check: bool, kubeconfig: Any, scrape: str, say: Progress) -> Result:
     """monitoring.enabled: the ServiceMonitor + PrometheusRule or the scrape-config and rules ConfigMaps, and the
     dashboard ConfigMap (installer.monitoring); check mode: what would change (server-side dry run)."""
     from installer import monitoring
 
     say(f"stage monitoring: scrape {scrape}, namespace {plan.site.monitoring.namespace}"
         + (" (check mode)" if check else ""))
-    try:
-        rep = monitoring.install(plan, kubeconfig, scrape, progress=lambda m: say(f"monitoring: {m}"), dry_run=check)
-    except GpuInstallError as exc:
-        summary.add("monitoring", "FAILED", exc.message[:300])
-        raise
-    outcome = ("would change" if check else "changed") if rep.changed else "unchanged"
-    summary.add("monitoring", outcome, "; ".join(rep.lines())[:300])
+    rep = monitoring.install(plan, kubeconfig, scrape, progress=lambda m: say(f"monitoring: {m}"), dry_run=check)
+    return Result(stages.changed(rep.changed, check), "; ".join(rep.lines()))
 
 
-def run_sharing(plan: Plan, check: bool, op: OperatorOptions, kubeconfig: Any, summary: Summary,
-                say: Progress) -> None:
-    """sharing.mode hami / gpumanager: the mode's release and node label (installer.sharing); check mode: what
-    would change."""
+def run_sharing(plan: Plan, check: bool, op: OperatorOptions, kubeconfig: Any, say: Progress) -> Result:
+    """sharing.mode hami / gpumanager, mig.dynamic nos: the release and node label (installer.sharing); check mode:
+    what would change."""
     from installer import sharing
 
     what = {"hami": "HAMi", "nos": "nos (dynamic MIG)"}.get(sharing.kind(plan.site) or "",
                                                            "gpu-manager + gpu-quota-admission")
     say(f"stage sharing: {what}" + (" (check mode)" if check else ""))
-    try:
-        if check:
-            changed, what = sharing.preview(plan, kubeconfig)
-            summary.add("sharing", "would change" if changed else "unchanged", what)
-            return
-        rep = sharing.install(plan, kubeconfig, timeout=op.timeout, wait=op.wait,
-                              progress=lambda m: say(f"sharing: {m}"))
-    except GpuInstallError as exc:
-        summary.add("sharing", "FAILED", exc.message[:300])
-        raise
-    summary.add("sharing", "changed" if rep.changed else "unchanged", "; ".join(rep.lines()[:2]))
+    if check:
+        would, what = sharing.preview(plan, kubeconfig)
+        return Result(stages.changed(would, True), what)
+    rep = sharing.install(plan, kubeconfig, timeout=op.timeout, wait=op.wait, progress=lambda m: say(f"sharing: {m}"))
+    return Result(stages.changed(rep.changed, False), "; ".join(rep.lines()[:2]))
 
 
-def run_mig(plan: Plan, check: bool, kubeconfig: str, summary: Summary, say: Progress) -> None:
+def run_mig(plan: Plan, check: bool, kubeconfig: str, say: Progress) -> Result:
     """Label the GPU nodes nvidia.com/mig.config (installer.mig: every node checked before any is labelled);
     in check mode only report what would be set."""
     from installer import mig
 
     say(f"stage mig: {mig.LABEL} on the GPU nodes" + (" (check mode)" if check else ""))
-    try:
-        results = mig.label_nodes(plan, kubeconfig, dry_run=check, progress=lambda m: say(f"mig: {m}"))
-    except GpuInstallError as exc:
-        summary.add("mig", "FAILED", exc.message[:300])
-        raise
-    changed = sum(r.changed for r in results)
-    outcome = ("would change" if check else "changed") if changed else "unchanged"
-    summary.add("mig", outcome, f"{mig.LABEL} on {len(results)} node(s), {changed} set")
+    results = mig.label_nodes(plan, kubeconfig, dry_run=check, progress=lambda m: say(f"mig: {m}"))
+    n = sum(r.changed for r in results)
+    return Result(stages.changed(n, check), f"{mig.LABEL} on {len(results)} node(s), {n} set")
 
 
 # ---------------------------------------------------------------- uninstall
@@ -400,9 +374,20 @@ def removed_packages(res: RunResult) -> dict[str, list[str]]:
 
 def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: bool, summary: Summary,
                   display: Display | None = None) -> Summary:
-    from installer import kube, operator, sharing
+    """sharing → monitoring → operator → nodes → packages (uninstall_stages); raises the first stage's error after
+    every stage has its row in summary."""
+    stages.run(uninstall_stages(plan, run, op, yes, summary, display), summary.stages)
+    return summary
+
+
+def uninstall_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: bool, summary: Summary,
+                     display: Display | None = None) -> list[Stage]:
+    """uninstall's stages, in order. Without yes, what it would remove is a ConfigError (exit 2, nothing touched);
+    the kubeconfig is checked before any stage runs."""
+    from installer import kube, monitoring, operator, sharing
 
     say = _say(display)
+    site = plan.site
     skip_reason = operator_selected(run, op, plan.limit)
     op = replace(op, enabled=skip_reason is None)
     todo = removal_plan(plan, op, skip_reason, run.keep_packages)
@@ -418,53 +403,48 @@ def run_uninstall(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes: b
             raise _with_skip_hint(exc) from None
     for line in todo:
         say(f"uninstall: {line}")
-    if op.enabled and sharing.active(plan.site):
-        assert kubeconfig is not None
-        try:
-            done = sharing.uninstall(plan, kubeconfig, timeout=op.timeout, progress=lambda m: say(f"sharing: {m}"))
-            summary.add("sharing", "removed" if done else "unchanged", "; ".join(done) or "nothing of it was there")
-        except GpuInstallError as exc:
-            summary.add("sharing", "FAILED", exc.message[:300])
-            summary.add("operator", "not run")
-            summary.add("nodes", "not run")
-            raise
-    if op.enabled and plan.site.monitoring.enabled:
-        from installer import monitoring
 
+    def with_operator(not_configured: str | None) -> Callable[[], str | None]:
+        return lambda: not_configured or ("runs with the operator stage" if kubeconfig is None else None)
+
+    def sharing_release() -> Result:
         assert kubeconfig is not None
-        try:
-            gone = monitoring.uninstall(plan, kubeconfig, progress=lambda m: say(f"monitoring: {m}"))
-            summary.add("monitoring", "removed" if gone else "unchanged", "; ".join(gone) or "nothing of it was there")
-        except GpuInstallError as exc:
-            summary.add("monitoring", "FAILED", exc.message[:300])
-            summary.add("operator", "not run")
-            summary.add("nodes", "not run")
-            raise
-    if op.enabled:
-        try:
-            rep = operator.uninstall(plan, kubeconfig, yes=True, delete_namespace=op.delete_namespace,
-                                     timeout=op.timeout, progress=lambda m: say(f"operator: {m}"),
-                                     purge_crds=op.purge_crds, chart_ref=op.chart or plan.site.operator.chart)
-            summary.add("operator", "removed" if rep.release_removed else "unchanged", "; ".join(rep.lines()))
-        except GpuInstallError as exc:
-            summary.add("operator", "FAILED", exc.message[:300])
-            summary.add("nodes", "not run")
-            raise
-    else:
-        summary.add("operator", "skipped", skip_reason or "")
-    try:
+        done = sharing.uninstall(plan, kubeconfig, timeout=op.timeout, progress=lambda m: say(f"sharing: {m}"))
+        return Result("removed" if done else stages.UNCHANGED, "; ".join(done) or "nothing of it was there")
+
+    def monitoring_objects() -> Result:
+        assert kubeconfig is not None
+        gone = monitoring.uninstall(plan, kubeconfig, progress=lambda m: say(f"monitoring: {m}"))
+        return Result("removed" if gone else stages.UNCHANGED, "; ".join(gone) or "nothing of it was there")
+
+    def operator_release() -> Result:
+        rep = operator.uninstall(plan, kubeconfig, yes=True, delete_namespace=op.delete_namespace,
+                                 timeout=op.timeout, progress=lambda m: say(f"operator: {m}"),
+                                 purge_crds=op.purge_crds, chart_ref=op.chart or site.operator.chart)
+        return Result("removed" if rep.release_removed else stages.UNCHANGED, "; ".join(rep.lines()))
+
+    ran: list[RunResult] = []  # the nodes stage's run, read by the packages stage
+
+    def node_roles() -> Result:
         say("stage nodes: playbooks/uninstall.yml")
         res = nodes.run_nodes("uninstall.yml", plan, run.removing(), display)
+        ran.append(res)
         summary.nodes_changed = res.changed
-        summary.add("nodes", "changed" if res.changed else "unchanged", _nodes_detail(res))
-    except GpuInstallError as exc:
-        summary.add("nodes", "FAILED", exc.message.split(" (run artifacts")[0][:300])
-        raise
-    removed = {h: pkgs for h, pkgs in removed_packages(res).items() if pkgs}
-    if removed:
-        summary.add("packages", "would remove" if run.check else "removed",
-                    f"{sum(map(len, removed.values()))} package(s) gpu-install had installed, on "
-                    f"{', '.join(sorted(removed))}; those that were there before stay")
-    else:
-        summary.add("packages", "kept", "no package gpu-install installed was left to remove")
-    return summary
+        return Result(stages.CHANGED if res.changed else stages.UNCHANGED, _nodes_detail(res))
+
+    def packages() -> Result:
+        removed = {h: pkgs for h, pkgs in removed_packages(ran[-1]).items() if pkgs}
+        if not removed:
+            return Result("kept", "no package gpu-install installed was left to remove")
+        return Result("would remove" if run.check else "removed",
+                      f"{sum(map(len, removed.values()))} package(s) gpu-install had installed, on "
+                      f"{', '.join(sorted(removed))}; those that were there before stay")
+
+    return [
+        Stage("sharing", sharing_release, skip=with_operator(None if sharing.active(site) else NO_SHARING)),
+        Stage("monitoring", monitoring_objects,
+              skip=with_operator(None if monitoring.enabled(site) else "monitoring.enabled is false")),
+        Stage("operator", operator_release, skip=lambda: skip_reason),
+        Stage("nodes", node_roles, failure=_without_artifacts),
+        Stage("packages", packages),
+    ]
