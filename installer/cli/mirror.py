@@ -369,11 +369,16 @@ KERNEL_PLAN_HELP = ("node kernel (uname -r): its headers are listed (and, withou
                     "repeatable; with -i: kernels besides the inventory's gpu_install_kernel")
 
 
-def _nodes_args(p: argparse.ArgumentParser, kernel_help: str = KERNEL_HELP) -> None:
-    """--os and --kernel: the nodes of a mirror subcommand without an inventory."""
+def _plan_command(msub: Any, name: str, help_text: str, kernel_help: str = KERNEL_HELP) -> argparse.ArgumentParser:
+    """A mirror subcommand that resolves the site's plan: -s/--set, -i, and --os/--kernel for the nodes without an
+    inventory."""
+    p = command(msub, name, help_text)
+    site_args(p)
+    inventory_arg(p)
     p.add_argument("--os", action="append", default=[], metavar="OSTAG",
                    help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
     p.add_argument("--kernel", action="append", default=[], metavar="KERNEL", help=kernel_help)
+    return p
 
 
 def _platform_args(p: argparse.ArgumentParser, digest_note: str = "") -> None:
@@ -398,11 +403,8 @@ def _jobs_arg(p: argparse.ArgumentParser) -> None:
 
 def register(sub: Any) -> None:
     msub = group(sub, "mirror", "air-gapped mirroring: what the site needs", "mirror_command")
-    p = command(msub, "plan", "list every artifact an air-gapped install needs (images, chart, files, OS packages); "
-                              "offline")
-    site_args(p)
-    inventory_arg(p)
-    _nodes_args(p, kernel_help=KERNEL_PLAN_HELP)
+    p = _plan_command(msub, "plan", "list every artifact an air-gapped install needs (images, chart, files, OS "
+                                    "packages); offline", kernel_help=KERNEL_PLAN_HELP)
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: tables by kind; json: schema gpu-install.mirror-plan/v1")
     p.add_argument("--why", metavar="REF",
@@ -411,11 +413,8 @@ def register(sub: Any) -> None:
     output_arg(p)
     p.set_defaults(func=cmd_plan)
 
-    p = command(msub, "pull", "copy every image of the mirror plan into a bundle directory (one OCI image layout + "
-                              "bundle.lock.json); connected side; resumable")
-    site_args(p)
-    inventory_arg(p)
-    _nodes_args(p)
+    p = _plan_command(msub, "pull", "copy every image of the mirror plan into a bundle directory (one OCI image "
+                                    "layout + bundle.lock.json); connected side; resumable")
     p.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="bundle directory (created; an existing bundle is completed, not copied again)")
     _platform_args(p, "; its digest is the one recorded and pushed")
@@ -434,22 +433,17 @@ def register(sub: Any) -> None:
     quiet_arg(p)
     p.set_defaults(func=cmd_pull)
 
-    p = command(msub, "sync", "copy every image of the mirror plan from its upstream straight into registry.host, "
-                              "digests preserved and checked (a host that sees both registries); idempotent")
-    site_args(p)
-    inventory_arg(p)
-    _nodes_args(p)
+    p = _plan_command(msub, "sync", "copy every image of the mirror plan from its upstream straight into "
+                                    "registry.host, digests preserved and checked (a host that sees both "
+                                    "registries); idempotent")
     _platform_args(p)
     _jobs_arg(p)
     quiet_arg(p)
     p.set_defaults(func=cmd_sync)
 
-    p = command(msub, "verify", "check that every image of the plan (or of a bundle's lock) is in registry.host, by "
-                                "digest, and (with packages.url) every OS package in the site repository; exit 3 "
-                                "naming what is missing")
-    site_args(p)
-    inventory_arg(p)
-    _nodes_args(p)
+    p = _plan_command(msub, "verify", "check that every image of the plan (or of a bundle's lock) is in "
+                                      "registry.host, by digest, and (with packages.url) every OS package in the site "
+                                      "repository; exit 3 naming what is missing")
     p.add_argument("--bundle", metavar="DIR",
                    help="check the images of this bundle's lock, each by its digest (default: the plan's images, "
                         "their tags must resolve)")

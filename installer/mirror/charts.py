@@ -158,13 +158,19 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
     failed: dict[str, list[Failure]] = {"chart": [], "file": []}
     chart_entries: list[ChartEntry] = []
     file_entries: list[FileEntry] = []
+    def kept(rel: str, into: list[Any], what: str) -> bool:
+        """Whether the bundle holds rel as the older lock has it (sha256): its entry is kept, nothing fetched."""
+        prev = reusable(old, rel, bundle / rel)
+        if prev is not None:
+            into.append(prev)
+            say(f"{what}: already in the bundle")
+        return prev is not None
+
     with helm_env() as env:
         for c in charts:
             rel = f"{CHARTS}/{_safe_name(c.file, 'chart file')}"
             dest = bundle / rel
-            if (prev := reusable(old, rel, dest)) is not None:
-                chart_entries.append(prev)
-                say(f"chart {c.name} {c.version}: already in the bundle")
+            if kept(rel, chart_entries, f"chart {c.name} {c.version}"):
                 continue
             say(f"chart {c.name} {c.version}: helm pull from {c.repository}")
             why = _pull_chart(c, dest, ca, env)
@@ -177,9 +183,7 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
     for f in files:
         rel = f"{FILES}/{_safe_name(f.name, 'file name')}"
         dest = bundle / rel
-        if (prev := reusable(old, rel, dest)) is not None:
-            file_entries.append(prev)
-            say(f"file {f.name}: already in the bundle")
+        if kept(rel, file_entries, f"file {f.name}"):
             continue
         dest.parent.mkdir(exist_ok=True)
         say(f"file {f.name}: from {f.source}")

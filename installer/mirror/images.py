@@ -152,16 +152,23 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_regular(path: Path, limit: int, what: str) -> bytes:
-    """The bytes of path, which must be a regular file (lstat: a symlink, FIFO or device is refused without being
-    opened) of at most limit bytes; LayoutError naming what otherwise. Opened O_NOFOLLOW|O_NONBLOCK and checked again
-    on the descriptor, so a file swapped for a FIFO in between cannot block the read."""
+def _lstat_regular(path: Path, what: str) -> os.stat_result:
+    """lstat of path, which must be a regular file (a symlink, FIFO or device is refused without being opened);
+    LayoutError naming what otherwise."""
     try:
         st = os.lstat(path)
     except OSError as exc:
         raise LayoutError(f"{what}: missing or unreadable ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
         raise LayoutError(f"{what}: {_kind(st.st_mode)}, not a regular file")
+    return st
+
+
+def read_regular(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of path, which must be a regular file (lstat: a symlink, FIFO or device is refused without being
+    opened) of at most limit bytes; LayoutError naming what otherwise. Opened O_NOFOLLOW|O_NONBLOCK and checked again
+    on the descriptor, so a file swapped for a FIFO in between cannot block the read."""
+    st = _lstat_regular(path, what)
     if st.st_size > limit:
         raise LayoutError(f"{what}: {st.st_size} bytes, more than the {limit} a manifest or index may have")
     try:
@@ -215,14 +222,7 @@ class Layout:
 
     def _regular(self, digest: str) -> os.stat_result:
         """lstat of the blob, which must be a regular file (LayoutError naming it otherwise)."""
-        path = self.blob(digest)
-        try:
-            st = os.lstat(path)
-        except OSError as exc:
-            raise LayoutError(f"blob {digest}: missing or unreadable ({exc.strerror})") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise LayoutError(f"blob {digest}: {_kind(st.st_mode)}, not a regular file")
-        return st
+        return _lstat_regular(self.blob(digest), f"blob {digest}")
 
     def read_index(self) -> list[dict[str, Any]]:
         """index.json's manifest descriptors; LayoutError when it is missing, not a regular file, too large or not
@@ -647,18 +647,24 @@ def push(site: Site, bundle: Path, *, config_json: bytes | None, progress: Progr
     with cert_dir(reg.ca) as certs, authfile(config_json) as auth, ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(one, n, e, certs, auth): e for n, e in enumerate(entries, 1)}
         results = {id(futures[f]): f.result() for f in as_completed(futures)}
-    for e in entries:
-        kind, dest, msg = results[id(e)]
+    done = [(kind, e["source"], dest, msg) for e in entries for kind, dest, msg in [results[id(e)]]]
+    return _tally(outcome, done,
+                  f"{total} images could not be pushed to {reg.host}",
+                  hint="check registry.host, the credentials registry.pullSecret names (they need push rights) and "
+                       "registry.ca; run push again: images already there with the bundle's digest are skipped")
+
+
+def _tally(outcome: Outcome, results: Sequence[tuple[str, str, str, str]], what: str, hint: str) -> Outcome:
+    """outcome with each image's result, (kind, source, the reference a failure is named by, message), in order;
+    TransferFailures (exit 4) naming every failed one: "<n> of <what>:"."""
+    for kind, source, ref, msg in results:
         if kind == "failed":
-            outcome.failed[dest] = msg
+            outcome.failed[ref] = msg
         else:
-            (outcome.copied if kind == "copied" else outcome.skipped).append(str(e["source"]))
+            (outcome.copied if kind == "copied" else outcome.skipped).append(source)
     if outcome.failed:
-        raise TransferFailures(
-            f"{len(outcome.failed)} of {total} images could not be pushed to {reg.host}:\n"
-            + "\n".join(f"  {d}: {m}" for d, m in outcome.failed.items()),
-            hint="check registry.host, the credentials registry.pullSecret names (they need push rights) and "
-                 "registry.ca; run push again: images already there with the bundle's digest are skipped")
+        raise TransferFailures(f"{len(outcome.failed)} of {what}:\n"
+                               + "\n".join(f"  {r}: {m}" for r, m in outcome.failed.items()), hint=hint)
     return outcome
 
 
@@ -775,15 +781,8 @@ def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | No
     with cert_dir(site.mirror.upstreamCa) as up, cert_dir(reg.ca) as certs, authfile(config_json) as auth, \
             ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(lambda a: one(a[0], a[1], up, certs, auth), enumerate(images, 1)))
-    for img, (kind, msg) in zip(images, results, strict=True):
-        if kind == "failed":
-            outcome.failed[img.source] = msg
-        else:
-            (outcome.copied if kind == "copied" else outcome.skipped).append(img.source)
-    if outcome.failed:
-        raise TransferFailures(
-            f"{len(outcome.failed)} of {total} images could not be synced to {reg.host}:\n"
-            + "\n".join(f"  {s}: {m}" for s, m in outcome.failed.items()),
-            hint="fix the cause (tag missing upstream, mirror.upstream / mirror.upstreamCa, the credentials "
-                 "registry.pullSecret names, registry.ca) and run sync again: images already there are skipped")
-    return outcome
+    done = [(kind, img.source, img.source, msg) for img, (kind, msg) in zip(images, results, strict=True)]
+    return _tally(outcome, done,
+                  f"{total} images could not be synced to {reg.host}",
+                  hint="fix the cause (tag missing upstream, mirror.upstream / mirror.upstreamCa, the credentials "
+                       "registry.pullSecret names, registry.ca) and run sync again: images already there are skipped")
