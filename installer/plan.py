@@ -14,8 +14,8 @@ inventory. The plan carries:
 - the artifact plan of `gpu-install mirror` (Plan.artifacts(): the image list, the chart, the runfile, the OS package
   roots the roles install per node OS).
 
-Cross-checks live here, once. New capabilities (mirror, validate, sharing) extend this plan; they never build a
-second list of anything.
+Cross-checks live here, once. New capabilities (mirror, validate) extend this plan, features (installer.features:
+sharing modes, dynamic MIG, monitoring) add to it through their hooks; none builds a second list of anything.
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ class Plan:
     @cached_property
     def images(self) -> tuple[Image, ...]:
         """Every image the deployed components pull (driver tags per node OS); fails closed."""
-        from installer import sharing
+        from installer import features
         from installer.artifacts import images
 
         return tuple(sorted([*images(self.site, self.release, self.components.values(), self.values, self.nodes),
-                             *sharing.images(self.site)]))
+                             *features.images(self.site)]))
 
     def artifacts(self, kernels: Sequence[str] = ()) -> ArtifactPlan:
         """What an air-gapped site must hold: these images, the chart, the runfile, the OS package roots per node OS
@@ -139,7 +139,7 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
             facts: Sequence[Node] | None = None) -> Plan:
     """The one place the site, the catalog and the inventory meet; raises ConfigError (exit 2) on any mismatch.
     facts: GPU nodes already known without an inventory (instead of --os/--kernel)."""
-    from installer import mig, sharing
+    from installer import features, mig
     from installer.render.role_vars import role_vars
     from installer.render.values import build_values, resolve_components
 
@@ -155,9 +155,8 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
                               hint="set gpu_install_os / gpu_install_kernel in the inventory instead")
         inventory = load_inventory(opts.inventory, opts.limit)
         gpu_vars = gpu_host_vars(inventory)
-        if sharing.extenders(site) and not inventory.all_groups.get(CONTROL_PLANE_GROUP):
-            why = "scheduler.extenders are" if site.scheduler.extenders else \
-                "sharing.mode gpumanager wires gpu-quota-admission as an extender"
+        if features.extenders(site) and not inventory.all_groups.get(CONTROL_PLANE_GROUP):
+            why = features.extenders_why(site)
             raise ConfigError(
                 f"inventory {inventory.path}: group '{CONTROL_PLANE_GROUP}' is missing or empty, and the scheduler "
                 f"stage needs it: {why} patched into kube-scheduler on those hosts",

@@ -219,8 +219,8 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
 
 
 def chart_artifacts(plan: Plan) -> list[ChartArtifact]:
-    """The charts of the plan: the GPU Operator's at the release's chart version (first), HAMi's or nos' where the
-    site's sharing / MIG mode deploys them. From the site and the catalog alone (no nodes): push checks a bundle's
+    """The charts of the plan: the GPU Operator's at the release's chart version (first), then the active features'
+    (HAMi's, nos'). From the site and the catalog alone (no nodes): push checks a bundle's
     charts against it."""
     site = plan.site
     chart = ChartArtifact(CHART_NAME, chart_version(plan), site.mirror.chartRepository, (
@@ -228,17 +228,11 @@ def chart_artifacts(plan: Plan) -> list[ChartArtifact]:
         Need("GPU Operator chart", f"mirror.chartRepository={site.mirror.chartRepository}"
              + ("" if "mirror" in site.model_fields_set and "chartRepository" in site.mirror.model_fields_set
                 else " (default)"))))
+    from installer import features
+
     charts = [chart]
-    if site.sharing.mode == "hami":  # HAMi's chart, from its own repository (installer.sharing pins it)
-        from installer import sharing
-
-        name, version, repository = sharing.hami_chart(site)
-        charts.append(ChartArtifact(name, version, repository, (Need("HAMi chart", "sharing.mode=hami"),)))
-    if site.mig.dynamic == "nos" and site.sharing.mode == "none":  # nos' chart, from its OCI repository
-        from installer import sharing
-
-        name, version, repository = sharing.nos_chart(site)
-        charts.append(ChartArtifact(name, version, repository, (Need("nos chart", "mig.dynamic=nos"),)))
+    for feature, c in features.charts(site):  # the active features' charts, from their own repositories
+        charts.append(ChartArtifact(c.name, c.version, c.repository, (Need(c.label, feature.selector(site)),)))
     return charts
 
 
@@ -264,9 +258,10 @@ def chart_version(plan: Plan) -> str:
 
 def _image(plan: Plan, img: Image) -> ImageArtifact:
     comp = plan.components.get(img.component)
-    if comp is None:  # an image of the sharing mode (installer.sharing), not of the operator's chart
-        need = Need(img.component, "mig.dynamic=nos" if img.component.startswith("nos.")
-                    else f"sharing.mode={plan.site.sharing.mode}")
+    if comp is None:  # an image of a feature (installer.features), not of the operator's chart
+        from installer import features
+
+        need = Need(img.component, features.image_selector(plan.site, img.component))
         return ImageArtifact(img.source, img.destination, img.component, (need,))
     return ImageArtifact(img.source, img.destination, img.component, tuple(_image_needs(plan, comp, img)))
 

@@ -41,12 +41,12 @@ def _toolkit_version(site: Site, release: Release) -> str:
 
 def role_vars(site: Site, release: Release) -> dict[str, Any]:
     """The variables Python hands to the roles (each declared in a role's meta/argument_specs.yml)."""
-    from installer import sharing
+    from installer import features
 
     host_toolkit = site.toolkit.mode == "host"  # operator mode: the toolkit container configures the runtime
-    # with CDI, pods pick the runtime through a RuntimeClass; GPUManager needs plain runc as the default, HAMi nvidia
-    # (installer.sharing refuses HAMi with CDI on)
-    nvidia_default = site.cdi.enabled is not True and not sharing.enabled(site)
+    # with CDI, pods pick the runtime through a RuntimeClass; a feature may need plain runc as the default (its
+    # default_runtime; one needing nvidia refuses CDI on in its conflicts)
+    nvidia_default = site.cdi.enabled is not True and features.default_runtime(site) != "runc"
     trust = bool(site.registry.ca or site.registry.insecure)
     return {
         "gpu_install_action": "deploy",
@@ -85,13 +85,11 @@ def role_vars(site: Site, release: Release) -> dict[str, Any]:
         "package_repo_key_src": str(Path(site.packages.key).expanduser().absolute()) if site.packages.key else "",
         "nvidia_container_toolkit_enabled": host_toolkit,
         **({"nvidia_container_toolkit_version": _toolkit_version(site, release)} if host_toolkit else {}),
-        # mig.dynamic nos: MIG mode on the GPU nodes (host var gpu_install_mig_dynamic false leaves one out)
-        "mig_mode_enabled": site.mig.dynamic == "nos",
-        "mig_mode_reset": site.mig.nos.reset,
-        "mig_mode_reboot": site.mig.nos.reboot,
-        # control plane: no extenders -> the role does nothing; sharing.mode gpumanager adds gpu-quota-admission's
+        # the features' own (e.g. the mig_mode role's, for dynamic MIG)
+        **features.role_vars(site),
+        # control plane: no extenders -> the role does nothing; the site's, then the active features'
         "scheduler_policy_extenders": [e.model_dump(exclude_none=True, exclude_defaults=True) | {"urlPrefix": e.urlPrefix}
-                                       for e in sharing.extenders(site)],
+                                       for e in features.extenders(site)],
         "scheduler_policy_format": site.scheduler.format,
         "scheduler_policy_kubernetes_version": site.scheduler.kubernetesVersion or "",
     }

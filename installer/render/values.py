@@ -190,6 +190,9 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
     values: dict[str, Any] = {}
     secret = site.registry.pullSecret.name if site.registry.pullSecret else None
 
+    from installer import features
+
+    modes = features.component_modes(site)
     # images: every component pinned, pointing at the private registry
     for comp in components.values():
         spec = comp.spec
@@ -206,10 +209,7 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
         ov = site.components.get(comp.name)
         by_mode = {"driver": ("driver.mode", site.driver.mode, site.driver.mode in ("operator", "precompiled")),
                    "toolkit": ("toolkit.mode", site.toolkit.mode, site.toolkit.mode == "operator"),
-                   # nos makes the MIG layouts: mig-manager must not (only contradicted by enabling it)
-                   "migManager": ("mig.dynamic", site.mig.dynamic, False)}.get(comp.name)
-        if comp.name == "migManager" and site.mig.dynamic != "nos":
-            by_mode = None
+                   **modes}.get(comp.name)  # and the components a requested feature decides (installer.features)
         if ov and ov.enabled is not None and by_mode and ov.enabled != by_mode[2]:
             field, mode, on = by_mode
             raise ConfigError(
@@ -231,10 +231,9 @@ def build_values(site: Site, release: Release, components: dict[str, ResolvedCom
     _render_driver(site, release, values)
     _render_toolkit(site, release, values)
     _render_mig(site, release, values)
-    _render_device_plugin(site, release, values)
-    from installer import monitoring
-
-    monitoring.render_values(site, release, values, _set)  # monitoring.enabled: the exporter and its metrics
+    # the requested features' values: the device plugin's time-slicing/MPS config, monitoring's exporter and metrics,
+    # mig-manager off under dynamic MIG
+    features.operator_values(site, release, values)
     if release.has_key("operator.defaultRuntime"):
         values.setdefault("operator", {})["defaultRuntime"] = site.runtime
     if site.cdi.enabled is not None:
@@ -336,10 +335,7 @@ def _render_toolkit(site: Site, release: Release, values: dict[str, Any]) -> Non
 
 
 def _render_mig(site: Site, release: Release, values: dict[str, Any]) -> None:
-    _set(values, "mig.strategy", site.mig.strategy)  # mixed under mig.dynamic nos (installer.config.Mig)
-    mm = release.components.get("migManager")
-    if site.mig.dynamic == "nos" and mm is not None and mm.enabled_path:
-        _set(values, mm.enabled_path, False)  # nos' mig-agent makes the layouts (its docs: migManager.enabled=false)
+    _set(values, "mig.strategy", site.mig.strategy)  # mixed under dynamic MIG (installer.config.Mig)
     if site.mig.configMap:
         _set(values, "migManager.config.name", site.mig.configMap)
     if site.mig.customConfigs:  # the chart creates the ConfigMap from data (installer.mig: configs checked there)
@@ -354,39 +350,6 @@ def _render_mig(site: Site, release: Release, values: dict[str, Any]) -> None:
     if site.mig.config:  # the name is checked against the release with the nodes' layouts (installer.mig)
         _require(release, "migManager.config.default", "mig.config", "a default MIG config needs v23.3.0 or newer")
         _set(values, "migManager.config.default", site.mig.config)
-
-
-def _render_device_plugin(site: Site, release: Release, values: dict[str, Any]) -> None:
-    """GPU sharing through the device plugin's config (a ConfigMap the chart creates): time-slicing, or CUDA MPS
-    (device plugin v0.15.0+: GPU Operator v24.3.0+, whose chart sets the plugin's MPS root, devicePlugin.mps.root)."""
-    method, replicas, rename = site.devicePlugin.sharing()
-    if not method:
-        return
-    field_name = f"devicePlugin.{method}"
-    _require(release, "devicePlugin.config.create", field_name,
-             "a chart-created device plugin config needs v22.9.1 or newer")
-    if method == "mps":
-        _require(release, "devicePlugin.mps.root", field_name,
-                 "MPS sharing needs device plugin v0.15.0, first pinned by v24.3.0")
-        if site.mig.strategy == "mixed":
-            raise ConfigError("devicePlugin.mps: the device plugin refuses MPS with mig.strategy mixed (MPS shares "
-                              "full GPUs only)", hint="use mig.strategy single or none, or devicePlugin.timeSlicing")
-    import yaml
-
-    config = {
-        "version": "v1",
-        "flags": {"migStrategy": site.mig.strategy},
-        "sharing": {
-            method: {
-                "renameByDefault": rename,
-                "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
-            }
-        },
-    }
-    _set(values, "devicePlugin.config.create", True)
-    _set(values, "devicePlugin.config.name", TIME_SLICING_CONFIGMAP if method == "timeSlicing" else MPS_CONFIGMAP)
-    _set(values, "devicePlugin.config.default", TIME_SLICING_KEY)
-    _set(values, "devicePlugin.config.data", {TIME_SLICING_KEY: yaml.safe_dump(config, sort_keys=False)})
 
 
 def values_to_yaml(values: dict[str, Any], site: Site) -> str:

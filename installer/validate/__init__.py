@@ -78,15 +78,16 @@ def runtime_expectations(plan: Plan, host_vars: dict[str, Any]) -> Any:
     """What the runtime layer expects on a node: the site's runtime with the nvidia runtime (the inventory may rename
     it: containerd_runtime_name), the default runtime when gpu-install's role set it (toolkit.mode host, CDI off), and
     CDI specs when CDI is on."""
+    from installer import features
     from installer.validate.runtime import RuntimeExpect
 
     site = plan.site
     host_toolkit = site.toolkit.mode == "host"
     cdi = plan.effective("cdi.enabled") is True if site.cdi.enabled is None else site.cdi.enabled
     name = str(host_vars.get("containerd_runtime_name") or "nvidia") if site.runtime == "containerd" else "nvidia"
-    # HAMi needs nvidia as the default runtime whoever configures it (installer.sharing); GPUManager plain runc
-    default = (True if (host_toolkit or site.sharing.mode == "hami") and not cdi and site.sharing.mode != "gpumanager"
-               else None)
+    # a feature may need nvidia as the default runtime whoever configures it, or plain runc (installer.features)
+    needs = features.default_runtime(site)
+    default = True if (host_toolkit or needs == "nvidia") and not cdi and needs != "runc" else None
     return RuntimeExpect(runtime=site.runtime, name=name, default=default,
                          cdi=bool(cdi), by="gpu-install apply" if host_toolkit else
                          "the GPU Operator's toolkit daemonset (toolkit.mode operator)")
@@ -105,7 +106,7 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
         client: Any = None) -> Report:
     from kubernetes import client as k
 
-    from installer import kube
+    from installer import features, kube
     from installer.validate import cluster, probe
 
     report = Report(plan.release.version, tuple(layers))
@@ -140,29 +141,19 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
             if progress:
                 progress(f"cluster: {len(nodes)} GPU node(s)")
             report.add(*node_checks)
-            h = plan.site.sharing.hami
-            if plan.site.sharing.mode == "gpumanager":  # gpu-manager: 100 tencent.com/vcuda-core per GPU
-                report.add(*cluster.count_checks(objs, facts, 100, False, "vcuda-core (gpu-manager)",
-                                                 resource=cluster.VCUDA_CORE))
-            elif plan.site.sharing.mode == "hami" and h is not None:  # HAMi: nvidia.com/gpu x deviceSplitCount
-                report.add(*cluster.count_checks(objs, facts, h.deviceSplitCount, False, "HAMi deviceSplitCount"))
-            else:
-                method, replicas, rename = plan.site.devicePlugin.sharing()
-                report.add(*cluster.count_checks(objs, facts, replicas, rename,
-                                                 "MPS replicas" if method == "mps" else "time-slicing replicas"))
+            # what advertises the GPUs counts them: a sharing feature, else the device plugin (x its replicas)
+            report.add(*features.cluster_counts(plan, objs, facts))
             report.add(*cluster.operator_checks(core, k.CustomObjectsApi(client), ns, plan.site.registry.host, secret))
         if "smoke" in layers:
             report.add(*_smoke(plan, client, core, objs, nodes, ns, secret, keep_failed, timeout, progress))
         if "mig" in layers:
-            from installer import sharing
             from installer.validate import mig
 
             if progress:
                 progress(f"mig: {len(plan.mig)} node(s) with a MIG layout")
-            if sharing.nos(plan.site):  # dynamic: nos makes the layouts; its label and MIG mode on its nodes
-                report.add(*mig.nos_checks(sharing.stage_nodes(plan), objs, facts))
-            else:
-                report.add(*mig.checks([(a.node, a.config) for a in plan.mig], plan.site.mig.strategy, objs))
+            dynamic = features.mig_checks(plan, objs, facts)  # a feature that makes the layouts checks its own
+            report.add(*(dynamic if dynamic is not None else
+                         mig.checks([(a.node, a.config) for a in plan.mig], plan.site.mig.strategy, objs)))
         if "metrics" in layers:
             report.add(*_metrics(plan, client, core, objs, nodes, ns, secret, timeout, progress,
                                  asked=tuple(layers) != AVAILABLE, facts=facts))
@@ -178,6 +169,7 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
 def _metrics(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list[str], ns: str,
              secret: str | None, timeout: float, progress: Callable[[str], None] | None, asked: bool,
              facts: dict[str, Any]) -> list[Check]:
+    from installer import features
     from installer.validate import metrics, smoke
 
     if not plan.site.monitoring.enabled and not asked:
@@ -200,7 +192,7 @@ def _metrics(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: li
                             "resources": {"limits": dict(t.limits) if t.limits else {t.resource: "1"}}}]}
         if secret:
             spec["imagePullSecrets"] = [{"name": secret}]
-        if rc and plan.site.sharing.mode != "gpumanager":
+        if rc and features.default_runtime(plan.site) != "runc":
             spec["runtimeClassName"] = rc
         return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
                 "metadata": {"name": f"gpu-install-metrics-{run}-{nodes.index(node)}", "namespace": ns,
@@ -212,27 +204,16 @@ def _metrics(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: li
 
 
 def _gpu_target(plan: Plan, n: str, obj: Any) -> Any:
-    """What a pod asks to hold one GPU of node n (as the smoke layer's pod): the sharing mode's share, a MIG device
-    where the node advertises only those (on a node of nos, its GPU model's smallest profile), else one GPU."""
-    from installer import sharing
+    """What a pod asks to hold one GPU of node n (as the smoke layer's pod): an active feature's share (a sharing
+    mode's slice, a MIG device a dynamic-MIG feature makes on demand), else one GPU as the node advertises it (a MIG
+    device where it advertises only those)."""
+    from installer import features
     from installer.validate import cluster, smoke
 
-    g = plan.site.sharing.gpumanager
-    if plan.site.sharing.mode == "gpumanager":
-        return smoke.Target(n, f"{cluster.VCUDA_CORE} {g.smoke.core}",
-                            limits={cluster.VCUDA_CORE: str(g.smoke.core), "tencent.com/vcuda-memory": str(g.smoke.memory)})
-    hs = plan.site.sharing.hami.smoke if plan.site.sharing.mode == "hami" and plan.site.sharing.hami else None
-    if hs is not None:  # a HAMi share: one GPU slice with a memory and core limit
-        return smoke.Target(n, f"{cluster.GPU} 1 ({hs.memory} MiB, {hs.cores}% cores)",
-                            limits={cluster.GPU: "1", "nvidia.com/gpumem": str(hs.memory),
-                                    "nvidia.com/gpucores": str(hs.cores)})
+    target = features.smoke_target(plan, n, obj)
+    if target is not None:
+        return target
     res = cluster.gpu_resources(obj.status.allocatable) or cluster.gpu_resources(obj.status.capacity)
-    if not res and sharing.nos(plan.site) and n in sharing.stage_nodes(plan):
-        from installer.mig import PRODUCT_LABEL, smallest_profile
-
-        profile = smallest_profile((obj.metadata.labels or {}).get(PRODUCT_LABEL))
-        if profile:  # nos makes a MIG device when a pod asks one
-            return smoke.Target(n, f"nvidia.com/mig-{profile}", limits={f"nvidia.com/mig-{profile}": "1"})
     return smoke.Target(n, cluster.GPU if cluster.GPU in res or not res else sorted(res)[0])
 
 
@@ -254,15 +235,17 @@ def _smoke(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list
         return [Check("smoke", "smoke.gpu-pod", n, "fail", f"namespace {ns} does not exist",
                       "install the operator first (gpu-install apply / operator install): the smoke pods run in its "
                       "namespace, with its pull Secret") for n in nodes]
-    gpumanager = plan.site.sharing.mode == "gpumanager"
+    from installer import features
+
+    plain_runc = features.default_runtime(plan.site) == "runc"
     targets, out = [], []
     for n in nodes:
         if n not in objs:
             out.append(Check("smoke", "smoke.gpu-pod", n, "skip", f"no Node {n} (cluster layer: node-present)"))
             continue
         targets.append(_gpu_target(plan, n, objs[n]))
-    # gpu-manager containers run with plain runc: it mounts the driver and its CUDA interception itself
-    rc = None if gpumanager else runtime_class(client, plan.effective("operator.runtimeClass") or "nvidia")
+    # a feature's containers may run with plain runc (gpu-manager mounts the driver and its CUDA interception itself)
+    rc = None if plain_runc else runtime_class(client, plan.effective("operator.runtimeClass") or "nvidia")
     out += smoke.run(core, ns, targets, smi, vector, secret, rc, timeout=timeout, keep_failed=keep_failed,
                      progress=progress)
     return out

@@ -183,9 +183,10 @@ def checks(assignments: Sequence[tuple[str, str]], strategy: str, nodes: Mapping
 
 
 def nos_checks(nodes: Sequence[str], objs: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Check]:
-    """mig.dynamic nos: on each node of nos, the label its mig-agent runs on, and (where the node layer read
-    nvidia-smi) MIG mode on for every GPU (the mig_mode role's work). The layouts are nos' to make: not checked."""
-    from installer.sharing import NOS_LABEL
+    """mig.dynamic nos (installer.features.nos): on each node of nos, the label its mig-agent runs on, and (where the
+    node layer read nvidia-smi) MIG mode on for every GPU (the mig_mode role's work). The layouts are nos' to make:
+    not checked."""
+    from installer.features.nos import LABEL as NOS_LABEL
 
     out: list[Check] = []
     for name in nodes:

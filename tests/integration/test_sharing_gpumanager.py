@@ -106,14 +106,15 @@ def test_site_conflicts_are_refused_with_exit_3_before_any_host(gm):
 
 
 def test_cluster_conflict_names_the_nodes_advertising_gpus(gm):
-    from installer import sharing
+    from installer import features
     from installer.errors import PreflightError
+    from installer.features.gpumanager import FEATURE as sharing
 
     plan = _plan(gm, _site(gm, **GOOD))
-    assert sharing.conflicts(plan) == []
+    assert features.conflicts(plan) == []
     client = _client(gm)
     with pytest.raises(PreflightError) as exc:
-        sharing.check_cluster(plan, client, "gpu-operator")
+        sharing.check_cluster(plan, client, print)
     msg = exc.value.message
     assert exc.value.exit_code == 3
     for node in NODES:  # the lab's STAND-IN device plugin is a systemd unit: no pod of it on the node
@@ -128,7 +129,7 @@ def test_cluster_conflict_names_the_nodes_advertising_gpus(gm):
 
 def test_gpumanager_runs_on_the_labelled_real_nodes(gm):
     from gpu_install_lab import images
-    from installer import sharing
+    from installer.features.gpumanager import FEATURE as sharing
 
     h, work = gm["h"], gm["work"]
     site = _site(gm, **GOOD)
@@ -192,7 +193,7 @@ def test_gpumanager_runs_on_the_labelled_real_nodes(gm):
 
 
 def test_uninstall_removes_release_and_labels(gm):
-    from installer import sharing
+    from installer.features.gpumanager import FEATURE as sharing
 
     site = _site(gm, **GOOD)
     plan = _plan(gm, site)
@@ -267,17 +268,18 @@ def test_nos_mig_mode_role_reports_a_refused_reset_then_turns_mig_mode_on(gm):
 
 
 def test_nos_cluster_check_refuses_this_cluster_with_every_reason(gm):
-    from installer import kube, sharing
+    from installer import features, kube
     from installer.errors import PreflightError
+    from installer.features.nos import FEATURE as sharing
 
     site = _nos_site(gm)
     plan = _plan(gm, site)
-    assert sharing.conflicts(plan) == []
+    assert features.conflicts(plan) == []
     client = _client(gm)
     kube.set_node_label(client, "node1", "nvidia.com/mig.config", "all-1g.10gb")
     try:
         with pytest.raises(PreflightError) as exc:
-            sharing.check_cluster(plan, client, "gpu-operator")
+            sharing.check_cluster(plan, client, print)
     finally:
         kube.set_node_label(client, "node1", "nvidia.com/mig.config", None)
     msg = exc.value.message

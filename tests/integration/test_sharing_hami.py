@@ -59,8 +59,9 @@ def _cli(hm, *args: str) -> subprocess.CompletedProcess:
 
 def test_hami_on_real_nodes(hm):
     from gpu_install_lab import images
-    from installer import kube, sharing
+    from installer import kube
     from installer.config import load_site
+    from installer.features.hami import FEATURE as sharing
     from tests.conftest import plan_of
 
     h, work = hm["h"], hm["work"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from installer import monitoring
 from installer.config import load_site, parse_site
 from installer.errors import ConfigError
 from installer.facts import Node
+from installer.features import monitoring
 from installer.validate import metrics
 from tests.conftest import ROOT, UPSTREAM, need, plan_of
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer import sharing
+from installer import features
 from installer.config import parse_site
 from installer.errors import ConfigError, PreflightError
 from installer.facts import Node
+from installer.features import nos as nos_feature
 from tests.conftest import ROOT, UPSTREAM, need, plan_of
 
 NODES = [Node("gpu1", "ubuntu", "22.04", None, "gpu1"), Node("gpu2", "ubuntu", "22.04", None, "gpu2", {}, False)]
@@ -80,19 +81,19 @@ def test_images_chart_and_role_variables():
     assert (rv["mig_mode_enabled"], rv["mig_mode_reset"], rv["mig_mode_reboot"]) == (True, True, False)
     assert plan_of(site({"nos": {"reboot": True, "reset": False}}), NODES).role_vars["mig_mode_reboot"] is True
     # the stage: only nodes taking part get the label
-    assert sharing.kind(plan.site) == "nos" and sharing.stage_nodes(plan) == ["gpu1"]
-    assert sharing.node_label(plan.site) == ("nos.nebuly.com/gpu-partitioning", "mig")
-    assert sharing.workloads(plan.site) == ("nos-mig-agent", "nos-gpu-partitioner")
+    assert features.sharing(plan.site) is nos_feature.FEATURE and nos_feature.FEATURE.stage_nodes(plan) == ["gpu1"]
+    assert nos_feature.FEATURE.node_label(plan.site) == ("nos.nebuly.com/gpu-partitioning", "mig")
+    assert nos_feature.FEATURE.workloads(plan.site) == ("nos-mig-agent", "nos-gpu-partitioner")
     off = plan_of(parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"}}), NODES)
-    assert off.role_vars["mig_mode_enabled"] is False and sharing.kind(off.site) is None
+    assert off.role_vars["mig_mode_enabled"] is False and features.sharing(off.site) is None
     assert not [c for c in off.artifacts().charts if c.name == "nos"]
 
 
 def test_values_put_every_image_in_the_site_registry_and_telemetry_off():
     s = site()
-    v = sharing.nos_values(s)
+    v = nos_feature.values(s)
     assert v["shareTelemetry"] is False
-    dest = set(sharing.destinations(s).values())
+    dest = set(nos_feature.FEATURE.destinations(s).values())
     found = set()
 
     def walk(node):
@@ -109,10 +110,10 @@ def test_values_put_every_image_in_the_site_registry_and_telemetry_off():
 def test_missing_chart_is_exit_2():
     s = site({"nos": {}})
     with pytest.raises(ConfigError, match="mig.nos.chart is not set"):
-        sharing.check_chart(s)
+        nos_feature.FEATURE.check_stage_inputs(s)
     s = site({"nos": {"chart": "/nowhere/nos-0.1.2.tgz"}})
     with pytest.raises(ConfigError, match=r"mig.nos.chart /nowhere/nos-0.1.2.tgz: no such file"):
-        sharing.check_chart(s)
+        nos_feature.FEATURE.check_stage_inputs(s)
 
 
 def test_conflicts_are_exit_3_listing_each_with_its_fix(tmp_path):
@@ -125,13 +126,13 @@ def test_conflicts_are_exit_3_listing_each_with_its_fix(tmp_path):
                cdi={"enabled": False})
     plan = plan_of(bad, inventory=inv)
     with pytest.raises(PreflightError) as exc:
-        sharing.check(plan)
+        features.check(plan)
     msg = exc.value.message
     assert exc.value.exit_code == 3 and msg.startswith("mig.dynamic nos conflicts with the site:")
     for part in ("sharing.mode hami with mig.dynamic nos", "static MIG layout (gpu_install_mig_config) is set for gpu1",
                  "components.devicePlugin.enabled: false: nos relies", "driver.mode operator: gpu-install turns MIG"):
         assert part in msg, msg
-    assert sharing.conflicts(plan_of(site(), NODES)) == []
+    assert features.conflicts(plan_of(site(), NODES)) == []
 
 
 def test_host_var_must_be_a_boolean(tmp_path):
@@ -153,7 +154,7 @@ def test_real_nos_chart_renders_only_site_images(tmp_path):
     need(helm, "helm not installed (scripts/bootstrap installs it)")
     s = site()
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(sharing.nos_values(s)))
+    values.write_text(yaml.safe_dump(nos_feature.values(s)))
     out = subprocess.run([str(helm), "template", "nos", chart, "-n", "nebuly-nos", "-f", str(values),
                           "--api-versions", "cert-manager.io/v1"], capture_output=True, text=True, check=True).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
@@ -162,10 +163,10 @@ def test_real_nos_chart_renders_only_site_images(tmp_path):
         spec = (d.get("spec") or {}).get("template", {}).get("spec") or (d.get("spec") if d["kind"] == "Pod" else {})
         for c in (spec or {}).get("containers", []) + (spec or {}).get("initContainers", []):
             images.add(c["image"])
-    assert images and images <= set(sharing.destinations(s).values()), images
+    assert images and images <= set(nos_feature.FEATURE.destinations(s).values()), images
     assert not [d for d in docs if d["kind"] == "Pod"], "the telemetry Pod is rendered"
     ds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DaemonSet"}
-    assert ds["nos-mig-agent"]["spec"]["template"]["spec"]["nodeSelector"] == dict([sharing.NOS_LABEL])
+    assert ds["nos-mig-agent"]["spec"]["template"]["spec"]["nodeSelector"] == dict([nos_feature.LABEL])
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"} >= {"nos-gpu-partitioner"}
 
 

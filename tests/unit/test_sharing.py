@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from installer import sharing
+from installer import features
 from installer.config import parse_site
 from installer.errors import ConfigError, PreflightError
 from installer.facts import Node
+from installer.features import gpumanager, hami
 from tests.conftest import ROOT, UPSTREAM, need, plan_of
 
 GOOD = {"toolkit": {"mode": "host"}, "components": {"devicePlugin": {"enabled": False}}}
@@ -104,24 +105,24 @@ def test_conflicts_are_listed_together_with_their_fixes():
                       "sharing": {"mode": "gpumanager"}, "devicePlugin": {"mps": {"replicas": 4}},
                       "mig": {"config": "all-1g.10gb"}})
     plan = plan_of(doc, NODES)
-    found = sharing.conflicts(plan)
+    found = features.conflicts(plan)
     assert len(found) == 4, found
     assert "components.devicePlugin.enabled: false" in found[0]
     assert "toolkit.mode: host" in found[1]
     assert "devicePlugin.mps.replicas 4" in found[2]
     assert "MIG layout" in found[3]
     with pytest.raises(PreflightError) as exc:
-        sharing.check(plan)
+        features.check(plan)
     assert exc.value.exit_code == 3 and "nothing was changed" in (exc.value.hint or "")
-    assert sharing.conflicts(plan_of(site(), NODES)) == []
+    assert features.conflicts(plan_of(site(), NODES)) == []
 
 
 def test_runtime_endpoint_and_its_mount():
-    assert sharing.chart_values(site())["manager"]["runtimeEndpoint"] == "/var/run/containerd/containerd.sock"
-    assert sharing.chart_values(site(runtime="docker"))["manager"]["runtimeEndpoint"] == "/var/run/dockershim.sock"
-    v = sharing.chart_values(gm(runtimeEndpoint="/opt/cri/cri.sock"))["manager"]
+    assert gpumanager.chart_values(site())["manager"]["runtimeEndpoint"] == "/var/run/containerd/containerd.sock"
+    assert gpumanager.chart_values(site(runtime="docker"))["manager"]["runtimeEndpoint"] == "/var/run/dockershim.sock"
+    v = gpumanager.chart_values(gm(runtimeEndpoint="/opt/cri/cri.sock"))["manager"]
     assert v["runtimeDir"] == "/opt/cri"
-    assert sharing.runtime_dir("/run/containerd/containerd.sock") == ""  # under /run (= /var/run): mounted already
+    assert gpumanager.runtime_dir("/run/containerd/containerd.sock") == ""  # under /run (= /var/run): mounted already
 
 
 @pytest.mark.helm
@@ -134,7 +135,7 @@ def test_chart_renders_what_the_site_says():
                        "pullSecret": {"name": "regcred", "usernameEnv": "U", "passwordEnv": "P"}},
              sharing={"mode": "gpumanager", "gpumanager": {"cgroupDriver": "systemd", "runtimeEndpoint": "/opt/cri/c.sock",
                                                            "quotaConfigMapName": "quota", "logLevel": 2}})
-    res = helm.template(sharing.chart_dir(), sharing.chart_values(s), release_name="gpu-manager",
+    res = helm.template(gpumanager.chart_dir(), gpumanager.chart_values(s), release_name="gpu-manager",
                         namespace="kube-system")
     kinds = sorted(f"{r['kind']}/{r['metadata']['name']}" for r in res)
     assert kinds == ["ClusterRole/gpu-install:gpu-manager", "ClusterRole/gpu-install:gpu-quota-admission",
@@ -262,7 +263,7 @@ def test_hami_values_point_every_image_at_the_site_registry(layout, prefix):
     s = hami_site({"host": "registry.example.com:5000", "layout": layout, "prefix": prefix,
                    "pullSecret": {"name": "regcred", "usernameEnv": "U", "passwordEnv": "P"}},
                   deviceSplitCount=4, deviceMemoryScaling=1.5)
-    v = sharing.hami_values(s)
+    v = hami.values(s)
     base = "registry.example.com:5000" + (f"/{prefix}" if prefix else "")
     assert v["global"] == {"imageRegistry": base, "imagePullSecrets": ["regcred"], "imageTag": "v2.10.0"}
     refs = set()
@@ -271,7 +272,7 @@ def test_hami_values_point_every_image_at_the_site_registry(layout, prefix):
                 v["devicePlugin"]["monitor"]["image"]):
         assert img["registry"] == base
         refs.add(f"{img['registry']}/{img['repository']}:{img['tag']}")
-    assert refs == {i.destination for i in sharing.images(s)}
+    assert refs == {i.destination for i in features.images(s)}
     dp = v["devicePlugin"]
     assert (dp["deviceSplitCount"], dp["deviceMemoryScaling"], dp["nvidiaNodeSelector"]) == (4, 1.5, {"gpu": "on"})
 
@@ -280,13 +281,13 @@ def test_hami_conflicts_and_runtime():
     doc = {"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"}, "cdi": {"enabled": True},
            "devicePlugin": {"timeSlicing": {"replicas": 2}},
            "sharing": {"mode": "hami", "hami": {"kubernetesVersion": "v1.27.4"}}}
-    found = sharing.conflicts(plan_of(parse_site(doc), NODES))
+    found = features.conflicts(plan_of(parse_site(doc), NODES))
     assert len(found) == 3, found
     assert "HAMi's device plugin advertises them itself" in found[0]
     assert "cdi.enabled: true" in found[1] and "HAMi needs it to be" in found[1]
     assert "devicePlugin.timeSlicing.replicas 2" in found[2] and "with HAMi" in found[2]
     plan = plan_of(hami_site(), NODES)
-    assert sharing.conflicts(plan) == []
+    assert features.conflicts(plan) == []
     assert plan.role_vars["scheduler_policy_extenders"] == []  # HAMi brings its own scheduler
     host = plan_of(parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "r.example.com:5000"},
                                "toolkit": {"mode": "host"}, "sharing": {"mode": "hami",
@@ -297,14 +298,14 @@ def test_hami_conflicts_and_runtime():
 
 def test_hami_chart_must_be_given_for_the_stage(tmp_path):
     with pytest.raises(ConfigError) as exc:
-        sharing.check_chart(hami_site())
+        hami.FEATURE.check_stage_inputs(hami_site())
     assert "sharing.hami.chart is not set" in exc.value.message
     with pytest.raises(ConfigError) as exc:
-        sharing.check_chart(hami_site(chart=str(tmp_path / "hami-2.10.0.tgz")))
+        hami.FEATURE.check_stage_inputs(hami_site(chart=str(tmp_path / "hami-2.10.0.tgz")))
     assert "no such file or directory" in exc.value.message
-    sharing.check_chart(hami_site(chart="oci://registry.example.com:5000/charts/hami:2.10.0"))
-    assert sharing.workloads(hami_site()) == ("hami-device-plugin", "hami-scheduler")
-    assert sharing.workloads(hami_site(releaseName="vgpu")) == ("vgpu-hami-device-plugin", "vgpu-hami-scheduler")
+    hami.FEATURE.check_stage_inputs(hami_site(chart="oci://registry.example.com:5000/charts/hami:2.10.0"))
+    assert hami.FEATURE.workloads(hami_site()) == ("hami-device-plugin", "hami-scheduler")
+    assert hami.FEATURE.workloads(hami_site(releaseName="vgpu")) == ("vgpu-hami-device-plugin", "vgpu-hami-scheduler")
 
 
 @pytest.mark.helm
@@ -327,7 +328,7 @@ def test_real_hami_chart_renders_only_site_images():
                       kubernetesVersion=kube, deviceSplitCount=4)
         values = ROOT / "build" / f"hami-values-{kube}.yaml"
         values.parent.mkdir(exist_ok=True)
-        values.write_text(yaml.safe_dump(sharing.hami_values(s)))
+        values.write_text(yaml.safe_dump(hami.values(s)))
         out = subprocess.run([str(helm), "template", "hami", str(chart), "-n", "kube-system", "-f", str(values),
                               "--kube-version", kube.lstrip("v")], capture_output=True, text=True, check=True).stdout
         docs = [d for d in yaml.safe_load_all(out) if d]
@@ -340,7 +341,7 @@ def test_real_hami_chart_renders_only_site_images():
                 assert {"name": "regcred"} in pod.get("imagePullSecrets", []), d["metadata"]["name"]
                 if d["kind"] == "DaemonSet":
                     assert pod["nodeSelector"] == {"gpu": "on"}
-        assert workloads >= 4 and images == {i.destination for i in sharing.images(s)}, images
+        assert workloads >= 4 and images == {i.destination for i in features.images(s)}, images
         (dev,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "hami-scheduler-device"]
         assert "deviceSplitCount: 4" in dev["data"]["device-config.yaml"]
         sched = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "hami-scheduler")
