@@ -10,6 +10,7 @@ mode, which it refuses (conflicts())."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -99,6 +100,35 @@ def service_account_secrets(client: Any, namespace: str, release: str, secret: s
             kube._call(f"delete pod {namespace}/{pod_name}", delete)
             done.append(f"pod {namespace}/{pod.metadata.name} made again with the pull secret")
     return done
+
+
+def checks(nodes: Sequence[str], objs: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Check]:
+    """validate's mig layer under mig.dynamic nos: on each node of nos, the label its mig-agent runs on, and (where the
+    node layer read nvidia-smi) MIG mode on for every GPU (the mig_mode role's work). The layouts are nos' to make:
+    not checked."""
+    from installer.validate.mig import LAYER
+    from installer.validate.report import Check
+
+    out: list[Check] = []
+    for name in nodes:
+        obj = objs.get(name)
+        if obj is None:
+            out.append(Check(LAYER, "mig.nos-label", name, "skip", f"no Node {name} (cluster layer: node-present)"))
+            continue
+        value = (obj.metadata.labels or {}).get(LABEL[0])
+        out.append(Check(LAYER, "mig.nos-label", name, "pass" if value == LABEL[1] else "fail",
+                         f"{LABEL[0]}={value}" if value else f"no {LABEL[0]} label",
+                         "" if value == LABEL[1] else "gpu-install apply (the sharing stage labels the nodes of "
+                         "nos)"))
+        smi = facts.get(name)
+        if smi is None or not smi.gpus:
+            continue
+        off = [str(i) for i, g in enumerate(smi.gpus) if not g.mig_current]
+        out.append(Check(LAYER, "mig.mode", name, "fail" if off else "pass",
+                         f"MIG mode off on GPU {', '.join(off)}" if off else f"MIG mode on for {len(smi.gpus)} GPU(s)",
+                         "gpu-install apply --tags mig_mode (turns it on; a pending mode needs the GPU free or a "
+                         "reboot)" if off else ""))
+    return out
 
 
 class Nos(ReleaseFeature):
@@ -238,9 +268,7 @@ class Nos(ReleaseFeature):
 
     def mig_checks(self, plan: Plan, objs: dict[str, Any], facts: dict[str, Any]) -> list[Check] | None:
         """nos makes the layouts: its label and MIG mode on its nodes."""
-        from installer.validate import mig
-
-        return mig.nos_checks(self.stage_nodes(plan), objs, facts)
+        return checks(self.stage_nodes(plan), objs, facts)
 
     def smoke_target(self, plan: Plan, node: str, obj: Any) -> Target | None:
         """On a node of nos advertising no GPU yet, its GPU model's smallest MIG profile (nos makes that device when

@@ -180,31 +180,3 @@ def checks(assignments: Sequence[tuple[str, str]], strategy: str, nodes: Mapping
         alloc = dict(obj.status.allocatable or {}) if obj.status else {}
         out += node_checks(name, config, strategy, labels, alloc)
     return out
-
-
-def nos_checks(nodes: Sequence[str], objs: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Check]:
-    """mig.dynamic nos (installer.features.nos): on each node of nos, the label its mig-agent runs on, and (where the
-    node layer read nvidia-smi) MIG mode on for every GPU (the mig_mode role's work). The layouts are nos' to make:
-    not checked."""
-    from installer.features.nos import LABEL as NOS_LABEL
-
-    out: list[Check] = []
-    for name in nodes:
-        obj = objs.get(name)
-        if obj is None:
-            out.append(Check(LAYER, "mig.nos-label", name, "skip", f"no Node {name} (cluster layer: node-present)"))
-            continue
-        value = (obj.metadata.labels or {}).get(NOS_LABEL[0])
-        out.append(Check(LAYER, "mig.nos-label", name, "pass" if value == NOS_LABEL[1] else "fail",
-                         f"{NOS_LABEL[0]}={value}" if value else f"no {NOS_LABEL[0]} label",
-                         "" if value == NOS_LABEL[1] else "gpu-install apply (the sharing stage labels the nodes of "
-                         "nos)"))
-        smi = facts.get(name)
-        if smi is None or not smi.gpus:
-            continue
-        off = [str(i) for i, g in enumerate(smi.gpus) if not g.mig_current]
-        out.append(Check(LAYER, "mig.mode", name, "fail" if off else "pass",
-                         f"MIG mode off on GPU {', '.join(off)}" if off else f"MIG mode on for {len(smi.gpus)} GPU(s)",
-                         "gpu-install apply --tags mig_mode (turns it on; a pending mode needs the GPU free or a "
-                         "reboot)" if off else ""))
-    return out

@@ -97,7 +97,7 @@ def test_checks_over_nodes_and_no_layout():
 def test_nos_nodes_need_their_label_and_mig_mode_on_every_gpu():
     from types import SimpleNamespace
 
-    from installer.validate.mig import nos_checks
+    from installer.features.nos import checks as nos_checks
 
     def node(name, **lab):
         return V1Node(metadata=V1ObjectMeta(name=name, labels=lab), status=V1NodeStatus(allocatable={}))
