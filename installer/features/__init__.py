@@ -53,6 +53,23 @@ def staged(site: Site) -> list[Feature]:
     return [f for f in active(site) if f.stage]
 
 
+#: the features' apply/uninstall stages in order (Feature.stage), and why one does not run when no active feature has it
+STAGES: dict[str, str] = {
+    "sharing": "no sharing.mode with a release of its own (gpumanager, hami) and no mig.dynamic nos",
+    "monitoring": "monitoring.enabled is false",
+}
+
+
+def feature_stages(site: Site) -> list[tuple[str, Feature | None, str]]:
+    """Every feature stage, in order, for a stage table that lists them all: (stage name, the active feature that
+    runs it, or None and the reason it does not run)."""
+    out: list[tuple[str, Feature | None, str]] = []
+    for stage, why_not in STAGES.items():
+        f = next((f for f in staged(site) if f.stage == stage), None)
+        out.append((stage, f, "" if f else why_not))
+    return out
+
+
 def sharing(site: Site) -> ReleaseFeature | None:
     """The active feature the sharing stage installs (gpumanager, hami or nos), if any."""
     return next((f for f in active(site) if isinstance(f, ReleaseFeature)), None)
@@ -171,5 +188,5 @@ def mig_checks(plan: Plan, objs: dict[str, Any], facts: dict[str, Any]) -> list[
     return next((c for f in active(plan.site) if (c := f.mig_checks(plan, objs, facts)) is not None), None)
 
 
-__all__ = ["FEATURES", "Chart", "Feature", "ReleaseFeature", "StageResult", "StageRun", "active", "check", "charts",
-           "conflicts", "extenders", "images", "requested", "role_vars", "sharing", "staged"]
+__all__ = ["FEATURES", "STAGES", "Chart", "Feature", "ReleaseFeature", "StageResult", "StageRun", "active", "check",
+           "charts", "conflicts", "extenders", "feature_stages", "images", "requested", "role_vars", "sharing", "staged"]
