@@ -47,7 +47,17 @@ from installer.mirror.common import (
 )
 from installer.mirror.common import ChartFailures as ChartFailures
 from installer.mirror.common import fetch as fetch
-from installer.mirror.lock import CHARTS, FILES, ChartEntry, Failure, FileEntry, check_charts
+from installer.mirror.lock import (
+    CHARTS,
+    FILES,
+    ChartEntry,
+    Failure,
+    FileEntry,
+    chart_entry,
+    check_charts,
+    file_entry,
+    safe_name,
+)
 from installer.util import sha256_file
 
 if TYPE_CHECKING:
@@ -59,13 +69,6 @@ sha256_of = sha256_file  # the name the push, verify and tests call
 
 HELM_TIMEOUT = 600.0
 MAX_CHART_YAML = 1 << 20
-
-
-def _safe_name(name: str, what: str) -> str:
-    """A file name from the plan or a lock: one path component, no traversal."""
-    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-        raise ConfigError(f"{what} {name!r} is not a plain file name", hint="check the site file / the bundle lock")
-    return name
 
 
 # ---------------------------------------------------------------- helm
@@ -168,7 +171,7 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
 
     with helm_env() as env:
         for c in charts:
-            rel = f"{CHARTS}/{_safe_name(c.file, 'chart file')}"
+            rel = f"{CHARTS}/{safe_name(c.file, 'chart file')}"
             dest = bundle / rel
             if kept(rel, chart_entries, f"chart {c.name} {c.version}"):
                 continue
@@ -181,7 +184,7 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
             chart_entries.append({"name": c.name, "version": c.version, "repository": c.repository, "file": rel,
                                   "sha256": sha256_of(dest), "size": dest.stat().st_size})
     for f in files:
-        rel = f"{FILES}/{_safe_name(f.name, 'file name')}"
+        rel = f"{FILES}/{safe_name(f.name, 'file name')}"
         dest = bundle / rel
         if kept(rel, file_entries, f"file {f.name}"):
             continue
@@ -222,32 +225,23 @@ def verify(bundle: Path, lock: Mapping[str, Any],
     if site is not None:
         check_charts(site, bundle, lock)
     charts: list[ChartEntry] = []
+    for e in lock.get(CHARTS) or []:
+        chart = chart_entry(bundle, e)
+        rel = chart["file"]
+        path = bundle_file(bundle, rel, e.get("sha256"), f"{CHARTS} entry")
+        try:
+            identity = chart_identity(path)
+        except ValueError as exc:
+            raise ConfigError(f"{bundle}: {rel}: {exc}", hint=HINT_DAMAGED) from None
+        if identity != (e.get("name"), e.get("version")):
+            raise ConfigError(f"{bundle}: {rel}: the archive is chart {identity[0][:100]} {identity[1][:100]}, "
+                              f"the lock says {e.get('name')} {e.get('version')}", hint=HINT_FORGED)
+        charts.append(chart)
     files: list[FileEntry] = []
-    for section in (CHARTS, FILES):
-        for e in lock.get(section) or []:
-            if not isinstance(e, dict):
-                raise ConfigError(f"{bundle / lockfile.LOCK}: a {section} entry is not an object")
-            rel = str(e.get("file") or "")
-            kind, _, name = rel.partition("/")
-            if kind != section:
-                raise ConfigError(f"{bundle / lockfile.LOCK}: {section} entry names {rel!r}")
-            _safe_name(name, f"{section} entry")
-            path = bundle_file(bundle, rel, e.get("sha256"), f"{section} entry")
-            sha256, size = str(e.get("sha256")), e.get("size")
-            size = size if isinstance(size, int) else 0
-            if section == FILES:
-                files.append({"name": str(e.get("name")), "source": str(e.get("source") or ""), "file": rel,
-                              "sha256": sha256, "size": size})
-                continue
-            try:
-                identity = chart_identity(path)
-            except ValueError as exc:
-                raise ConfigError(f"{bundle}: {rel}: {exc}", hint=HINT_DAMAGED) from None
-            if identity != (e.get("name"), e.get("version")):
-                raise ConfigError(f"{bundle}: {rel}: the archive is chart {identity[0][:100]} {identity[1][:100]}, "
-                                  f"the lock says {e.get('name')} {e.get('version')}", hint=HINT_FORGED)
-            charts.append({"name": identity[0], "version": identity[1], "repository": str(e.get("repository") or ""),
-                           "file": rel, "sha256": sha256, "size": size})
+    for e in lock.get(FILES) or []:
+        file = file_entry(bundle, e)
+        bundle_file(bundle, file["file"], e.get("sha256"), f"{FILES} entry")
+        files.append(file)
     return charts, files
 
 

@@ -111,6 +111,46 @@ REFERENCE = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*(?::[A-Za-z0-9_][A-
                        r"(?:@sha256:[a-f0-9]{64})?")
 
 
+def safe_name(name: str, what: str) -> str:
+    """A file name from the plan or a lock: one path component, no traversal."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+        raise ConfigError(f"{what} {name!r} is not a plain file name", hint="check the site file / the bundle lock")
+    return name
+
+
+def _size(e: Mapping[str, Any]) -> int:
+    size = e.get("size")
+    return size if isinstance(size, int) else 0
+
+
+def _bundle_file(bundle: Path, section: str, e: Any) -> str:
+    """The file a charts or files entry names: <section>/<a plain file name> (ConfigError naming the entry
+    otherwise)."""
+    if not isinstance(e, dict):
+        raise ConfigError(f"{bundle / LOCK}: a {section} entry is not an object")
+    rel = str(e.get("file") or "")
+    kind, _, name = rel.partition("/")
+    if kind != section:
+        raise ConfigError(f"{bundle / LOCK}: {section} entry names {rel!r}")
+    safe_name(name, f"{section} entry")
+    return rel
+
+
+def chart_entry(bundle: Path, e: Any) -> ChartEntry:
+    """A charts entry of the lock, its file charts/<a plain name> (the archive itself: charts.verify)."""
+    rel = _bundle_file(bundle, CHARTS, e)
+    return {"name": str(e.get("name")), "version": str(e.get("version")),
+            "repository": str(e.get("repository") or ""), "file": rel, "sha256": str(e.get("sha256")),
+            "size": _size(e)}
+
+
+def file_entry(bundle: Path, e: Any) -> FileEntry:
+    """A files entry of the lock, its file files/<a plain name>."""
+    rel = _bundle_file(bundle, FILES, e)
+    return {"name": str(e.get("name")), "source": str(e.get("source") or ""), "file": rel,
+            "sha256": str(e.get("sha256")), "size": _size(e)}
+
+
 def planned_sources(site: Site) -> Callable[[str], bool]:
     """Whether an image source is one this site's plan pulls: an image of a component the site deploys at its pinned
     version (a component whose tag names the node OS: that version with any -<suffix>, the nodes being unknown here),
@@ -194,10 +234,10 @@ def check_images(site: Site, lock: Mapping[str, Any], bundle: Path) -> list[Imag
         if e.get("refName") != ref_name(source):
             raise ConfigError(f"{where}: images[{i}] ({source}): refName {str(e.get('refName'))[:200]!r}, expected "
                               f"{ref_name(source)}", hint=HINT_FORGED)
-        size, blobs = e.get("size"), e.get("blobs")
+        blobs = e.get("blobs")
         out.append({"source": source, "pulledFrom": str(e.get("pulledFrom") or source), "destination": want,
                     "component": str(e.get("component") or ""), "refName": ref_name(source), "digest": digest,
-                    "size": size if isinstance(size, int) else 0,
+                    "size": _size(e),
                     "blobs": [b for b in blobs if isinstance(b, str)] if isinstance(blobs, list) else []})
     for i, e in enumerate(lock.get("base") or []):
         dest = e.get("destination") if isinstance(e, dict) else None
@@ -280,10 +320,9 @@ def check_entry(where: Path, section: str, i: int, e: Any) -> PackageEntry:
                           f"{PACKAGES}/{os_tag}/{'keys/' if key else ''}<a plain "
                           f"{'key file' if key else ('.deb' if e.get('manager') == 'apt' else '.rpm') + ' file'} "
                           "name>", hint=hint)
-    size = e.get("size")
     entry: PackageEntry = {"os": str(os_tag), "manager": str(e["manager"]), "file": str(rel),
                            "source": str(e.get("source") or ""), "sha256": str(e.get("sha256")),
-                           "size": size if isinstance(size, int) else 0}
+                           "size": _size(e)}
     if key:
         entry["key"] = True
     name, version, arch = e.get("name"), e.get("version"), e.get("arch")
