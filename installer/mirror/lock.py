@@ -1,8 +1,8 @@
 """The bundle's lock as untrusted input: what a lock entry is (the TypedDicts below, one per kind) and the checks that
 turn the JSON of a lock -- signed or not, it is what the bundle says -- into entries push, verify and publish may act
 on. Every check is against the site (the plan it resolves, the destinations it computes) and against plain shapes
-(references, digests, chart names and versions, OS tags, file names), BEFORE anything is read from the bundle or
-written anywhere: a lock naming anything else is refused with ConfigError (exit 2) naming the entry.
+(references, digests, chart names and versions, OS tags, file names), BEFORE anything the entry names is read from
+the bundle or written anywhere: a lock naming anything else is refused with ConfigError (exit 2) naming the entry.
 
 The modules of the kinds (images, charts, packages) and `mirror verify` take their entries from here.
 """
