@@ -1,20 +1,20 @@
-"""`gpu-install apply` end to end and `gpu-install uninstall`.
+"""`gpu-install apply` end to end and `gpu-install uninstall`, each a list of named stages (installer.stages).
 
-apply: preflight → node roles (installer.apply: playbooks/preflight.yml, site.yml) → operator
-(installer.operator: namespace, pull Secret, helm upgrade --install). Everything the operator stage
-needs (chart, kubeconfig, rendered values, registry credentials) is resolved BEFORE any host is
-touched, so a missing piece is a configuration error (exit 2) with nothing changed. Last, when a MIG
-layout is configured (site mig.config, inventory gpu_install_mig_config), the mig stage labels the GPU
-nodes nvidia.com/mig.config (installer.mig; names checked before any host is touched too).
+apply (apply_stages): preflight → nodes (installer.apply: playbooks/preflight.yml, site.yml) → operator
+(installer.operator: namespace, pull Secret, helm upgrade --install) → the features' stages (installer.features:
+sharing, monitoring) → mig (installer.mig: the nodes' nvidia.com/mig.config label) → validate. Everything the
+operator and feature stages need (chart, kubeconfig, rendered values, registry credentials, the features' inputs, the
+MIG layout names) is resolved BEFORE any stage runs, so a missing piece is a configuration error (exit 2) with
+nothing changed and no stage table.
 
-uninstall: the reverse, guarded by --yes: the Helm release and gpu-install's pull Secret first
-(installer.operator.uninstall), then playbooks/uninstall.yml with gpu_install_action=remove (runtime
-configs back to their backups minus our keys, the registry CA files, then the toolkit and driver packages and files
-that gpu-install installed -- its record on each node says which; what was there before stays).
+uninstall (uninstall_stages), guarded by --yes: the features' releases and objects, the Helm release and
+gpu-install's pull Secret (installer.operator.uninstall), then playbooks/uninstall.yml with gpu_install_action=remove
+(runtime configs back to their backups minus our keys, the registry CA files, then the toolkit and driver packages
+and files that gpu-install installed -- its record on each node says which; what was there before stays), then the
+packages it removed, read from the run's events.
 
-Each command is a list of named stages (apply_stages, uninstall_stages) run by installer.stages: every stage gets
-its row in the Summary (ok/changed/..., skipped with the reason, failed, or not run after an earlier failure), printed
-by the CLI also when a stage fails.
+The runner gives every stage its row in the Summary (its outcome, skipped with the reason, failed, or not run after
+an earlier failure), printed by the CLI also when a stage fails.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from installer.stages import Result, Row, Stage
 
 if TYPE_CHECKING:
     from installer.ansible import RunResult
+    from installer.features import Feature
     from installer.operator import Prepared
     from installer.plan import Plan
     from installer.progress import Display
@@ -127,40 +128,31 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
                  display: Display | None = None) -> list[Stage]:
     """apply's stages, in order. What the operator, sharing and monitoring stages need is resolved here, before any
     stage runs and so before any host is touched: a missing piece is exit 2 with nothing changed (and no stage)."""
-    from installer import monitoring, operator, sharing
+    from installer import features, operator
+    from installer.features import StageRun
 
     say = _say(display)
     site = plan.site
     summary.check = run.check
     skip_reason = operator_selected(run, op, plan.limit)
     prepared = None if skip_reason else prepare_operator(plan, op)
-    if prepared is not None and sharing.active(site):  # the sharing stage's chart, before any host (exit 2)
-        sharing.check_chart(site)
-    if monitoring.enabled(site):  # the metrics CSV, before any host (exit 2)
-        monitoring.metrics_csv(site)
-    scrape = ""  # the monitoring stage's flavour, decided by preflight from what the cluster serves
+    # what the features read on the controller (a stage's chart only when the stages run), before any host (exit 2)
+    features.check_inputs(site, stages=prepared is not None)
+    cluster: dict[str, Any] = {}  # feature name -> what its stage needs of the cluster, found by preflight
 
     def with_operator(not_configured: str | None) -> Callable[[], str | None]:
         """The precondition of a stage that runs after the operator stage, on the same cluster."""
         return lambda: not_configured or ("runs with the operator stage" if prepared is None else None)
 
     def preflight() -> Result:
-        nonlocal scrape
         if prepared is not None:  # the cluster's Kubernetes version, before any host is touched (read-only)
             note = operator.check_cluster(plan, prepared.kubeconfig)
             if note:
                 say(f"note: {note}")
-            if sharing.active(site):  # GPUs already advertised by something else; docker on 1.24+ (exit 3)
-                from installer import kube
+            if features.staged(site):  # each staged feature's cluster check (exit 3), e.g. GPUs already advertised
+                from installer import kube  # by something else, or the scrape flavour the cluster allows
 
-                sharing.check_cluster(plan, kube.api_client(prepared.kubeconfig), site.operator.namespace)
-            if monitoring.enabled(site):  # ServiceMonitor or plain scrape config (exit 3 if asked and impossible)
-                from installer import kube
-
-                scrape = monitoring.resolve_scrape(site, kube.api_client(prepared.kubeconfig))
-                say(f"preflight: monitoring scrape {scrape}"
-                    + (" (the cluster serves monitoring.coreos.com/v1)" if site.monitoring.scrape == "auto"
-                       and scrape == "serviceMonitor" else ""))
+                cluster.update(features.check_cluster(plan, kube.api_client(prepared.kubeconfig), say))
             if op.mirror_check:  # every image the operator stage deploys is in the site registry (read-only)
                 from installer.mirror.verify import for_apply
 
@@ -197,14 +189,21 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
         assert prepared is not None
         return prepared.kubeconfig
 
+    def feature_stage(name: str, feature: Feature | None, why_not: str) -> Stage:
+        """A feature's stage (installer.features: sharing, monitoring), or its row saying why none runs it."""
+        def apply() -> Result:
+            assert feature is not None
+            done = feature.apply(StageRun(plan, kubeconfig(), run.check, op.timeout, op.wait, say,
+                                          cluster.get(feature.name)))
+            return Result(done.outcome, done.detail)
+
+        return Stage(name, apply, skip=with_operator(why_not if feature is None else None))
+
     return [
         Stage("preflight", preflight, failure=_without_artifacts),
         Stage("nodes", node_roles, failure=_without_artifacts),
         Stage("operator", operator_release, skip=lambda: skip_reason),
-        Stage("sharing", lambda: run_sharing(plan, run.check, op, kubeconfig(), say),
-              skip=with_operator(None if sharing.active(site) else NO_SHARING)),
-        Stage("monitoring", lambda: run_monitoring(plan, run.check, kubeconfig(), scrape, say),
-              skip=with_operator(None if monitoring.enabled(site) else "monitoring.enabled is false")),
+        *(feature_stage(*row) for row in features.feature_stages(site)),
         Stage("mig", lambda: run_mig(plan, run.check, str(kubeconfig()), say),
               skip=with_operator(None if plan.mig else NO_MIG)),
         Stage("validate", lambda: run_validate(plan, str(kubeconfig()), op, summary, say),
@@ -212,7 +211,6 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
     ]
 
 
-NO_SHARING = "no sharing.mode with a release of its own (gpumanager, hami) and no mig.dynamic nos"
 NO_MIG = "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)"
 
 
@@ -260,32 +258,6 @@ def run_validate(plan: Plan, kubeconfig: str, op: OperatorOptions, summary: Summ
     return Result("passed", detail)
 
 
-def run_monitoring(plan: Plan, check: bool, kubeconfig: Any, scrape: str, say: Progress) -> Result:
-    """monitoring.enabled: the ServiceMonitor + PrometheusRule or the scrape-config and rules ConfigMaps, and the
-    dashboard ConfigMap (installer.monitoring); check mode: what would change (server-side dry run)."""
-    from installer import monitoring
-
-    say(f"stage monitoring: scrape {scrape}, namespace {plan.site.monitoring.namespace}"
-        + (" (check mode)" if check else ""))
-    rep = monitoring.install(plan, kubeconfig, scrape, progress=lambda m: say(f"monitoring: {m}"), dry_run=check)
-    return Result(stages.changed(rep.changed, check), "; ".join(rep.lines()))
-
-
-def run_sharing(plan: Plan, check: bool, op: OperatorOptions, kubeconfig: Any, say: Progress) -> Result:
-    """sharing.mode hami / gpumanager, mig.dynamic nos: the release and node label (installer.sharing); check mode:
-    what would change."""
-    from installer import sharing
-
-    what = {"hami": "HAMi", "nos": "nos (dynamic MIG)"}.get(sharing.kind(plan.site) or "",
-                                                           "gpu-manager + gpu-quota-admission")
-    say(f"stage sharing: {what}" + (" (check mode)" if check else ""))
-    if check:
-        would, what = sharing.preview(plan, kubeconfig)
-        return Result(stages.changed(would, True), what)
-    rep = sharing.install(plan, kubeconfig, timeout=op.timeout, wait=op.wait, progress=lambda m: say(f"sharing: {m}"))
-    return Result(stages.changed(rep.changed, False), "; ".join(rep.lines()[:2]))
-
-
 def run_mig(plan: Plan, check: bool, kubeconfig: str, say: Progress) -> Result:
     """Label the GPU nodes nvidia.com/mig.config (installer.mig: every node checked before any is labelled);
     in check mode only report what would be set."""
@@ -308,18 +280,10 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
     out: list[str] = []
     if skipped:
         out.append(f"not the GPU Operator release: {skipped}")
-    from installer import sharing
+    if op.enabled:  # the features' stages: their releases, labels and objects
+        from installer import features
 
-    if op.enabled and sharing.active(site):
-        sns, label = sharing.namespace(site), sharing.node_label(site)
-        out.append(f"Helm release {sharing.release_name(site)} ({sharing.kind(site)}) in namespace {sns}, the node "
-                   f"label {label[0]} from the GPU nodes"
-                   + (f", pull Secret {sns}/{site.registry.pullSecret.name} (only if gpu-install made it)"
-                      if site.registry.pullSecret and sns != site.operator.namespace else ""))
-    if op.enabled and site.monitoring.enabled:
-        from installer import monitoring
-
-        out.append(monitoring.describe(plan))
+        out += features.removal(plan)
     if op.enabled:
         ns, rel = site.operator.namespace, site.operator.releaseName
         out.append(f"Helm release {rel} and its resources in namespace {ns}")
@@ -384,7 +348,7 @@ def uninstall_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes
                      display: Display | None = None) -> list[Stage]:
     """uninstall's stages, in order. Without yes, what it would remove is a ConfigError (exit 2, nothing touched);
     the kubeconfig is checked before any stage runs."""
-    from installer import kube, monitoring, operator, sharing
+    from installer import features, kube, operator
 
     say = _say(display)
     site = plan.site
@@ -407,15 +371,14 @@ def uninstall_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes
     def with_operator(not_configured: str | None) -> Callable[[], str | None]:
         return lambda: not_configured or ("runs with the operator stage" if kubeconfig is None else None)
 
-    def sharing_release() -> Result:
-        assert kubeconfig is not None
-        done = sharing.uninstall(plan, kubeconfig, timeout=op.timeout, progress=lambda m: say(f"sharing: {m}"))
-        return Result("removed" if done else stages.UNCHANGED, "; ".join(done) or "nothing of it was there")
+    def feature_stage(name: str, feature: Feature | None, why_not: str) -> Stage:
+        """A feature's removal (installer.features: sharing, monitoring), or its row saying why none runs it."""
+        def remove() -> Result:
+            assert feature is not None and kubeconfig is not None
+            done = feature.uninstall(plan, kubeconfig, timeout=op.timeout, progress=lambda m: say(f"{name}: {m}"))
+            return Result("removed" if done else stages.UNCHANGED, "; ".join(done) or "nothing of it was there")
 
-    def monitoring_objects() -> Result:
-        assert kubeconfig is not None
-        gone = monitoring.uninstall(plan, kubeconfig, progress=lambda m: say(f"monitoring: {m}"))
-        return Result("removed" if gone else stages.UNCHANGED, "; ".join(gone) or "nothing of it was there")
+        return Stage(name, remove, skip=with_operator(why_not if feature is None else None))
 
     def operator_release() -> Result:
         rep = operator.uninstall(plan, kubeconfig, yes=True, delete_namespace=op.delete_namespace,
@@ -441,9 +404,7 @@ def uninstall_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, yes
                       f"{', '.join(sorted(removed))}; those that were there before stay")
 
     return [
-        Stage("sharing", sharing_release, skip=with_operator(None if sharing.active(site) else NO_SHARING)),
-        Stage("monitoring", monitoring_objects,
-              skip=with_operator(None if monitoring.enabled(site) else "monitoring.enabled is false")),
+        *(feature_stage(*row) for row in features.feature_stages(site)),
         Stage("operator", operator_release, skip=lambda: skip_reason),
         Stage("nodes", node_roles, failure=_without_artifacts),
         Stage("packages", packages),

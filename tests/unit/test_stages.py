@@ -219,9 +219,10 @@ class Stubs:
     stage is the failing one. calls: which ran."""
 
     def __init__(self, monkeypatch, failing: str | None):
-        from installer import apply, kube, mig, monitoring, operator, sharing, validate
+        from installer import apply, kube, mig, operator, validate
+        from installer.features import StageResult, gpumanager, monitoring
 
-        self.failing, self.calls = failing, []
+        self.failing, self.calls, self.runs = failing, [], {}
         report = SimpleNamespace(changed=True, lines=lambda: ["namespace gpu-operator: created",
                                                               "release gpu-operator (chart): revision 1 deployed",
                                                               "operator install ok in 1.0s: changed"])
@@ -236,26 +237,27 @@ class Stubs:
             (operator, "check_cluster", None, ""),
             (kube, "api_client", None, object()),
             (kube, "resolve_kubeconfig", None, Path("/kc")),
-            (sharing, "check_chart", None, None),
-            (sharing, "check_cluster", None, None),
-            (monitoring, "metrics_csv", None, "csv"),
-            (monitoring, "resolve_scrape", None, "serviceMonitor"),
+            (gpumanager.FEATURE, "check_cluster", None, None),
+            (monitoring.FEATURE, "check_cluster", None, "serviceMonitor"),  # the scrape flavour its stage gets
             (apply, "preflight", "preflight", RunResult("preflight.yml", {"gpu1": HostStats()})),
             (apply, "run_nodes", "nodes", None),
             (operator, "install", "operator", report),
-            (sharing, "install", "sharing", SimpleNamespace(changed=True, lines=lambda: ["gpu-manager installed",
-                                                                                         "labelled gpu1", "more"])),
-            (monitoring, "install", "monitoring", SimpleNamespace(changed=False, lines=lambda: ["ServiceMonitor unchanged"])),
+            (gpumanager.FEATURE, "apply", "sharing", StageResult("changed", "gpu-manager installed; labelled gpu1")),
+            (monitoring.FEATURE, "apply", "monitoring", StageResult("unchanged", "ServiceMonitor unchanged")),
             (mig, "label_nodes", "mig", [SimpleNamespace(changed=True)]),
             (validate, "run", "validate", validated),
-            (sharing, "uninstall", "sharing", ["Helm release gpu-manager in kube-system removed"]),
-            (monitoring, "uninstall", "monitoring", []),
+            (gpumanager.FEATURE, "uninstall", "sharing", ["Helm release gpu-manager in kube-system removed"]),
+            (monitoring.FEATURE, "uninstall", "monitoring", []),
             (operator, "uninstall", "operator", SimpleNamespace(release_removed=True,
                                                                 lines=lambda: ["release gpu-operator: uninstalled"])),
             (pipeline, "removed_packages", "packages", {}),
         ]:
-            def stub(*args, _name=f"{mod.__name__}.{name}", _stage=stage, _answer=answer, **kw):
+            where = getattr(mod, "__name__", None) or f"features.{mod.name}"
+
+            def stub(*args, _name=f"{where}.{name}", _stage=stage, _answer=answer, **kw):
                 self.calls.append(_name)
+                if _name.endswith(".apply"):  # a feature's stage: what apply hands it
+                    self.runs[_name] = args[0]
                 if _stage is not None and _stage == self.failing:
                     raise self.error
                 if _name == "installer.apply.run_nodes":
@@ -286,6 +288,10 @@ def test_apply_all_stages_ok(staged_plan, monkeypatch):
     summary, stubs, _ = _apply(staged_plan, monkeypatch)
     assert _rows(summary) == APPLY_OK
     assert summary.nodes_changed == 3 and summary.report is not None
+    # each feature's stage gets the cluster, the options and what its own cluster check found in preflight
+    sharing_run, monitoring_run = stubs.runs["features.gpumanager.apply"], stubs.runs["features.monitoring.apply"]
+    assert (sharing_run.kubeconfig, sharing_run.check, sharing_run.cluster) == (Path("/kc"), False, None)
+    assert (monitoring_run.plan, monitoring_run.cluster, monitoring_run.timeout) == (staged_plan, "serviceMonitor", 300)
     assert [r["name"] for r in summary.records()] == APPLY
 
 
@@ -338,7 +344,7 @@ def test_apply_skip_operator_lists_every_stage_skipped_with_its_reason(staged_pl
         ("monitoring", "skipped", "runs with the operator stage"),
         ("mig", "skipped", "runs with the operator stage"),
         ("validate", "skipped", "runs after the operator stage: run `gpu-install validate` once the operator is up")]
-    assert not any(c.startswith(("installer.operator", "installer.sharing", "installer.mig")) for c in stubs.calls)
+    assert not any(c.startswith(("installer.operator", "features.", "installer.mig")) for c in stubs.calls)
     # preflight failing: the later stages are not run, also those that would have been skipped
     summary, _, _ = _apply(staged_plan, monkeypatch, "preflight", enabled=False)
     assert [row[1:] for row in _rows(summary)[1:]] == [("not run", "preflight failed")] * 6
@@ -352,12 +358,12 @@ def test_apply_stages_not_configured_say_so(monkeypatch, tmp_path):
                    inventory=str(inv))
     summary, stubs, _ = _apply(plan, monkeypatch, wait=False)
     assert _rows(summary)[3:] == [
-        ("sharing", "skipped", pipeline.NO_SHARING),
+        ("sharing", "skipped", "no sharing.mode with a release of its own (gpumanager, hami) and no mig.dynamic nos"),
         ("monitoring", "skipped", "monitoring.enabled is false"),
         ("mig", "skipped", "no MIG layout configured (site mig.config / inventory gpu_install_mig_config)"),
         ("validate", "skipped", "--no-wait: the operator's pods may not be up yet; run `gpu-install validate` when "
                                 "they are")]
-    assert "installer.sharing.install" not in stubs.calls and "installer.mig.label_nodes" not in stubs.calls
+    assert not stubs.runs and "installer.mig.label_nodes" not in stubs.calls
 
 
 def _uninstall(plan, monkeypatch, failing=None):
