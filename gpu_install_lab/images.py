@@ -124,7 +124,8 @@ def ensure_lab_images(registry: str, ca: Path, work: Path) -> dict[str, str]:
     return refs
 
 
-#: STAND-INs of sharing.mode gpumanager's images (component name as installer.sharing names it -> what it prints):
+#: STAND-INs of sharing.mode gpumanager's images (component name as installer.features.gpumanager names it -> what
+#: it prints):
 #: busybox printing the environment and mount points the chart gave it, then sleeping. They run no GPU code and
 #: register no device plugin; they let the lab check that the objects apply, the pods are scheduled on the labelled
 #: nodes, pull from the site registry and get the arguments and mounts gpu-install renders.
@@ -142,7 +143,7 @@ _SHARING_SCRIPTS = {
 
 def push_sharing_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[str, str]:
     """Build and push the STAND-IN images of sharing.mode gpumanager to refs ({component: destination reference},
-    e.g. from installer.sharing.destinations(site)); returns refs."""
+    e.g. from installer.features.gpumanager.FEATURE.destinations(site)); returns refs."""
     busybox = busybox_binary()
     for comp, ref in refs.items():
         tag = ref.rpartition(":")[2]
@@ -168,7 +169,7 @@ _HAMI_SCRIPTS = {
 
 def push_hami_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[str, str]:
     """Build and push the STAND-IN images of sharing.mode hami to refs ({component: destination reference}, e.g.
-    installer.sharing.destinations(site)); returns refs."""
+    installer.features.hami.FEATURE.destinations(site)); returns refs."""
     busybox = busybox_binary()
     for comp, ref in refs.items():
         tag = ref.rpartition(":")[2]

@@ -79,11 +79,11 @@ def _check_inputs(plan: Plan) -> None:
 
 def preflight(plan: Plan, run: RunOptions | None = None, display: Display | None = None) -> RunResult:
     """The read-only probe (playbooks/preflight.yml, always whole: --tags do not apply); raises on problems. The
-    site's sharing conflicts first (installer.sharing.check, exit 3): no host is contacted then."""
-    from installer import sharing
+    site's feature conflicts first (installer.features.check, exit 3): no host is contacted then."""
+    from installer import features
 
     _check_inputs(plan)
-    sharing.check(plan)
+    features.check(plan)
     return raise_for(_run("preflight.yml", plan, run or RunOptions(), display, tags=False), preflight=True)
 
 

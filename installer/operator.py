@@ -194,7 +194,7 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
     if ps and pre.secret_body:
         secret_action = kube.ensure_secret(client, pre.secret_body)
         say(f"pull secret {ns}/{ps.name}: {secret_action}")
-    from installer import monitoring
+    from installer.features import monitoring
 
     for cm in monitoring.configmaps_before_operator(plan):  # releases below v24.9.0 only name the metrics ConfigMap
         action = kube.apply_object(client, cm)

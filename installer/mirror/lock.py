@@ -154,13 +154,13 @@ def file_entry(bundle: Path, e: Any) -> FileEntry:
 def planned_sources(site: Site) -> Callable[[str], bool]:
     """Whether an image source is one this site's plan pulls: an image of a component the site deploys at its pinned
     version (a component whose tag names the node OS: that version with any -<suffix>, the nodes being unknown here),
-    an image of the sharing mode, or a Kata runtime class artifact of the release. Resolved from the site file and the
+    an image of an active feature (installer.features), or a Kata runtime class artifact of the release. Resolved from the site file and the
     catalog shipped with the installer; nothing of the bundle."""
-    from installer import sharing
+    from installer import features
     from installer.plan import resolve
 
     plan = resolve(site)
-    exact: set[str] = {i.source for i in sharing.images(plan.site)}
+    exact: set[str] = {i.source for i in features.images(plan.site)}
     prefixes: list[str] = []
     for comp in plan.components.values():
         if not comp.repository or not comp.version or not plan.deployed(comp):
