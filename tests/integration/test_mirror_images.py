@@ -191,8 +191,6 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
 
     # 4. push: each image at its destination with the lock's digest (authenticated, site CA), then nothing to do;
     # credentials reach skopeo only through a temporary authfile (never an argument), removed afterwards
-    from installer.mirror import images as engine
-
     argvs: list[list[str]] = []
     real_run = subprocess.run
 
@@ -200,12 +198,12 @@ def test_pull_push_round_trip(env, cli, monkeypatch):
         argvs.append([str(a) for a in argv])
         return real_run(argv, *args, **kwargs)
 
-    monkeypatch.setattr(engine.subprocess, "run", recording_run)
+    monkeypatch.setattr(subprocess, "run", recording_run)  # every tool gpu-install starts: skopeo, helm
     leftovers = set(Path(tempfile.gettempdir()).glob("gpu-install-auth-*"))
     rc, out, err = cli("mirror", "push", bundle, "-s", env["site"])
     outputs += [out, err]
     assert rc == 0, err
-    monkeypatch.setattr(engine.subprocess, "run", real_run)
+    monkeypatch.setattr(subprocess, "run", real_run)
     skopeo_argvs = [a for a in argvs if a[0].endswith("/skopeo")]
     assert skopeo_argvs and all("--dest-authfile" in a or "--authfile" in a for a in skopeo_argvs)
     assert any(a[0].endswith("/helm") and a[1] == "push" for a in argvs), argvs  # the chart, through helm
