@@ -1,5 +1,6 @@
-"""sharing.mode hami on real lab nodes, with HAMi's real chart (GPU_INSTALL_HAMI_CHART: its charts/hami directory or a
-.tgz). The chart is not in this repository nor in ../shared/upstream, so the module skips without it (CI too).
+"""sharing.mode hami on real lab nodes, with HAMi's real chart: ../shared/upstream/charts/hami-2.10.0.tgz (HAMi v2.10.0,
+provenance in that directory's README), or GPU_INSTALL_HAMI_CHART (its charts/hami directory or a .tgz). Without
+either the module skips, and in CI that is a failure (tests.conftest.need).
 
 What the lab can show: `gpu-install apply` with the sharing stage installs HAMi's chart with gpu-install's values on
 the lab API server; the device plugin DaemonSet lands on both GPU nodes (labelled gpu=on), the scheduler Deployment
@@ -21,20 +22,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import ROOT, need
 from tests.integration.test_lab_real_nodes import kubectl, real_lab
 from tests.integration.test_runtime_roles import _ok, apply_inventory, root
 from tests.integration.test_sharing_gpumanager import CHART, _env, _stages
 
-CHART_HAMI = os.environ.get("GPU_INSTALL_HAMI_CHART")
-pytestmark = [pytest.mark.lab, pytest.mark.kubernetes,
-              pytest.mark.skipif(not CHART_HAMI, reason="GPU_INSTALL_HAMI_CHART is not set (HAMi's chart is not "
-                                                         "shipped with the tests)")]
+UPSTREAM_HAMI = ROOT.parent / "shared" / "upstream" / "charts" / "hami-2.10.0.tgz"
+CHART_HAMI = os.environ.get("GPU_INSTALL_HAMI_CHART") or str(UPSTREAM_HAMI)
+pytestmark = [pytest.mark.lab, pytest.mark.kubernetes]
 NODES = ("node1", "node2")
 NS = "kube-system"
 
 
 @pytest.fixture(scope="module")
 def hm(tmp_path_factory):
+    need(Path(CHART_HAMI).exists(), f"HAMi's chart not found at {CHART_HAMI} (../shared/upstream/charts or "
+                                    "GPU_INSTALL_HAMI_CHART)")
     yield from real_lab(tmp_path_factory, "hami", len(NODES))
 
 
