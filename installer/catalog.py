@@ -168,20 +168,37 @@ class Catalog:
             )
         return sorted(tags, key=lambda t: parse_release(t))  # type: ignore[arg-type,return-value]
 
-    def resolve(self, tag: str, field: str = "operator.version") -> str:
-        """Normalise a release name ('24.9.2' → 'v24.9.2') or raise with the nearest releases."""
+    def resolve(self, tag: str, field: str = "operator.version", cli: bool = False) -> str:
+        """Normalise a release name ('24.9.2' → 'v24.9.2') or raise with the nearest releases. field names where the
+        name came from (a site field; with cli, a command-line argument: the known releases around it are listed)."""
         releases = self.releases()
         want = parse_release(tag)
         if want is not None:
             name = release_name(want)
             if name in releases:
                 return name
-        near = self.nearest(tag)
         known = f"releases {releases[0]} … {releases[-1]}"
+        if cli:
+            near = self.neighbours(tag)
+            raise ConfigError(
+                f"{field} (given on the command line): {tag} is not in the catalog"
+                + (f"; the nearest known releases: {', '.join(near)}" if near else f" ({known})"),
+                hint="`gpu-install catalog list` shows every pinned release")
+        near = self.nearest(tag)
         raise ConfigError(
             f"{field}: {tag} is not in the catalog" + (f"; nearest: {', '.join(near)}" if near else f" ({known})"),
             hint="`gpu-install catalog list` shows every pinned release",
         )
+
+    def neighbours(self, tag: str, n: int = 2) -> list[str]:
+        """The n releases below and the n above a version that is not in the catalog ('v24.9.9' → v24.9.1, v24.9.2,
+        v25.3.0, v25.3.1); [] when tag is no version."""
+        want = parse_release(tag) or parse_loose(tag)
+        if want is None:
+            return []
+        releases = self.releases()
+        below = [r for r in releases if parse_release(r) < want]  # type: ignore[operator]
+        return below[-n:] + releases[len(below):][:n]
 
     def nearest(self, tag: str, n: int = 1) -> list[str]:
         """The releases nearest to a version that is not in the catalog -- only ones of the same major version:
@@ -205,33 +222,123 @@ class Catalog:
 
         return sorted(candidates, key=distance)[:n]
 
-    def get(self, tag: str, field: str = "operator.version") -> Release:
-        return _load_release(self.root, self.resolve(tag, field))
+    def get(self, tag: str, field: str = "operator.version", cli: bool = False) -> Release:
+        return _load_release(self.root, self.resolve(tag, field, cli))
 
-    def diff(self, a: str, b: str) -> list[str]:
-        ra, rb = self.get(a, "a"), self.get(b, "b")
-        out = [f"GPU Operator {ra.version} → {rb.version}"]
+    def diff(self, a: str, b: str, cli: bool = False) -> list[str]:
+        """What changes from release a to b, as lines (diff_lines of diff_data)."""
+        return diff_lines(self.diff_data(a, b, cli))
+
+    def diff_data(self, a: str, b: str, cli: bool = False) -> dict[str, Any]:
+        """What changes from release a to b: components (image, enabled), chart defaults, values keys, the Kubernetes
+        range (platforms.yaml: what runs, what NVIDIA validated) and the OS NVIDIA publishes driver images for. The
+        fields of gpu-install.catalog-diff/v1 (installer.jsonout, docs/json.md)."""
+        from installer import platforms
+
+        ra = self.get(a, "catalog diff A" if cli else "a", cli)
+        rb = self.get(b, "catalog diff B" if cli else "b", cli)
+        comps: list[dict[str, Any]] = []
         for name in sorted(set(ra.components) | set(rb.components)):
             ca, cb = ra.components.get(name), rb.components.get(name)
-            if ca is None:
-                out.append(f"+ {name}: {cb.image_ref or '(user supplied)'}")  # type: ignore[union-attr]
-            elif cb is None:
-                out.append(f"- {name}: {ca.image_ref or '(user supplied)'}")
-            else:
-                if ca.image_ref != cb.image_ref:
-                    out.append(f"~ {name}: {ca.image_ref} → {cb.image_ref}")
-                if ca.enabled != cb.enabled:
-                    out.append(f"~ {name}.enabled: {ca.enabled} → {cb.enabled}")
+            change = "added" if ca is None else "removed" if cb is None else "changed"
+            if ca is not None and cb is not None and ca.image_ref == cb.image_ref and ca.enabled == cb.enabled:
+                continue
+            comps.append({"name": name, "change": change,
+                          "imageFrom": ca.image_ref if ca else None, "imageTo": cb.image_ref if cb else None,
+                          "enabledFrom": ca.enabled if ca else None, "enabledTo": cb.enabled if cb else None})
+        defaults = []
         for key in sorted(set(ra.defaults) | set(rb.defaults)):
             va, vb = ra.defaults.get(key, "(absent)"), rb.defaults.get(key, "(absent)")
             if va != vb and not key.endswith(".enabled"):
-                out.append(f"~ default {key}: {va} → {vb}")
-        added = sorted(rb.allowed_keys - ra.allowed_keys)
-        removed = sorted(ra.allowed_keys - rb.allowed_keys)
-        out.append(f"values keys: {len(added)} added, {len(removed)} removed")
-        out += [f"  + {k}" for k in added]
-        out += [f"  - {k}" for k in removed]
-        return out
+                defaults.append({"key": key, "valueFrom": va, "valueTo": vb})
+        sa, sb = platforms.series(ra.version, ra.catalog_dir), platforms.series(rb.version, rb.catalog_dir)
+        ka, kb = (kube_dict(s.kube) if s else None for s in (sa, sb))
+        oa, ob = (dict(s.driver_os) if s else {} for s in (sa, sb))
+        return {
+            "releaseFrom": ra.version, "releaseTo": rb.version, "components": comps, "defaults": defaults,
+            "valuesKeys": {"added": sorted(rb.allowed_keys - ra.allowed_keys),
+                           "removed": sorted(ra.allowed_keys - rb.allowed_keys)},
+            "kubernetes": {"changed": _kube_key(ka) != _kube_key(kb), "rangeFrom": ka, "rangeTo": kb},
+            "driverOs": {"added": _os_minus(ob, oa), "removed": _os_minus(oa, ob)} if sa and sb else None,
+        }
+
+    def show_data(self, tag: str, cli: bool = False) -> dict[str, Any]:
+        """A release's components and platforms: the fields of gpu-install.catalog-show/v1 (docs/json.md)."""
+        from installer import platforms
+
+        rel = self.get(tag, "catalog show RELEASE" if cli else "release", cli)
+        comps = [{"name": c.name, "enabled": c.enabled, "gates": [g.removesuffix(".enabled") for g in c.gates],
+                  "image": c.image_ref, "osSuffix": c.os_suffix, "userSupplied": c.user_supplied}
+                 for c in rel.components.values()]
+        s = platforms.series(rel.version, rel.catalog_dir)
+        plat = None if s is None else {
+            "series": s.name, "kubernetes": kube_dict(s.kube),
+            "driverOs": {i: list(v) for i, v in sorted(s.driver_os.items())}, "driverOsSource": s.driver_os_source}
+        return {"release": rel.version, "nfdChart": rel.nfd_chart_version, "components": comps, "platforms": plat}
+
+
+def kube_dict(ks: Any) -> dict[str, Any]:
+    """A release series' Kubernetes support (installer.platforms.KubeSupport) as gpu-install's JSON documents carry
+    it: minors as 'major.minor' text."""
+    from installer.platforms import show_minor
+
+    return {"min": show_minor(ks.min) if ks.min else None, "max": show_minor(ks.max) if ks.max else None,
+            "reason": ks.reason, "validated": [show_minor(v) for v in ks.validated] if ks.validated else None,
+            "source": ks.source}
+
+
+def _kube_key(k: dict[str, Any] | None) -> tuple[Any, ...]:
+    return (None,) if k is None else (k["min"], k["max"], k["validated"])
+
+
+def _os_minus(a: dict[str, tuple[str, ...]], b: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    """The os-release ID → VERSION_IDs in a and not in b."""
+    out = {i: [v for v in vs if v not in b.get(i, ())] for i, vs in sorted(a.items())}
+    return {i: vs for i, vs in out.items() if vs}
+
+
+def _range_text(k: dict[str, Any] | None) -> str:
+    if k is None:
+        return "not recorded"
+    works = ", ".join(x for x in (f"≥ {k['min']}" if k["min"] else "", f"≤ {k['max']}" if k["max"] else "") if x)
+    val = "–".join(k["validated"]) if k["validated"] else "-"
+    return f"runs on {works or 'any'}, NVIDIA validated {val}"
+
+
+def diff_lines(d: dict[str, Any]) -> list[str]:
+    """The text of `gpu-install catalog diff` from diff_data()."""
+    out = [f"GPU Operator {d['releaseFrom']} → {d['releaseTo']}"]
+    for c in d["components"]:
+        if c["change"] == "added":
+            out.append(f"+ {c['name']}: {c['imageTo'] or '(user supplied)'}")
+        elif c["change"] == "removed":
+            out.append(f"- {c['name']}: {c['imageFrom'] or '(user supplied)'}")
+        else:
+            if c["imageFrom"] != c["imageTo"]:
+                out.append(f"~ {c['name']}: {c['imageFrom']} → {c['imageTo']}")
+            if c["enabledFrom"] != c["enabledTo"]:
+                out.append(f"~ {c['name']}.enabled: {c['enabledFrom']} → {c['enabledTo']}")
+    out += [f"~ default {x['key']}: {x['valueFrom']} → {x['valueTo']}" for x in d["defaults"]]
+    k = d["kubernetes"]
+    if k["changed"]:
+        to = k["rangeTo"]
+        why = f" ({to['reason']})" if to and to["reason"] and _kube_key(k["rangeFrom"])[:2] != _kube_key(to)[:2] else ""
+        out.append(f"~ Kubernetes: {_range_text(k['rangeFrom'])} → {_range_text(to)}{why}")
+    else:
+        out.append(f"Kubernetes: unchanged ({_range_text(k['rangeTo'])})")
+    dos = d["driverOs"]
+    if dos is None:
+        out.append("driver image OS: not recorded for both releases")
+    elif dos["added"] or dos["removed"]:
+        out += [f"+ driver images for {i} {', '.join(vs)}" for i, vs in dos["added"].items()]
+        out += [f"- driver images for {i} {', '.join(vs)}" for i, vs in dos["removed"].items()]
+    else:
+        out.append("driver image OS: unchanged")
+    keys = d["valuesKeys"]
+    out.append(f"values keys: {len(keys['added'])} added, {len(keys['removed'])} removed")
+    out += [f"  + {x}" for x in keys["added"]]
+    out += [f"  - {x}" for x in keys["removed"]]
+    return out
 
 
 @cache

@@ -282,6 +282,23 @@ class StatusReport:
                    + (f"revision {r.revision} {r.status} ({r.chart})" if r else "not installed"))
         return out
 
+    def to_json(self) -> dict[str, Any]:
+        """The state as gpu-install.operator-status/v1 has it (installer.jsonout; docs/json.md): names, phases,
+        the pull Secret's type and registry hosts -- never its credentials."""
+        i, r = self.secret_info, self.release
+        return {
+            "namespace": {"name": self.namespace, "phase": self.namespace_phase},
+            "pullSecret": None if not self.secret else {
+                "name": self.secret, "present": i is not None, "type": i["type"] if i else None,
+                "registries": list(i["registries"]) if i else [],
+                "managedByGpuInstall": i is not None and all(
+                    (i["labels"] or {}).get(k) == v for k, v in kube.MANAGED_BY.items())},
+            "helmRelease": {"name": self.release_name, "installed": r is not None,
+                            "revision": r.revision if r else None, "status": r.status if r else None,
+                            "chart": r.chart if r else None},
+            "deployed": self.installed,
+        }
+
 
 def status(plan: Plan, kubeconfig: str | os.PathLike[str] | None) -> StatusReport:
     site = plan.site

@@ -10,7 +10,6 @@ from typing import Any
 from installer.cli.common import (
     ENV_CHART,
     command,
-    display,
     inventory_arg,
     kubeconfig_arg,
     quiet_arg,
@@ -56,52 +55,82 @@ def _finish(disp: Any) -> None:
         disp.print_recap()
 
 
+def _display(args: argparse.Namespace) -> Any:
+    """The progress display (installer.cli.common.display) that also keeps the runs' task failures for --json."""
+    from installer.jsonout import recording_display
+
+    return recording_display((lambda line: None) if getattr(args, "quiet", False) else sys.stderr,
+                             verbose=getattr(args, "verbose", False))
+
+
+def _node_results(rec: Any, disp: Any) -> None:
+    """The playbook runs' per-host results and task failures into the --json document."""
+    from installer.jsonout import playbook_runs
+
+    rec.doc["runs"] = playbook_runs(disp.runs)
+    rec.doc["failures"] = list(disp.failures)
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from installer import apply
+    from installer import apply, jsonout
 
-    plan = resolve_plan(args, need_inventory=True)
-    if args.kubeconfig:  # also the cluster: its Kubernetes version must suit the release (read-only)
-        from installer import kube, operator
+    with jsonout.json_document(args.json, jsonout.PREFLIGHT, "preflight") as rec:
+        rec.doc.update(release=None, notes=[], runs=[], failures=[])
+        plan = resolve_plan(args, need_inventory=True)
+        rec.secrets += jsonout.secret_values(plan)
+        rec.doc.update(release=plan.release.version, notes=list(plan.notes))
+        if args.kubeconfig:  # also the cluster: its Kubernetes version must suit the release (read-only)
+            from installer import kube, operator
 
-        kc = kube.resolve_kubeconfig(args.kubeconfig)
-        kube.api_client(kc)  # a malformed kubeconfig is exit 2 before any host
-        note = operator.check_cluster(plan, kc)
-        if note and not args.quiet:
-            print(f"note: {note}", file=sys.stderr)
-    disp = display(args)
-    try:
-        res = apply.preflight(plan, _run_options(args), disp)
-    finally:
-        _finish(disp)
+            kc = kube.resolve_kubeconfig(args.kubeconfig)
+            kube.api_client(kc)  # a malformed kubeconfig is exit 2 before any host
+            note = operator.check_cluster(plan, kc)
+            if note:
+                rec.doc["notes"].append(note)
+                if not args.quiet:
+                    print(f"note: {note}", file=sys.stderr)
+        disp = _display(args)
+        try:
+            res = apply.preflight(plan, _run_options(args), disp)
+        finally:
+            _finish(disp)
+            _node_results(rec, disp)
     print(f"preflight ok ({len(res.hosts)} hosts); artifacts: {res.artifacts}")
     return 0
 
 
 def _staged(args: argparse.Namespace, command_name: str) -> int:
     """apply / uninstall: stages run by installer.pipeline; recap and stage summary are printed also on failure."""
-    from installer import pipeline
+    from installer import jsonout, pipeline
 
-    plan = resolve_plan(args, need_inventory=True)
-    run, op = _run_options(args), _operator_options(args)
-    disp = display(args)
-    summary = pipeline.Summary(command_name)
-    ok = False
-    try:
-        if command_name == "apply":
-            pipeline.run_apply(plan, run, op, summary, disp)
-        else:
-            pipeline.run_uninstall(plan, run, op, args.yes, summary, disp)
-        ok = True
-    finally:
-        _finish(disp)
-        if summary.report is not None:
-            import sys
+    json_path = getattr(args, "json", None)
+    with jsonout.json_document(json_path, jsonout.APPLY, command_name) as rec:
+        rec.doc.update(release=None, checkMode=bool(getattr(args, "check", False)), stages=[], nodesChanged=None,
+                       runs=[], failures=[], validate=None)
+        plan = resolve_plan(args, need_inventory=True)
+        rec.secrets += jsonout.secret_values(plan)
+        rec.doc["release"] = plan.release.version
+        run, op = _run_options(args), _operator_options(args)
+        disp = _display(args)
+        summary = pipeline.Summary(command_name)
+        ok = False
+        try:
+            if command_name == "apply":
+                pipeline.run_apply(plan, run, op, summary, disp)
+            else:
+                pipeline.run_uninstall(plan, run, op, args.yes, summary, disp)
+            ok = True
+        finally:
+            _finish(disp)
+            _node_results(rec, disp)
+            rec.doc.update(stages=summary.records(), nodesChanged=summary.nodes_changed,
+                           validate=summary.report.to_json() if summary.report is not None else None)
+            if summary.report is not None:
+                from rich.console import Console
 
-            from rich.console import Console
-
-            summary.report.render(Console(file=sys.stdout, soft_wrap=True))
-        if summary.stages:
-            print(summary.table(), flush=True)
+                summary.report.render(Console(file=sys.stdout, soft_wrap=True))
+            if summary.stages:
+                print(summary.table(), flush=True)
     if ok:
         tail = "; ".join(f"{s.name} {s.outcome}" for s in summary.stages)
         print(f"{command_name} ok{' (check mode)' if run.check else ''}: "
@@ -115,6 +144,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
     return _staged(args, "uninstall")
+
+
+def json_arg(p: argparse.ArgumentParser, schema: str, what: str) -> None:
+    p.add_argument("--json", metavar="FILE", help=f"also write {what} as JSON (schema {schema}, docs/json.md), also "
+                                                  "when the command fails")
 
 
 def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:
@@ -158,6 +192,7 @@ def register(sub: Any) -> None:
     p.add_argument("--kubeconfig", default=None,
                    help="also check the cluster: its Kubernetes version must be one the release runs on "
                         "(without it only the nodes are checked)")
+    json_arg(p, "gpu-install.preflight/v1", "the per-host results and problems")
     p.set_defaults(func=cmd_preflight)
 
     p = command(sub, "apply", "preflight, configure the GPU nodes (playbooks/site.yml), install the operator, "
@@ -168,6 +203,7 @@ def register(sub: Any) -> None:
     p.add_argument("--tags", help="only tasks with these tags (e.g. runtime; `operator` selects the operator stage)")
     p.add_argument("--skip-tags", dest="skip_tags", help="skip tasks with these tags (`operator`: no operator stage)")
     _operator_args(p, install=True)
+    json_arg(p, "gpu-install.apply/v1", "the stage table, the per-host results and the validate report")
     p.set_defaults(func=cmd_apply)
 
     p = command(sub, "uninstall", "reverse apply: Helm release, runtime configs minus our keys (needs --yes)")

@@ -41,12 +41,20 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from installer import operator
+    from installer import jsonout, operator
     from installer.errors import EXIT_VALIDATION
 
-    report = operator.status(resolve_plan(args), args.kubeconfig)
+    with jsonout.json_document(args.json, jsonout.OPERATOR_STATUS, "operator status") as rec:
+        rec.doc.update(release=None, namespace=None, pullSecret=None, helmRelease=None, deployed=False)
+        plan = resolve_plan(args)
+        rec.secrets += jsonout.secret_values(plan)
+        rec.doc["release"] = plan.release.version
+        report = operator.status(plan, args.kubeconfig)
+        rec.doc.update(report.to_json())
+        rc = 0 if report.installed else EXIT_VALIDATION
+        rec.doc["exitCode"] = rc
     print("\n".join(report.lines()))
-    return 0 if report.installed else EXIT_VALIDATION
+    return rc
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
@@ -75,6 +83,8 @@ def register(sub: Any) -> None:
 
     q = command(osub, "status", "namespace, pull Secret and release state (exit 6 when not deployed)")
     _common(q)
+    q.add_argument("--json", metavar="FILE", help="also write the state as JSON (schema gpu-install.operator-status/v1, "
+                                                  "docs/json.md), also when the command fails")
     q.set_defaults(func=cmd_status)
 
     q = command(osub, "uninstall", "helm uninstall the release and delete gpu-install's pull Secret (CRDs stay "

@@ -159,11 +159,31 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
                                  asked=tuple(layers) != AVAILABLE, facts=facts))
     except ApiException as exc:  # refused (RBAC, admission) or gone: the API server's message, exit 7
         raise kube._api_error("validate", exc) from None
-    except HTTPError as exc:  # the API server went away mid-run
-        raise ClusterUnreachable(f"validate: the Kubernetes API server stopped answering ({type(exc).__name__})",
-                                 hint="check the kubeconfig's server and that the cluster is up") from None
+    except (ClusterUnreachable, HTTPError) as exc:  # no API server (or it went away mid-run): the layers that need
+        report.add(api_unreachable(exc, client, layers))  # it end here; the node results stay in the report (exit 5)
     report.seconds = time.monotonic() - t0
     return report
+
+
+API_SERVER_CHECK = "cluster.api-server"
+
+
+def api_unreachable(exc: BaseException, client: Any, layers: Sequence[str]) -> Check:
+    """The report's finding when the API server cannot be reached: status unreachable (exit 5), naming the server,
+    in the first layer asked for that needs it."""
+    from installer.validate.report import CLUSTER
+
+    server = str(getattr(getattr(client, "configuration", None), "host", "") or "(the kubeconfig's server)")
+    if isinstance(exc, ClusterUnreachable):
+        message, fix = exc.message, exc.hint or ""
+    else:  # a urllib3 error from a client not made by kube.api_client()
+        message = f"cannot reach the Kubernetes API server {server} ({type(exc).__name__})"
+        fix = "check the kubeconfig's server and that the cluster is up"
+    if server not in message:
+        message += f" (API server {server})"
+    layer = next(x for x in ("cluster", "smoke", "mig", "metrics") if x in layers)
+    return Check(layer, API_SERVER_CHECK, CLUSTER, "unreachable",
+                 message + "; the checks that need the API server were not run", fix)
 
 
 def _metrics(plan: Plan, client: Any, core: Any, objs: dict[str, Any], nodes: list[str], ns: str,

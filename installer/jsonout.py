@@ -1,0 +1,435 @@
+"""The `--json FILE` documents of preflight, apply, operator status and catalog show|diff (validate's is
+installer.validate.report): one TypedDict per schema, checked with pydantic before it is written, and the writer.
+
+Every document carries the same envelope: `schema` (its versioned id, e.g. gpu-install.apply/v1), `version` (of
+gpu-install), `command`, `started`, `seconds`, `exitCode` (the command's own exit code) and `error` (null, or what
+made the command fail: the message the terminal shows, its hint and exit code). The file is written also when the
+command fails, atomically (a temporary file in the same directory, then renamed), and never holds a credential:
+the values of the site's credential variables and the user:password part of a URL are replaced with "***".
+
+Versioning: a field may be added to a schema within its version (readers ignore fields they do not know); a field
+removed, renamed or given another type or meaning makes a new version (…/v2). docs/json.md documents each schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict
+
+from installer.errors import EXIT_CANCELLED, EXIT_INTERNAL, ConfigError, GpuInstallError
+
+PREFLIGHT = "gpu-install.preflight/v1"
+APPLY = "gpu-install.apply/v1"
+OPERATOR_STATUS = "gpu-install.operator-status/v1"
+CATALOG_SHOW = "gpu-install.catalog-show/v1"
+CATALOG_DIFF = "gpu-install.catalog-diff/v1"
+REDACTED = "***"
+_STRICT = ConfigDict(extra="forbid", strict=True)
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+
+
+# ---------------------------------------------------------------- the shapes (docs/json.md)
+
+
+@with_config(_STRICT)
+class ErrorInfo(TypedDict):
+    type: str  # the error's class: ConfigError, PreflightError, ClusterError, ... (internal: InternalError)
+    message: str
+    hint: str | None
+    exitCode: int
+
+
+@with_config(_STRICT)
+class HostResult(TypedDict):
+    host: str
+    ok: int
+    changed: int
+    failed: int
+    unreachable: int
+    skipped: int
+    seconds: float
+
+
+@with_config(_STRICT)
+class PlaybookRun(TypedDict):
+    playbook: str
+    seconds: float
+    hosts: list[HostResult]
+
+
+@with_config(_STRICT)
+class TaskFailure(TypedDict):
+    playbook: str
+    host: str
+    task: str
+    message: str
+    unreachable: bool
+
+
+@with_config(_STRICT)
+class StageRecord(TypedDict):
+    name: str
+    outcome: str
+    reason: str
+    seconds: float
+
+
+@with_config(_STRICT)
+class _Envelope(TypedDict):
+    schema: str
+    version: str
+    command: str
+    started: str
+    seconds: float
+    exitCode: int
+    error: ErrorInfo | None
+
+
+@with_config(_STRICT)
+class PreflightDoc(_Envelope):
+    release: str | None
+    notes: list[str]
+    runs: list[PlaybookRun]
+    failures: list[TaskFailure]
+
+
+@with_config(_STRICT)
+class ValidateCheck(TypedDict):
+    layer: str
+    check: str
+    node: str
+    status: Literal["pass", "fail", "warn", "skip", "unreachable"]
+    message: str
+    fix: str
+    gpu: str | None
+    seconds: float
+
+
+@with_config(_STRICT)
+class ValidateDoc(TypedDict):
+    """gpu-install.validate/v1 (installer.validate.report.Report.to_json; docs/validate.md)."""
+
+    schema: str
+    release: str
+    layers: list[str]
+    started: str
+    seconds: float
+    exitCode: int
+    summary: dict[str, int]
+    checks: list[ValidateCheck]
+
+
+@with_config(_STRICT)
+class ApplyDoc(_Envelope):
+    release: str | None
+    checkMode: bool
+    stages: list[StageRecord]
+    nodesChanged: int | None
+    runs: list[PlaybookRun]
+    failures: list[TaskFailure]
+    validate: ValidateDoc | None
+
+
+@with_config(_STRICT)
+class NamespaceState(TypedDict):
+    name: str
+    phase: str | None
+
+
+@with_config(_STRICT)
+class PullSecretState(TypedDict):
+    name: str
+    present: bool
+    type: str | None
+    registries: list[str]
+    managedByGpuInstall: bool
+
+
+@with_config(_STRICT)
+class HelmReleaseState(TypedDict):
+    name: str
+    installed: bool
+    revision: int | None
+    status: str | None
+    chart: str | None
+
+
+@with_config(_STRICT)
+class OperatorStatusDoc(_Envelope):
+    release: str | None
+    namespace: NamespaceState | None
+    pullSecret: PullSecretState | None
+    helmRelease: HelmReleaseState | None
+    deployed: bool
+
+
+@with_config(_STRICT)
+class KubeRange(TypedDict):
+    min: str | None
+    max: str | None
+    reason: str
+    validated: list[str] | None
+    source: str
+
+
+@with_config(_STRICT)
+class Platforms(TypedDict):
+    series: str
+    kubernetes: KubeRange
+    driverOs: dict[str, list[str]]
+    driverOsSource: str
+
+
+@with_config(_STRICT)
+class ComponentInfo(TypedDict):
+    name: str
+    enabled: bool | None
+    gates: list[str]
+    image: str | None
+    osSuffix: bool
+    userSupplied: bool
+
+
+@with_config(_STRICT)
+class CatalogShowDoc(_Envelope):
+    release: str | None
+    nfdChart: str | None
+    components: list[ComponentInfo]
+    platforms: Platforms | None
+
+
+@with_config(_STRICT)
+class ComponentChange(TypedDict):
+    name: str
+    change: Literal["added", "removed", "changed"]
+    imageFrom: str | None
+    imageTo: str | None
+    enabledFrom: bool | None
+    enabledTo: bool | None
+
+
+@with_config(_STRICT)
+class DefaultChange(TypedDict):
+    key: str
+    valueFrom: Any
+    valueTo: Any
+
+
+@with_config(_STRICT)
+class KeysChange(TypedDict):
+    added: list[str]
+    removed: list[str]
+
+
+@with_config(_STRICT)
+class KubeChange(TypedDict):
+    changed: bool
+    rangeFrom: KubeRange | None
+    rangeTo: KubeRange | None
+
+
+@with_config(_STRICT)
+class DriverOsChange(TypedDict):
+    added: dict[str, list[str]]
+    removed: dict[str, list[str]]
+
+
+@with_config(_STRICT)
+class CatalogDiffDoc(_Envelope):
+    releaseFrom: str | None
+    releaseTo: str | None
+    components: list[ComponentChange]
+    defaults: list[DefaultChange]
+    valuesKeys: KeysChange | None
+    kubernetes: KubeChange | None
+    driverOs: DriverOsChange | None
+
+
+SHAPES: dict[str, Any] = {
+    PREFLIGHT: PreflightDoc,
+    APPLY: ApplyDoc,
+    OPERATOR_STATUS: OperatorStatusDoc,
+    CATALOG_SHOW: CatalogShowDoc,
+    CATALOG_DIFF: CatalogDiffDoc,
+}
+
+
+def json_schema(schema: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a document, from its TypedDict."""
+    from pydantic import TypeAdapter
+
+    out: dict[str, Any] = TypeAdapter(SHAPES[schema]).json_schema()
+    out["properties"]["schema"] = {"const": schema, "title": "Schema", "type": "string"}
+    return out
+
+
+def check(doc: Mapping[str, Any]) -> None:
+    """The document has its schema's shape (pydantic, strict: no missing, unknown or mistyped field)."""
+    from pydantic import TypeAdapter
+
+    TypeAdapter(SHAPES[str(doc["schema"])]).validate_python(doc)
+
+
+# ---------------------------------------------------------------- building and writing
+
+
+def envelope(schema: str, command: str) -> dict[str, Any]:
+    """A document's envelope at the start of the command (exitCode 0, no error until one happens)."""
+    from installer import __version__
+
+    return {"schema": schema, "version": __version__, "command": command,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": 0.0, "exitCode": 0,
+            "error": None}
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    if isinstance(exc, GpuInstallError):
+        return {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint, "exitCode": exc.exit_code}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"type": "Cancelled", "message": "cancelled", "hint": None, "exitCode": EXIT_CANCELLED}
+    return {"type": "InternalError", "message": f"{type(exc).__name__}: {exc}",
+            "hint": "re-run with --debug for a traceback and report it", "exitCode": EXIT_INTERNAL}
+
+
+def secret_values(plan: Any) -> list[str]:
+    """The values of the site's credential variables (registry.pullSecret usernameEnv/passwordEnv) set now."""
+    ps = getattr(plan, "pull_secret", None) if plan is not None else None
+    names = [n for n in ((ps.usernameEnv, ps.passwordEnv) if ps else ()) if n]
+    return [v for n in names if (v := os.environ.get(n))]
+
+
+def redact(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """value with every secret string and every URL's user:password@ replaced with ***."""
+    hidden = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def clean(text: str) -> str:
+        for s in hidden:
+            text = text.replace(s, REDACTED)
+        return _URL_USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return clean(v)
+        if isinstance(v, dict):
+            return {clean(str(k)): walk(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(value)
+
+
+def check_target(path: str) -> Path:
+    """--json FILE can be written: checked before the command does anything (exit 2)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(f"--json {path}: is a directory", hint="give a file name")
+    if not target.parent.is_dir():
+        raise ConfigError(f"--json {path}: directory {target.parent} does not exist", hint="create it first")
+    if not os.access(target.parent, os.W_OK):
+        raise ConfigError(f"--json {path}: directory {target.parent} is not writable", hint="choose a writable path")
+    return target
+
+
+def write(path: str | os.PathLike[str], doc: Mapping[str, Any], secrets: Iterable[str] = ()) -> None:
+    """Check the document against its schema, then write it as JSON atomically (temporary file + rename)."""
+    from installer.util import atomic_write
+
+    clean = redact(dict(doc), secrets)
+    check(clean)
+    atomic_write(path, json.dumps(clean, indent=2, ensure_ascii=False) + "\n")
+
+
+class Recorder:
+    """One --json document being filled while its command runs: the command sets fields on `doc` (and may add the
+    credential values to hide to `secrets`); json_document() writes it however the command ends."""
+
+    def __init__(self, schema: str, command: str):
+        self.doc: dict[str, Any] = envelope(schema, command)
+        self.secrets: list[str] = []
+        self._t0 = time.monotonic()
+
+    def finish(self, exit_code: int, exc: BaseException | None = None) -> None:
+        self.doc["seconds"] = round(time.monotonic() - self._t0, 3)
+        self.doc["exitCode"] = exit_code
+        self.doc["error"] = error_info(exc) if exc is not None else None
+
+
+@contextmanager
+def json_document(path: str | None, schema: str, command: str) -> Iterator[Recorder]:
+    """`with json_document(args.json, SCHEMA, "apply") as rec: ... rec.doc["exitCode"] = rc`: without --json a recorder that
+    writes nothing; with it the file is written when the block ends -- also when it raises (the error, its exit code
+    and what was filled in by then), and then the exception goes on to the CLI's exit code."""
+    target = check_target(path) if path else None
+    rec = Recorder(schema, command)
+    try:
+        yield rec
+    except BaseException as exc:
+        if target is not None and isinstance(exc, Exception | KeyboardInterrupt):
+            rec.finish(error_info(exc)["exitCode"], exc)
+            _write_or_warn(target, rec)
+        raise
+    else:
+        rec.finish(int(rec.doc["exitCode"]))
+        if target is not None:
+            _write_or_warn(target, rec)
+
+
+def _write_or_warn(target: Path, rec: Recorder) -> None:
+    try:
+        write(target, rec.doc, rec.secrets)
+    except OSError as exc:  # the command's own outcome stays its exit code; the file's problem is said
+        print(f"error: --json {target}: cannot write it ({exc.strerror or exc})", file=sys.stderr)
+        return
+    print(f"wrote {target}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- pieces several documents share
+
+
+def playbook_runs(runs: Iterable[tuple[str, Mapping[str, Any], float]]) -> list[PlaybookRun]:
+    """installer.progress.Display.runs (playbook, host -> HostRecap, seconds) as documented PlaybookRun entries."""
+    out: list[PlaybookRun] = []
+    for playbook, hosts, seconds in runs:
+        out.append({"playbook": playbook, "seconds": round(float(seconds), 3), "hosts": [
+            {"host": h, "ok": r.ok, "changed": r.changed, "failed": r.failed, "unreachable": r.unreachable,
+             "skipped": r.skipped, "seconds": round(float(r.seconds), 3)} for h, r in sorted(hosts.items())]})
+    return out
+
+
+def recording_display(out: Any, verbose: bool = False) -> Any:
+    """An installer.progress.Display that also keeps each task failure of the runs it is shown (the rule
+    installer.ansible uses for a run's failures: failed or unreachable, errors the task ignores left out), for the
+    documents' `failures`: a run that fails raises before its RunResult reaches the command."""
+    from installer.progress import Display, message
+
+    class RecordingDisplay(Display):
+        def __init__(self) -> None:
+            super().__init__(out, verbose=verbose)
+            self.failures: list[TaskFailure] = []
+            self._playbook = ""
+
+        def start_run(self, playbook: str, *args: Any, **kwargs: Any) -> None:
+            self._playbook = playbook
+            super().start_run(playbook, *args, **kwargs)
+
+        def event(self, event: dict[str, Any]) -> None:
+            kind = event.get("event", "")
+            data = event.get("event_data") or {}
+            if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+                self.failures.append({"playbook": self._playbook, "host": str(data.get("host")),
+                                      "task": str(data.get("task", "")), "message": message(data.get("res") or {}),
+                                      "unreachable": kind == "runner_on_unreachable"})
+            super().event(event)
+
+    return RecordingDisplay()
