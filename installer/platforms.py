@@ -196,6 +196,34 @@ def newest_fitting(releases: Sequence[str], v: Minor, catalog_dir: Path | None =
     return None
 
 
+def newest_validated(releases: Sequence[str], v: Minor, catalog_dir: Path | None = None) -> str | None:
+    """The newest catalog release that runs on v AND that NVIDIA validated on v (releases in ascending order)."""
+    for rel in reversed(releases):
+        ks = kube_support(rel, catalog_dir)
+        if ks is not None and ks.fits(v) and ks.validated and ks.validated[0] <= v <= ks.validated[1]:
+            return rel
+    return None
+
+
+def suggest_for(releases: Sequence[str], v: Minor, catalog_dir: Path | None = None) -> str:
+    """The hint for a release that cannot run on Kubernetes v: the newest release NVIDIA validated on v, or, when
+    there is none, the nearest validated Kubernetes version to upgrade the cluster to."""
+    best = newest_validated(releases, v, catalog_dir)
+    if best:
+        return (f"the newest catalog release that runs on Kubernetes {show_minor(v)} and that NVIDIA validated on it "
+                f"is {best}: set operator.version: {best}")
+    ranges = [ks.validated for r in releases if (ks := kube_support(r, catalog_dir)) and ks.validated]
+    above = sorted(lo for lo, _ in ranges if lo > v)
+    highest = max((hi for _, hi in ranges), default=None)
+    fix = (f"upgrade the cluster to Kubernetes {show_minor(above[0])} or newer, the oldest a catalog release is "
+           f"validated on" if above else "the newest Kubernetes a catalog release is validated on is "
+           f"{show_minor(highest)}" if highest else "upgrade the cluster")
+    runs = newest_fitting(releases, v, catalog_dir)
+    ks = kube_support(runs, catalog_dir) if runs else None
+    unvalidated = f" ({runs} would start on it, but is validated on {ks.validated_text()} only)" if runs and ks else ""
+    return f"no catalog release is validated by NVIDIA on Kubernetes {show_minor(v)}{unvalidated}: {fix}"
+
+
 def check_kubernetes(release: str, version: str, releases: Sequence[str], where: str,
                      catalog_dir: Path | None = None) -> str | None:
     """Raise PreflightError (exit 3) when the release does not work on this Kubernetes version, naming the newest
@@ -205,13 +233,10 @@ def check_kubernetes(release: str, version: str, releases: Sequence[str], where:
     if ks is None:
         return None
     if not ks.fits(v):
-        best = newest_fitting(releases, v, catalog_dir)
         why = f" ({ks.reason})" if ks.reason else ""
         raise PreflightError(
             f"{where}: Kubernetes {show_minor(v)} cannot run GPU Operator {release}: it needs Kubernetes "
-            f"{ks.works_text()}{why}",
-            hint=(f"the newest catalog release that fits Kubernetes {show_minor(v)} is {best}: set operator.version: "
-                  f"{best}" if best else f"no catalog release fits Kubernetes {show_minor(v)}; upgrade the cluster"))
+            f"{ks.works_text()}{why}", hint=suggest_for(releases, v, catalog_dir))
     if ks.validated and not ks.validated[0] <= v <= ks.validated[1]:
         return (f"Kubernetes {show_minor(v)} is outside the range NVIDIA validated GPU Operator {ks.series} on "
                 f"({ks.validated_text()}); it is expected to work ({ks.works_text()})")

@@ -95,14 +95,14 @@ def test_missing_credentials_change_nothing(env):
 
 def test_a_release_the_cluster_cannot_run_is_refused_before_anything_changes(env):
     """The lab's API server is Kubernetes 1.20; from v24.9 the chart's node-feature-discovery objects use gRPC
-    probes, which it refuses: exit 3 naming the newest release that fits, nothing created."""
+    probes, which it refuses: exit 3 saying that no catalog release is validated on 1.20, nothing created."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     proc = gi(env, "install", "--set", "operator.version=v24.9.2", "--set", "operator.namespace=gpu-op-k8s")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Kubernetes 1.20 cannot run GPU Operator v24.9.2" in proc.stderr, proc.stderr
-    assert "the newest catalog release that fits Kubernetes 1.20 is v" in proc.stderr, proc.stderr
+    assert "no catalog release is validated by NVIDIA on Kubernetes 1.20" in proc.stderr, proc.stderr
     with pytest.raises(ApiException) as err:
         client.CoreV1Api(api(env)).read_namespace("gpu-op-k8s")
     assert err.value.status == 404

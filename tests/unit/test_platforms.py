@@ -109,7 +109,10 @@ def test_kube_version_check_without_a_cluster(cli, tmp_path, catalog):
     assert rc == 3, err
     assert "--kube-version: Kubernetes 1.20 cannot run GPU Operator v24.9.2: it needs Kubernetes ≥ 1.24 " \
            "(NFD gRPC probes)" in err
-    assert "the newest catalog release that fits Kubernetes 1.20 is v23.9.2: set operator.version: v23.9.2" in err
+    # the suggestion is a release NVIDIA validated on that Kubernetes; v23.9.2 would start on 1.20 but is not one
+    assert "no catalog release is validated by NVIDIA on Kubernetes 1.20 (v23.9.2 would start on it, but is " \
+           "validated on 1.24–1.29 only): upgrade the cluster to Kubernetes 1.24 or newer" in err
+    assert "set operator.version" not in err
     assert not out  # nothing rendered
     rc, out, err = cli("render", "-s", site(tmp_path), "--kube-version", "1.24")
     assert rc == 0 and out and "note:" not in err
@@ -119,7 +122,16 @@ def test_kube_version_check_without_a_cluster(cli, tmp_path, catalog):
     rc, _, err = cli("config", "check", "-s", site(tmp_path, "v26.7.0"), "--kube-version", "1.41")
     assert rc == 3 and "it needs Kubernetes ≥ 1.27, ≤ 1.40" in err and "is v26.7.0" not in err
     rc, _, err = cli("render", "-s", site(tmp_path, "v26.7.0"), "--kube-version", "1.15")
-    assert rc == 3 and "no catalog release fits Kubernetes 1.15; upgrade the cluster" in err
+    assert rc == 3 and "no catalog release is validated by NVIDIA on Kubernetes 1.15: upgrade the cluster to " \
+                       "Kubernetes 1.24 or newer" in err
+    # 1.25: v26.7.0 cannot run (≥ 1.27); v24.9.2 runs on it and is validated on 1.24–1.31; v23.9.2 too, but is older
+    rc, _, err = cli("render", "-s", site(tmp_path, "v26.7.0"), "--kube-version", "1.25")
+    assert rc == 3 and "the newest catalog release that runs on Kubernetes 1.25 and that NVIDIA validated on it is " \
+                       "v24.9.2: set operator.version: v24.9.2" in err
+    # newer than every validated range: no upgrade advice, the newest validated Kubernetes named
+    rc, _, err = cli("config", "check", "-s", site(tmp_path, "v26.7.0"), "--kube-version", "1.41")
+    assert rc == 3 and "(v24.9.2 would start on it, but is validated on 1.24–1.31 only): the newest Kubernetes a " \
+                       "catalog release is validated on is 1.31" in err
 
 
 @pytest.mark.parametrize("bad", ["latest", "1", "v1.x", "1.20; rm -rf /", "9" * 100])
