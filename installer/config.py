@@ -26,6 +26,38 @@ from pydantic import (
 )
 
 from installer.errors import ConfigError
+from installer.patterns import (
+    APT_SUITE,
+    CHART_REPOSITORY,
+    DEFAULT_CHART_REPOSITORY,
+    DIGEST,
+    DNS_LABEL,
+    DURATION,
+    ENV_NAME,
+    EXTENDED_RESOURCE,
+    KUBERNETES_VERSION,
+    LABEL_KEY,
+    MIG_CONFIG_NAME,
+    MIG_PROFILE,
+    OS_TAG,
+    PACKAGE_URL,
+    PATH_COMPONENT,
+    PATTERN_TEXT,
+    REGISTRY_HOST,
+    REPOSITORY,
+    SECRET_NAME,
+    TAG,
+    UPSTREAM_MIRROR,
+    URL_PREFIX,
+    chart_repository,
+    dns_label,
+    image_tag,
+    package_url,
+    registry_host,
+    repository_ref,
+    upstream_mirror,
+)
+from installer.safefile import read_yaml
 
 
 def _version_text(v: Any) -> Any:
@@ -43,41 +75,6 @@ def _version_text(v: Any) -> Any:
 
 #: A version or tag written in YAML: "550" and 550 are the same; 20.10 unquoted is refused ("quote it").
 VersionText = Annotated[str, BeforeValidator(_version_text)]
-
-# OCI distribution grammar: a tag, a digest, a repository path (optionally with a registry host in front)
-TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
-DIGEST = r"sha256:[a-f0-9]{64}"
-PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-
-
-# The same rules as JSON-schema patterns (ECMA-262 regular expressions, also valid for Python's re), published by
-# `gpu-install config schema` so that an editor refuses what the validators below refuse. The validators decide and
-# word the messages; these only describe them.
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-# 1 to 65535 in at most 5 digits (leading zeros allowed, as int() reads them)
-_PORT = r"(?=[0-9]{1,5}(?![0-9]))0*(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-#: registry_host(): [IPv6]:port, a dotted name with an optional port, a single label with a port, or localhost
-_HOST_PORT = rf"\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\](?::{_PORT})?|{_LABEL}(?:\.{_LABEL})+(?::{_PORT})?|{_LABEL}:{_PORT}"
-REGISTRY_HOST = rf"(?:{_HOST_PORT}|[Ll][Oo][Cc][Aa][Ll][Hh][Oo][Ss][Tt])"
-_PATH_COMPONENT_NO_DOT = r"[a-z0-9]+(?:(?:_|__|-+)[a-z0-9]+)*"
-#: repository_ref(): one path component, or components whose first one names a registry when it has a '.' or ':'
-REPOSITORY = (rf"^(?:{PATH_COMPONENT}|{_PATH_COMPONENT_NO_DOT}(?:/{PATH_COMPONENT})+"
-              rf"|(?:{_HOST_PORT}|localhost)(?:/{PATH_COMPONENT})+)$")
-DNS_LABEL = r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$"
-SECRET_NAME = r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$"
-DURATION = r"^(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|ms|s|m|h))+$"
-URL_PREFIX = r"^https?://[^/\s?#]+(?:/[^\s?#]*)?$"
-EXTENDED_RESOURCE = (r"^(?![^/]*kubernetes\.io/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)+"
-                     r"/[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-KUBERNETES_VERSION = r"^v?[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[-+][0-9A-Za-z.-]+)?$"
-#: mirror.chartRepository: an http(s) chart repository (index.yaml under it) or oci://<registry>[/<path>] (the chart is
-#: <that>/gpu-operator); chart_repository() decides, this describes it
-CHART_REPOSITORY = (rf"^(?:https?://[^/\s?#]+(?:/[^\s?#]*)?"
-                    rf"|oci://{REGISTRY_HOST}(?:/{PATH_COMPONENT})*/?)$")
-DEFAULT_CHART_REPOSITORY = "https://helm.ngc.nvidia.com/nvidia"
-#: mirror.upstream values: where `mirror pull` reads an upstream registry's images instead, registry[:port][/path]
-UPSTREAM_MIRROR = rf"^{REGISTRY_HOST}(?:/{PATH_COMPONENT})*$"
-
 
 def rules(string: dict[str, Any] | None = None, integer: dict[str, Any] | None = None,
           **extra: Any) -> Callable[[dict[str, Any]], None]:
@@ -98,44 +95,17 @@ def rules(string: dict[str, Any] | None = None, integer: dict[str, Any] | None =
     return edit
 
 
-PATTERN_TEXT = {
-    rf"^{TAG}$": "an image tag: letters, digits, '_', '.', '-' (at most 128, not starting with '.' or '-')",
-    rf"^{PATH_COMPONENT}$": "an image name: lower-case letters and digits, joined by '.', '_' or '-'",
-}
-
-
-def image_tag(v: str, what: str = "version") -> str:
-    """An image tag or digest (it becomes part of an image reference and of file names)."""
-    if not (re.fullmatch(TAG, v) or re.fullmatch(DIGEST, v)):
-        shown = v if len(v) <= 60 else v[:57] + "..."
-        raise ValueError(f"{shown!r} is not an image {what}: letters, digits, '_', '.', '-' (at most 128, not "
-                         "starting with '.' or '-'), or sha256:<64 hex digits>")
-    return v
-
-
-def repository_ref(v: str) -> str:
-    """A source repository: [registry-host[:port]/]path/components (lower case)."""
-    first, _, rest = v.partition("/")
-    path = v
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry_host(first)
-        path = rest
-    if len(v) > 255 or not re.fullmatch(rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*", path):
-        shown = v if len(v) <= 60 else v[:57] + "..."
-        raise ValueError(f"{shown!r} is not an image repository such as nvcr.io/nvidia/cloud-native "
-                         "(lower-case path components, an optional registry host in front)")
-    return v
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def dns_label(v: str) -> str:
-    """A Kubernetes name that must be a DNS-1123 label (namespace, Helm release, ConfigMap)."""
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
-        raise ValueError(f"{v!r} is not a valid DNS-1123 label (lower case letters, digits, '-')")
-    return v
+def _feature_rules(block: BaseModel) -> None:
+    """The features' own rules on a block that selects them (mig.dynamic, sharing.mode): each feature in
+    installer.features checks its mode's settings (Feature.check_block), raising ValueError that pydantic reports at
+    the block's path. Imported when a site is validated: the features import this model."""
+    from installer import features
+
+    features.check_block(block)
 
 
 class Operator(_Model):
@@ -156,7 +126,6 @@ class Operator(_Model):
         return dns_label(v)
 
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 #: fields whose value may be a secret pasted by mistake: messages about them never show it
 CREDENTIAL_FIELDS = {"usernameEnv", "passwordEnv", "dockerConfigFile"}
 
@@ -202,35 +171,6 @@ class PullSecret(_Model):
         if bool(self.usernameEnv) != bool(self.passwordEnv):
             raise ValueError("usernameEnv and passwordEnv go together")
         return self
-
-
-_DOMAIN_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def registry_host(v: str) -> str:
-    """A registry as image references name it (the rules docker and containerd apply): host[:port] where host is a
-    DNS name, an IPv4 address or a bracketed IPv6 address, and a name without a dot or port other than localhost
-    would be read as a Docker Hub path. Lower-cased."""
-    shown = v if len(v) <= 80 else v[:77] + "..."
-    if len(v) > 255:
-        raise ValueError(f"{shown!r}: {len(v)} characters is not a registry host (at most 255)")
-    if "://" in v or "/" in v:
-        raise ValueError(f"{shown!r}: give host[:port] only, without scheme or path (use prefix for a path)")
-    m = re.fullmatch(r"(\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^:\[\]]+)(?::([0-9]+))?", v)  # IPv6: has a ':'
-    if not m:
-        raise ValueError(f"{shown!r} is not a host[:port]")
-    host, port = m.group(1), m.group(2)
-    if port is not None and not (port.isdigit() and 0 < int(port) < 65536 and len(port) <= 5):
-        raise ValueError(f"{shown!r}: port {port} is not between 1 and 65535")
-    if not host.startswith("["):
-        labels = host.split(".")
-        if not all(_DOMAIN_LABEL.fullmatch(label) for label in labels):
-            raise ValueError(f"{shown!r}: {host!r} is not a host name (labels of letters, digits and '-', not "
-                             "starting or ending with '-', separated by single dots)")
-        if len(labels) == 1 and port is None and host.lower() != "localhost":
-            raise ValueError(f"{shown!r} would be read as a Docker Hub path (docker.io/{host}/…), not as a registry: "
-                             f"give its full name ({host}.example.com) or its port ({host}:5000)")
-    return v.lower()
 
 
 class Registry(_Model):
@@ -364,10 +304,6 @@ class Toolkit(_Model):
                                         json_schema_extra=rules({"pattern": rf"^{TAG}$"}, integer={"minimum": 0}))
 
 
-MIG_PROFILE = r"^[0-9]+g\.[0-9]+gb(?:[+-](?:me|gfx|me\.all))?$"
-MIG_CONFIG_NAME = r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-
-
 class MigDevices(_Model):
     """One entry of a mig-parted config (its `version: v1` format, same keys)."""
 
@@ -470,18 +406,8 @@ class Mig(_Model):
         return self
 
     @model_validator(mode="after")
-    def _dynamic(self) -> Mig:
-        if self.dynamic != "nos":
-            return self
-        if "strategy" in self.model_fields_set and self.strategy != "mixed":
-            raise ValueError(f"dynamic nos needs strategy mixed (nos asks for nvidia.com/mig-<profile> resources), not "
-                             f"{self.strategy}: set mig.strategy: mixed or leave it unset")
-        static = [k for k in ("config", "configMap", "customConfigs") if getattr(self, k)]
-        if static:
-            raise ValueError(f"dynamic nos and static MIG layouts ({', '.join('mig.' + k for k in static)}) exclude "
-                             "each other: nos makes the layouts, mig-manager is off: drop " + ", ".join(static))
-        if self.strategy != "mixed":
-            object.__setattr__(self, "strategy", "mixed")
+    def _features(self) -> Mig:
+        _feature_rules(self)
         return self
 
 
@@ -661,11 +587,6 @@ class Scheduler(_Model):
         return self
 
 
-#: a label key as Kubernetes takes it: [DNS-subdomain prefix/]name
-LABEL_KEY = (r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
-             r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-
-
 def vcuda_request(core: int, memory: int, where: str = "") -> None:
     """A tencent.com/vcuda-core / vcuda-memory request GPUManager can grant, else ValueError saying why: 100 cores are
     one GPU, below 100 a share of one GPU (then memory, in 256 MiB units, must be given), from 100 whole GPUs only in
@@ -818,46 +739,9 @@ class Sharing(_Model):
     hami: Hami | None = Field(None, description="settings of sharing.mode hami (kubernetesVersion required)")
 
     @model_validator(mode="after")
-    def _hami(self) -> Sharing:
-        if self.mode == "hami" and self.hami is None:
-            raise ValueError("mode hami needs sharing.hami with at least kubernetesVersion (the cluster's vX.Y.Z)")
+    def _features(self) -> Sharing:
+        _feature_rules(self)
         return self
-
-
-def chart_repository(v: str) -> str:
-    """A Helm chart repository: http(s)://host[/path] (an index.yaml repository) or oci://registry[:port][/path]
-    (an OCI registry holding the chart as <that>/gpu-operator). A trailing '/' is dropped."""
-    shown = v if len(v) <= 80 else v[:77] + "..."
-    if len(v) > 2048:
-        raise ValueError(f"{shown!r}: {len(v)} characters is not a chart repository (at most 2048)")
-    if v.startswith("oci://"):
-        host, slash, path = v[len("oci://"):].removesuffix("/").partition("/")
-        try:
-            host = registry_host(host)
-        except ValueError as exc:
-            raise ValueError(f"{shown!r}: the registry of an oci:// chart repository: {exc}") from None
-        if slash and not re.match(rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*\Z", path):
-            raise ValueError(f"{shown!r}: {path!r} is not a repository path (lower-case components joined by '/')")
-        return "oci://" + host + (f"/{path}" if path else "")
-    if not re.match(r"https?://[^/\s?#]+(?:/[^\s?#]*)?\Z", v):
-        raise ValueError(f"{shown!r} is not a chart repository: an http(s) URL such as {DEFAULT_CHART_REPOSITORY} or "
-                         "oci://registry.example.com:5000/charts")
-    return v.rstrip("/") if v.rstrip("/") not in ("http:/", "https:/") else v
-
-
-#: an OS tag as the inventory's gpu_install_os gives it: os-release ID + VERSION_ID (ubuntu22.04, rocky9.4, debian12)
-OS_TAG = r"^[a-z][a-z0-9]*[0-9]+(?:\.[0-9]+)*$"
-#: an apt suite (jammy, bookworm-updates) or a flat repository's directory ending in '/' ("/", "./x86_64/")
-APT_SUITE = r"^(?:[A-Za-z0-9][A-Za-z0-9._~+-]*|[A-Za-z0-9._~+/-]*/)$"
-PACKAGE_URL = r"^(?:https?://[^/\s?#]+(?:/[^\s?#]*)?|file:///[^\s?#]*)$"
-
-
-def package_url(v: str) -> str:
-    """An upstream package repository's URL: http(s)://host[/path] or file:///path; no trailing '/'."""
-    shown = v if len(v) <= 80 else v[:77] + "..."
-    if len(v) > 2048 or not re.match(PACKAGE_URL, v):
-        raise ValueError(f"{shown!r} is not a package repository URL: http(s)://host/path or file:///path")
-    return v.rstrip("/") if v.rstrip("/") not in ("http:/", "https:/", "file:/") else v
 
 
 class PackageSource(_Model):
@@ -980,21 +864,6 @@ class Mirror(_Model):
                 raise ValueError(f"{key!r}: the registry {host} is given twice")
             out[host] = upstream_mirror(value)
         return out
-
-
-def upstream_mirror(v: str) -> str:
-    """Where an upstream registry's images are read instead: registry[:port] with an optional repository path in
-    front of theirs (mirror.internal:5000/nvcr). The registry is lower-cased; no scheme, no trailing '/'."""
-    shown = v if len(v) <= 80 else v[:77] + "..."
-    if len(v) > 2048:
-        raise ValueError(f"{shown!r}: {len(v)} characters is not a registry (at most 2048)")
-    host, slash, path = v.partition("/")
-    if "://" in v:
-        raise ValueError(f"{shown!r}: give registry[:port][/path] without a scheme (skopeo speaks HTTPS)")
-    host = registry_host(host)
-    if slash and not re.match(rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*\Z", path):
-        raise ValueError(f"{shown!r}: {path!r} is not a repository path (lower-case components joined by '/')")
-    return host + (f"/{path}" if slash else "")
 
 
 class Monitoring(_Model):
@@ -1131,79 +1000,6 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
     return site
 
 
-MAX_INPUT_BYTES = 1 << 20  # a site file is a few KB; anything near a megabyte is a mistake (or /dev/zero)
-
-
-def read_text(path: Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> str:
-    """A small regular text file's content, or ConfigError naming the path: never blocks on a FIFO or a device,
-    never reads without bound, never follows a symlink loop into a traceback."""
-    import stat
-
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path} not found", hint="check the path") from None
-    except OSError as exc:  # ELOOP (a symlink loop), EACCES, ENAMETOOLONG, …
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}", hint="check the path") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{what} {path} is a directory", hint="give the file itself")
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} {path} is not a regular file (a device, FIFO or socket)", hint="give a file")
-    if st.st_size > limit:
-        raise ConfigError(f"{what} {path} is {st.st_size} bytes; more than {limit} is not a {what}",
-                          hint="check the path")
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise ConfigError(f"{what} {path} grew past {limit} bytes while being read", hint="check the path")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
-
-
-def read_yaml(path: Path, what: str = "file") -> Any:
-    return parse_yaml(read_text(path, what), str(path))
-
-
-def parse_yaml(text: str, where: str) -> Any:
-    """YAML with the mistakes YAML itself forgives refused: a key given twice in one mapping (both lines named),
-    nesting deep enough to exhaust the parser."""
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: let the constructor say so
-                continue
-            line = key_node.start_mark.line + 1
-            if first is not None:
-                raise ConfigError(f"{where}:{line}: key {key!r} is given twice (first at line {first})",
-                                  hint="YAML would keep only the last one: remove one of them")
-            seen[key] = line
-        return loader.construct_mapping(node, deep=deep)
-
-    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    try:
-        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{at}: invalid YAML: {problem}", hint="fix the YAML syntax at that position") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: nested too deeply to be a site file", hint="check the file") from None
-
-
 def apply_set(data: dict[str, Any], item: str) -> None:
     """`--set a.b.c=value` (value parsed as YAML)."""
     import yaml
@@ -1217,11 +1013,30 @@ def apply_set(data: dict[str, Any], item: str) -> None:
         value = raw
     node = data
     parts = path.split(".")
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         node = node.setdefault(p, {})
+        if isinstance(node, list) or _is_list_field(parts[: i + 1]):  # --set names mapping keys only: a list is
+            whole = ".".join(parts[: i + 1])                           # set whole (or edited in the file)
+            raise ConfigError(f"--set {path}: {whole} is a list, and --set cannot address one entry of a list "
+                              f"({parts[i + 1]!r} is taken as a key)",
+                              hint=f"edit {whole} in the site file, or give the whole list as YAML: --set "
+                                   f"'{whole}=[...]' (YAML: every entry, as the site file has them)")
         if not isinstance(node, dict):
-            raise ConfigError(f"--set {path}: {p} is not a mapping")
+            raise ConfigError(f"--set {path}: {'.'.join(parts[: i + 1])} is a {type(node).__name__} value, not a "
+                              "mapping: it has no field " + repr(parts[i + 1]),
+                              hint=f"set {'.'.join(parts[: i + 1])} itself, e.g. --set {'.'.join(parts[: i + 1])}=VALUE")
     node[parts[-1]] = value
+
+
+def _is_list_field(loc: list[str]) -> bool:
+    """The site schema has a list at loc (e.g. scheduler.extenders), whether or not the file sets it."""
+    model = _model_at(loc[:-1]) if len(loc) > 1 else Site
+    fields = getattr(model, "model_fields", None) or {}
+    if loc[-1] not in fields:
+        return False
+    ann = fields[loc[-1]].annotation
+    return getattr(ann, "__origin__", None) is list or any(
+        getattr(a, "__origin__", None) is list for a in getattr(ann, "__args__", ()))
 
 
 def parse_site(data: dict[str, Any], source: str = "site", flags: dict[str, str] | None = None) -> Site:
@@ -1295,112 +1110,8 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) and not skip_key else None
 
 
-SAMPLE = """\
-# gpu-install site file. `gpu-install config schema` prints the full JSON schema.
-operator:
-  version: v24.9.2          # a release from `gpu-install catalog list`
-  namespace: gpu-operator
-  releaseName: gpu-operator
-  chart: null               # chart .tgz/dir or oci://registry.example.com:5000/charts/gpu-operator
-
-registry:
-  host: registry.example.com:5000   # host[:port] of the private registry
-  layout: strip-host        # strip-host: nvcr.io/nvidia/x -> <host>/nvidia/x; keep-host: <host>/nvcr.io/nvidia/x
-  prefix: ""                # optional path inside the registry, e.g. mirror/gpu
-  pullSecret:
-    name: gpu-registry      # Secret put on every component (imagePullSecrets)
-    usernameEnv: GPU_REGISTRY_USER      # credentials are read from these env vars at apply time,
-    passwordEnv: GPU_REGISTRY_PASSWORD  # never written into values, logs or extravars
-  ca: null                  # PEM file the nodes must trust (registry_trust role)
-  insecure: false
-
-runtime: containerd         # containerd | docker
-
-driver:
-  mode: operator            # host | runfile | operator | precompiled | preinstalled
-  version: null             # default: the release's pinned driver (precompiled: a branch such as "550")
-  kernelModuleType: null    # auto | open | proprietary (null: release default)
-  rebootPolicy: never       # host/runfile: never (report "reboot required") | if-needed | always
-  serial: 100%              # host/runfile: nodes per driver batch, e.g. 1 or 25%
-  customImageOs: []         # operator/precompiled: OS tags you build driver images for (e.g. [debian12])
-  # runfile mode: NVIDIA-Linux-<arch>-<version>.run from the site's file mirror (URL) or a controller path
-  # runfile: https://mirror.example.internal/files/NVIDIA-Linux-x86_64-535.216.03.run
-  # runfileSha256: <sha256sum of the file>
-
-toolkit:
-  mode: operator            # host | operator
-
-mig:
-  strategy: single          # none | single | mixed
-  config: null              # default MIG layout, e.g. all-1g.10gb (null: release default all-disabled)
-  customConfigs: {}         # your own layouts (v24.6.0+), e.g. {half: [{devices: [0,1], mig-enabled: true,
-                            #   mig-devices: {3g.40gb: 2}}, {devices: [2,3], mig-enabled: false}]} (docs/mig.md)
-  dynamic: none             # none | nos: nos makes the layouts on demand (docs/mig.md#dynamic-mig-with-nos);
-                            #   then also nos: {chart: oci://<registry>/charts/nos, reset: true, reboot: false}
-
-devicePlugin:
-  timeSlicing:
-    replicas: 0             # >1 shares each GPU between that many pods
-  mps:
-    replicas: 0             # >1: CUDA MPS, that many clients per GPU (v24.3.0+; not with timeSlicing or MIG mixed)
-
-cdi:
-  enabled: null             # null: release default
-
-sandboxWorkloads:
-  enabled: false            # VM workloads (KubeVirt/Kata)
-
-components: {}              # e.g. dcgm: {enabled: true}; dcgmExporter: {version: 3.3.9-3.6.1-ubuntu22.04}
-values: {}                  # extra Helm values, merged last and checked against the release's keys
-
-scheduler:                  # kube-scheduler extenders, patched into its static pod (hosts kube_control_plane)
-  extenders: []             # empty: nothing is done. An entry, e.g. for a GPU-sharing extender:
-  #  - urlPrefix: http://127.0.0.1:3456/scheduler
-  #    filterVerb: filter
-  #    prioritizeVerb: prioritize     # needs weight > 0
-  #    weight: 1
-  #    bindVerb: null                 # at most one extender may bind
-  #    nodeCacheCapable: true
-  #    ignorable: false
-  #    httpTimeout: 30s
-  #    enableHTTPS: false
-  #    managedResources: [{name: nvidia.com/gpu, ignoredByScheduler: false}]
-  format: auto              # auto (Policy below 1.23, KubeSchedulerConfiguration from 1.23) | policy | config
-  kubernetesVersion: null   # null: read from the kube-scheduler image tag in the manifest
-
-sharing:                    # GPU sharing by a component of its own (docs/sharing.md)
-  mode: none                # none | hami (Project-HAMi, recommended vGPU) | gpumanager (tkestack GPUManager)
-  # hami:
-  #   kubernetesVersion: v1.27.4      # the cluster's exact version: HAMi's kube-scheduler image has that tag
-  #   chart: oci://registry.example.com:5000/charts/hami:2.10.0   # what `mirror push` printed
-  #   deviceSplitCount: 10            # pods per GPU at most
-  #   deviceMemoryScaling: 1          # > 1 oversubscribes GPU memory
-  # gpumanager:
-  #   namespace: kube-system
-  #   cgroupDriver: cgroupfs          # the kubelet's cgroup driver on the GPU nodes: cgroupfs | systemd
-  #   smoke: {core: 50, memory: 4}    # validate's fractional pod: half a GPU, 1 GiB (256 MiB units)
-
-monitoring:                 # DCGM exporter -> Prometheus -> Grafana (docs/monitoring.md)
-  enabled: false            # true: the exporter with gpu-install's metrics, scraping, alert rules, dashboard
-  scrape: auto              # auto | serviceMonitor (Prometheus Operator) | config (plain scrape config + rules file)
-  labels: {}                # what your Prometheus selects ServiceMonitors/rules by, e.g. {release: kube-prometheus-stack}
-  namespace: monitoring     # where the rules, scrape config and dashboard ConfigMaps go
-
-mirror:                     # gpu-install mirror (connected side): where the artifacts come from
-  chartRepository: https://helm.ngc.nvidia.com/nvidia   # or oci://registry.example.com:5000/charts
-  upstream: {}              # read an upstream registry from a mirror, e.g. {nvcr.io: mirror.internal:5000}
-  upstreamCa: null          # PEM file trusted (besides the system's) when pulling from upstream or those mirrors
-  packageRepositories: {}   # node OS -> upstream repositories the OS packages are resolved against, e.g.
-  #   ubuntu22.04: [{url: http://archive.ubuntu.com/ubuntu, suite: jammy, components: [main], key: ubuntu.gpg}]
-  #   rocky9.4: [{url: https://dl.rockylinux.org/pub/rocky/9/BaseOS/x86_64/os, key: RPM-GPG-KEY-Rocky-9}]
-  trustedKeys: []           # air-gapped side: the bundle key(s) pinned, e.g. [bundle-signing.pub.pem] (the .pem mirror
-  #                           pull printed, carried across once; push and verify --bundle refuse other signatures)
-
-packages:                   # the site's package repository (air-gapped side), from `mirror push --repo-dir DIR`
-  url: null                 # where the nodes reach DIR, e.g. http://repo.example.com/gpu-install; null: none added
-  key: null                 # DIR/gpu-install-site.asc (the site's signing key, public half); required with url
-"""
-
-
 def sample_site() -> str:
-    return SAMPLE
+    """The commented example site file (`gpu-install config sample`), shipped as installer/data/sample-site.yaml."""
+    from importlib import resources
+
+    return (resources.files("installer") / "data" / "sample-site.yaml").read_text(encoding="utf-8")

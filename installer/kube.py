@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer import limits
-from installer.config import MAX_INPUT_BYTES, Registry
+from installer.config import Registry
 from installer.errors import ClusterError, ClusterUnreachable, ConfigError
+from installer.safefile import MAX_INPUT_BYTES
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

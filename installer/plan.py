@@ -211,7 +211,7 @@ def check_package_repo(site: Site, nodes: Sequence[Node]) -> None:
     resolve: on the connected side the key does not exist yet, push writes it)."""
     if not site.packages.url or not (site.toolkit.mode == "host" or site.driver.mode in ("host", "runfile")):
         return
-    from installer.config import read_text
+    from installer.safefile import read_text
 
     assert site.packages.key is not None  # the model requires it with url
     if "BEGIN PGP PUBLIC KEY BLOCK" not in read_text(Path(site.packages.key), "packages.key"):
@@ -228,7 +228,7 @@ def check_ca(path: Path) -> None:
     """registry.ca is a readable PEM certificate (checked before any host is contacted)."""
     import ssl
 
-    from installer.config import read_text
+    from installer.safefile import read_text
 
     text = read_text(Path(path), "registry.ca")
     if "-----BEGIN CERTIFICATE-----" not in text:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from installer.config import Extender, Site
 from installer.errors import PreflightError
 from installer.features import device_plugin, gpumanager, hami, monitoring, nos
@@ -73,6 +75,15 @@ def feature_stages(site: Site) -> list[tuple[str, Feature | None, str]]:
 def sharing(site: Site) -> ReleaseFeature | None:
     """The active feature the sharing stage installs (gpumanager, hami or nos), if any."""
     return next((f for f in active(site) if isinstance(f, ReleaseFeature)), None)
+
+
+# ---------------------------------------------------------------- the site model
+
+
+def check_block(block: BaseModel) -> None:
+    """Every feature's rules on a block of the site model (installer.config calls it from the block's validator)."""
+    for f in FEATURES:
+        f.check_block(block)
 
 
 # ---------------------------------------------------------------- the plan
@@ -189,4 +200,5 @@ def mig_checks(plan: Plan, objs: dict[str, Any], facts: dict[str, Any]) -> list[
 
 
 __all__ = ["FEATURES", "STAGES", "Chart", "Feature", "ReleaseFeature", "StageResult", "StageRun", "active", "check",
-           "charts", "conflicts", "extenders", "feature_stages", "images", "requested", "role_vars", "sharing", "staged"]
+           "check_block", "charts", "conflicts", "extenders", "feature_stages", "images", "requested", "role_vars",
+           "sharing", "staged"]

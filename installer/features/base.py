@@ -11,6 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pydantic import BaseModel
+
 from installer.config import Extender, Site
 from installer.errors import ConfigError
 
@@ -83,6 +85,12 @@ class Feature:
     def selector(self, site: Site) -> str:
         """The site setting that pulls in its artifacts, as the mirror plan shows it, e.g. "sharing.mode=hami"."""
         return self.what(site).replace(" ", "=", 1)
+
+    # ---- the site model
+    def check_block(self, block: BaseModel) -> None:
+        """Its rules on a block of the site model that selects features (config.Mig, config.Sharing), called for
+        every feature by that block's validator once its fields are valid: raise ValueError worded for the site file
+        (pydantic reports it at the block's path; exit 2). It may settle a field its mode decides."""
 
     # ---- the plan
     def images(self, site: Site) -> list[Image]:
@@ -161,7 +169,7 @@ class Feature:
 def pinned(name: str) -> dict[str, Any]:
     """values/sharing/<name>.yaml as shipped (read once): a feature's pinned images (and chart)."""
     from installer import content
-    from installer.config import read_yaml
+    from installer.safefile import read_yaml
 
     path = content.sharing_pins_file(name)
     doc = read_yaml(path, what=f"{name} pins")

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from installer.config import Site
+from pydantic import BaseModel
+
+from installer.config import Sharing, Site
 from installer.errors import ConfigError
 from installer.features.base import Chart, pinned, site_images
 from installer.features.release import ReleaseFeature, advertised_elsewhere, whole_gpu_conflicts
@@ -97,6 +99,10 @@ class Hami(ReleaseFeature):
 
     def what(self, site: Site) -> str:
         return f"sharing.mode {NAME}"
+
+    def check_block(self, block: BaseModel) -> None:
+        if isinstance(block, Sharing) and block.mode == NAME and block.hami is None:
+            raise ValueError("mode hami needs sharing.hami with at least kubernetesVersion (the cluster's vX.Y.Z)")
 
     def images(self, site: Site) -> list[Image]:
         return site_images(site, sources(site))

@@ -78,7 +78,7 @@ def _shipped(name: str) -> str:
 def metrics_csv(site: Site) -> str:
     """The counters CSV the exporter gets: the site's (monitoring.metrics) or gpu-install's, checked line by line the
     way dcgm-exporter reads it (3 fields, a DCGM_FI_ name, a Prometheus type; no quotes)."""
-    from installer.config import read_text
+    from installer.safefile import read_text
 
     path = site.monitoring.metrics
     text = read_text(path, what="monitoring.metrics") if path else _shipped("dcgm-metrics.csv")

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from installer.config import Site
+from pydantic import BaseModel
+
+from installer.config import Mig, Site
 from installer.errors import ConfigError
 from installer.features.base import Chart, pinned, site_images
 from installer.features.release import ReleaseFeature
@@ -145,6 +147,20 @@ class Nos(ReleaseFeature):
 
     def what(self, site: Site) -> str:
         return f"mig.dynamic {NAME}"
+
+    def check_block(self, block: BaseModel) -> None:
+        """mig.dynamic nos: strategy mixed (given otherwise: refused; unset: made mixed), no static layouts."""
+        if not isinstance(block, Mig) or block.dynamic != NAME:
+            return
+        if "strategy" in block.model_fields_set and block.strategy != "mixed":
+            raise ValueError(f"dynamic nos needs strategy mixed (nos asks for nvidia.com/mig-<profile> resources), not "
+                             f"{block.strategy}: set mig.strategy: mixed or leave it unset")
+        static = [k for k in ("config", "configMap", "customConfigs") if getattr(block, k)]
+        if static:
+            raise ValueError(f"dynamic nos and static MIG layouts ({', '.join('mig.' + k for k in static)}) exclude "
+                             "each other: nos makes the layouts, mig-manager is off: drop " + ", ".join(static))
+        if block.strategy != "mixed":
+            object.__setattr__(block, "strategy", "mixed")  # not an assignment: that would validate the block again
 
     def images(self, site: Site) -> list[Image]:
         return site_images(site, sources(site))

@@ -31,7 +31,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from installer.config import CREDENTIAL_FIELDS, MAX_INPUT_BYTES, SAMPLE, site_schema
+from installer.config import CREDENTIAL_FIELDS, sample_site, site_schema
 from installer.errors import (
     EXIT_CLUSTER,
     EXIT_ENVIRONMENT,
@@ -45,6 +45,7 @@ from installer.errors import (
     EnvironmentProblem,
     HostsUnreachable,
 )
+from installer.safefile import MAX_INPUT_BYTES
 from tests.conftest import ROOT
 
 settings.register_profile("fuzz", max_examples=100, deadline=None, derandomize=False,
@@ -60,7 +61,7 @@ CANARY_USER = "c4nary-User-41b7"
 CANARY_NAME = "Canary_Var_Secret_77"  # a secret that happens to look like a variable name
 CANARIES = (CANARY, CANARY_USER, CANARY_NAME, base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode(),
             base64.b64encode(CANARY.encode()).decode())
-EXAMPLE_SITES = [yaml.safe_load(SAMPLE), yaml.safe_load((ROOT / "inventories/sample/site.yaml").read_text())]
+EXAMPLE_SITES = [yaml.safe_load(sample_site()), yaml.safe_load((ROOT / "inventories/sample/site.yaml").read_text())]
 COMMANDS = ("render", "images", "config-check", "mirror-plan", "preflight", "apply", "uninstall", "operator-install",
             "validate")
 #: commands that never contact anything, whatever they are given

@@ -13,11 +13,12 @@ import pytest
 import yaml
 
 from installer import content
-from installer.config import DEFAULT_CHART_REPOSITORY, parse_site
+from installer.config import parse_site
 from installer.errors import ConfigError
 from installer.facts import Node
 from installer.mirror import plan as mirror_plan
 from installer.mirror.plan import SCHEMA, os_map, os_map_file
+from installer.patterns import DEFAULT_CHART_REPOSITORY
 from installer.platforms import ANSIBLE_OS, ROLE_OS
 from tests.conftest import ROOT, plan_of
 

@@ -200,9 +200,9 @@ def test_role_vars_carry_the_scheduler_block():
 
 
 def test_sample_site_has_the_scheduler_block():
-    from installer.config import SAMPLE
+    from installer.config import sample_site
 
-    data = yaml.safe_load(SAMPLE)
+    data = yaml.safe_load(sample_site())
     assert data["scheduler"] == {"extenders": [], "format": "auto", "kubernetesVersion": None}
     parse_site(data)
 

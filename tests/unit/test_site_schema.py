@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from installer.config import SAMPLE, ConfigError, parse_site, site_schema
+from installer.config import ConfigError, parse_site, sample_site, site_schema
 from tests.conftest import ROOT
 
 SCHEMA = site_schema()
@@ -65,7 +65,7 @@ def test_the_schema_is_a_valid_2020_12_schema():
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
 
 
-@pytest.mark.parametrize("doc", [yaml.safe_load(SAMPLE), yaml.safe_load((ROOT / "inventories/sample/site.yaml").read_text())],
+@pytest.mark.parametrize("doc", [yaml.safe_load(sample_site()), yaml.safe_load((ROOT / "inventories/sample/site.yaml").read_text())],
                          ids=["config-sample", "inventories-sample"])
 def test_the_example_sites_satisfy_the_schema(doc):
     assert tool_accepts(doc) and schema_accepts(doc), list(VALIDATOR.iter_errors(doc))

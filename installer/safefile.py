@@ -1,0 +1,81 @@
+"""Reading a small file the user named (a site file, a CA, a metrics CSV, a pins file): a regular file of bounded
+size, UTF-8 text, YAML without the mistakes YAML forgives; anything else is a ConfigError (exit 2) naming the path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from installer.errors import ConfigError
+
+MAX_INPUT_BYTES = 1 << 20  # a site file is a few KB; anything near a megabyte is a mistake (or /dev/zero)
+
+
+def read_text(path: Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> str:
+    """A small regular text file's content, or ConfigError naming the path: never blocks on a FIFO or a device,
+    never reads without bound, never follows a symlink loop into a traceback."""
+    import stat
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} not found", hint="check the path") from None
+    except OSError as exc:  # ELOOP (a symlink loop), EACCES, ENAMETOOLONG, …
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}", hint="check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} {path} is a directory", hint="give the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file (a device, FIFO or socket)", hint="give a file")
+    if st.st_size > limit:
+        raise ConfigError(f"{what} {path} is {st.st_size} bytes; more than {limit} is not a {what}",
+                          hint="check the path")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ConfigError(f"{what} {path} grew past {limit} bytes while being read", hint="check the path")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
+
+
+def read_yaml(path: Path, what: str = "file") -> Any:
+    return parse_yaml(read_text(path, what), str(path))
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML with the mistakes YAML itself forgives refused: a key given twice in one mapping (both lines named),
+    nesting deep enough to exhaust the parser."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: let the constructor say so
+                continue
+            line = key_node.start_mark.line + 1
+            if first is not None:
+                raise ConfigError(f"{where}:{line}: key {key!r} is given twice (first at line {first})",
+                                  hint="YAML would keep only the last one: remove one of them")
+            seen[key] = line
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{at}: invalid YAML: {problem}", hint="fix the YAML syntax at that position") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a site file", hint="check the file") from None
