@@ -396,9 +396,8 @@ def _trusted_arg(p: argparse.ArgumentParser) -> None:
                         "by it or by a key of mirror.trustedKeys; repeatable")
 
 
-def _jobs_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-j", "--jobs", type=int, default=4, metavar="N",
-                   help="copy N images at a time, one skopeo process each (default 4)")
+def _jobs_arg(p: argparse.ArgumentParser, what: str = "copy N images at a time, one skopeo process each") -> None:
+    p.add_argument("-j", "--jobs", type=int, default=4, metavar="N", help=f"{what} (default 4)")
 
 
 def register(sub: Any) -> None:
@@ -448,7 +447,7 @@ def register(sub: Any) -> None:
                    help="check the images of this bundle's lock, each by its digest (default: the plan's images, "
                         "their tags must resolve)")
     _trusted_arg(p)
-    _jobs_arg(p)
+    _jobs_arg(p, "look up N images in registry.host at a time, one `skopeo inspect` each (nothing is copied)")
     quiet_arg(p)
     p.set_defaults(func=cmd_verify)
 
