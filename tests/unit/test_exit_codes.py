@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 
 def readme_codes() -> dict[int, str]:
     text = (ROOT / "README.md").read_text()
-    table = text.split("### Exit codes", 1)[1].split("\n## ", 1)[0]
+    table = re.split(r"^#+ Exit codes$", text, maxsplit=1, flags=re.M)[1].split("\n## ", 1)[0]
     return {int(m[1]): m[2] for m in re.finditer(r"^\| (\d+) \| (.+) \|$", table, re.M)}
 
 
