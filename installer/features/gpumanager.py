@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from installer.config import Extender, ManagedResource, Site
 from installer.errors import ConfigError
-from installer.features.base import pinned, site_images
-from installer.features.release import ReleaseFeature, advertised_elsewhere, whole_gpu_conflicts
+from installer.features.base import pinned
+from installer.features.release import SharingMode, advertised_elsewhere, whole_gpu_conflicts
 
 if TYPE_CHECKING:
-    from installer.artifacts import Image
     from installer.plan import Plan
     from installer.validate.report import Check
     from installer.validate.smoke import Target
@@ -36,18 +35,6 @@ ADMISSION = "gpu-quota-admission"
 ADMISSION_PORT = 3456
 MANAGER_COMPONENT, ADMISSION_COMPONENT = "gpuManager", "gpuQuotaAdmission"  # names in the image list
 RUNTIME_ENDPOINTS = {"containerd": "/var/run/containerd/containerd.sock", "docker": "/var/run/dockershim.sock"}
-
-
-def sources(site: Site) -> dict[str, str]:
-    """component -> upstream image reference (pins, site overrides per field)."""
-    g = site.sharing.gpumanager
-    out = {}
-    for comp, key, over in ((MANAGER_COMPONENT, "manager", g.manager), (ADMISSION_COMPONENT, "admission", g.admission)):
-        pin = pinned(NAME)[key]
-        repo, image, version = over.repository or pin["repository"], over.image or pin["image"], \
-            over.version or pin["version"]
-        out[comp] = f"{repo}/{image}{'@' if str(version).startswith('sha256:') else ':'}{version}"
-    return out
 
 
 def extender_url(site: Site) -> str:
@@ -97,19 +84,22 @@ def chart_values(site: Site) -> dict[str, Any]:
     }
 
 
-class GpuManager(ReleaseFeature):
+class GpuManager(SharingMode):
     name: ClassVar[str] = NAME
     title: ClassVar[str] = "gpu-manager + gpu-quota-admission"
     default_runtime: ClassVar[str | None] = "runc"
 
-    def requested(self, site: Site) -> bool:
-        return site.sharing.mode == NAME
-
-    def what(self, site: Site) -> str:
-        return f"sharing.mode {NAME}"
-
-    def images(self, site: Site) -> list[Image]:
-        return site_images(site, sources(site))
+    def sources(self, site: Site) -> dict[str, str]:
+        """component -> upstream image reference (pins, site overrides per field)."""
+        g = site.sharing.gpumanager
+        out = {}
+        for comp, key, over in ((MANAGER_COMPONENT, "manager", g.manager),
+                                (ADMISSION_COMPONENT, "admission", g.admission)):
+            pin = pinned(NAME)[key]
+            repo, image, version = over.repository or pin["repository"], over.image or pin["image"], \
+                over.version or pin["version"]
+            out[comp] = f"{repo}/{image}{'@' if str(version).startswith('sha256:') else ':'}{version}"
+        return out
 
     def extenders(self, site: Site) -> list[Extender]:
         """gpu-quota-admission's, after the site's (upstream: keep it the last one). A site entry at the same URL is

@@ -11,41 +11,16 @@ from pydantic import BaseModel
 
 from installer.config import Sharing, Site
 from installer.errors import ConfigError
-from installer.features.base import Chart, pinned, site_images
-from installer.features.release import ReleaseFeature, advertised_elsewhere, whole_gpu_conflicts
+from installer.features.base import pinned
+from installer.features.release import SharingMode, advertised_elsewhere, whole_gpu_conflicts
 
 if TYPE_CHECKING:
-    from installer.artifacts import Image
     from installer.plan import Plan
     from installer.validate.report import Check
     from installer.validate.smoke import Target
 
 NAME = "hami"
 LABEL = ("gpu", "on")  # HAMi's device plugin DaemonSet selects these nodes (devicePlugin.nvidiaNodeSelector)
-
-
-def chart(site: Site) -> tuple[str, str, str]:
-    """(name, version, upstream repository) of the HAMi chart."""
-    c = pinned(NAME)["chart"]
-    h = site.sharing.hami
-    return c["name"], (h.version if h and h.version else c["version"]), c["repository"]
-
-
-def sources(site: Site) -> dict[str, str]:
-    """HAMi's images (component -> upstream reference): hami (the chart's appVersion, v<chart version>),
-    kube-scheduler at the cluster's version, the certgen image the chart picks for that Kubernetes minor."""
-    from installer.config import kubernetes_minor
-
-    h = site.sharing.hami
-    assert h is not None
-    imgs = pinned(NAME)["images"]
-    _name, version, _repo = chart(site)
-    legacy = kubernetes_minor(h.kubernetesVersion) < (1, 22)
-    cert = imgs["certgenLegacy" if legacy else "certgen"]
-    return {"hami": f"{imgs['hami']['repository']}/{imgs['hami']['image']}:v{version}",
-            "hami.kubeScheduler": f"{imgs['kubeScheduler']['repository']}/{imgs['kubeScheduler']['image']}:"
-                                  f"{h.kubernetesVersion}",
-            "hami.certgen": f"{cert['repository']}/{cert['image']}:{cert['version']}"}
 
 
 def _split_ref(dest: str, site: Site) -> dict[str, str]:
@@ -88,28 +63,38 @@ def fullname(site: Site) -> str:
     return rel if "hami" in rel else f"{rel}-hami"
 
 
-class Hami(ReleaseFeature):
+class Hami(SharingMode):
     name: ClassVar[str] = NAME
     title: ClassVar[str] = "HAMi"
     chart_field: ClassVar[str] = "sharing.hami.chart"
+    chart_label: ClassVar[str] = "HAMi chart"
     default_runtime: ClassVar[str | None] = "nvidia"
-
-    def requested(self, site: Site) -> bool:
-        return site.sharing.mode == NAME
-
-    def what(self, site: Site) -> str:
-        return f"sharing.mode {NAME}"
 
     def check_block(self, block: BaseModel) -> None:
         if isinstance(block, Sharing) and block.mode == NAME and block.hami is None:
             raise ValueError("mode hami needs sharing.hami with at least kubernetesVersion (the cluster's vX.Y.Z)")
 
-    def images(self, site: Site) -> list[Image]:
-        return site_images(site, sources(site))
+    def upstream_chart(self, site: Site) -> tuple[str, str, str]:
+        """(name, version, upstream repository) of the HAMi chart."""
+        c = pinned(NAME)["chart"]
+        h = site.sharing.hami
+        return c["name"], (h.version if h and h.version else c["version"]), c["repository"]
 
-    def charts(self, site: Site) -> list[Chart]:
-        name, version, repository = chart(site)
-        return [Chart(name, version, repository, "HAMi chart")]
+    def sources(self, site: Site) -> dict[str, str]:
+        """HAMi's images (component -> upstream reference): hami (the chart's appVersion, v<chart version>),
+        kube-scheduler at the cluster's version, the certgen image the chart picks for that Kubernetes minor."""
+        from installer.config import kubernetes_minor
+
+        h = site.sharing.hami
+        assert h is not None
+        imgs = pinned(NAME)["images"]
+        _name, version, _repo = self.upstream_chart(site)
+        legacy = kubernetes_minor(h.kubernetesVersion) < (1, 22)
+        cert = imgs["certgenLegacy" if legacy else "certgen"]
+        return {"hami": f"{imgs['hami']['repository']}/{imgs['hami']['image']}:v{version}",
+                "hami.kubeScheduler": f"{imgs['kubeScheduler']['repository']}/{imgs['kubeScheduler']['image']}:"
+                                      f"{h.kubernetesVersion}",
+                "hami.certgen": f"{cert['repository']}/{cert['image']}:{cert['version']}"}
 
     def conflicts(self, plan: Plan) -> list[str]:
         if not self.active(plan.site):

@@ -18,11 +18,10 @@ from pydantic import BaseModel
 
 from installer.config import Mig, Site
 from installer.errors import ConfigError
-from installer.features.base import Chart, pinned, site_images
+from installer.features.base import pinned
 from installer.features.release import ReleaseFeature
 
 if TYPE_CHECKING:
-    from installer.artifacts import Image
     from installer.catalog import Release
     from installer.plan import Plan
     from installer.validate.report import Check
@@ -31,22 +30,6 @@ if TYPE_CHECKING:
 NAME = "nos"
 LABEL = ("nos.nebuly.com/gpu-partitioning", "mig")  # nos' mig-agent runs there and partitions the GPUs
 MIN_KUBERNETES = (1, 23)
-
-
-def chart(site: Site) -> tuple[str, str, str]:
-    """(name, version, upstream repository) of the nos chart."""
-    c = pinned(NAME)["chart"]
-    return c["name"], (site.mig.nos.version or c["version"]), c["repository"]
-
-
-def sources(site: Site) -> dict[str, str]:
-    """nos' images (component -> upstream reference), tagged with the chart's version (its appVersion) but the
-    kube-rbac-proxy sidecar, pinned apart."""
-    _name, version, _repo = chart(site)
-    out = {}
-    for key, img in pinned(NAME)["images"].items():
-        out[f"nos.{key}"] = f"{img['repository']}/{img['image']}:{img.get('version') or version}"
-    return out
 
 
 def values(site: Site) -> dict[str, Any]:
@@ -137,6 +120,7 @@ class Nos(ReleaseFeature):
     name: ClassVar[str] = NAME
     title: ClassVar[str] = "nos (dynamic MIG)"
     chart_field: ClassVar[str] = "mig.nos.chart"
+    chart_label: ClassVar[str] = "nos chart"
 
     def requested(self, site: Site) -> bool:
         return site.mig.dynamic == NAME
@@ -162,12 +146,19 @@ class Nos(ReleaseFeature):
         if block.strategy != "mixed":
             object.__setattr__(block, "strategy", "mixed")  # not an assignment: that would validate the block again
 
-    def images(self, site: Site) -> list[Image]:
-        return site_images(site, sources(site))
+    def upstream_chart(self, site: Site) -> tuple[str, str, str]:
+        """(name, version, upstream repository) of the nos chart."""
+        c = pinned(NAME)["chart"]
+        return c["name"], (site.mig.nos.version or c["version"]), c["repository"]
 
-    def charts(self, site: Site) -> list[Chart]:
-        name, version, repository = chart(site)
-        return [Chart(name, version, repository, "nos chart")]
+    def sources(self, site: Site) -> dict[str, str]:
+        """nos' images (component -> upstream reference), tagged with the chart's version (its appVersion) but the
+        kube-rbac-proxy sidecar, pinned apart."""
+        _name, version, _repo = self.upstream_chart(site)
+        out = {}
+        for key, img in pinned(NAME)["images"].items():
+            out[f"nos.{key}"] = f"{img['repository']}/{img['image']}:{img.get('version') or version}"
+        return out
 
     def operator_values(self, site: Site, release: Release, values: dict[str, Any]) -> None:
         """mig.strategy mixed is the site model's; mig-manager off: nos' mig-agent makes the layouts (its docs:

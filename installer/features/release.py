@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from installer.config import Site
 from installer.errors import ConfigError, PreflightError
-from installer.features.base import Feature, Progress, StageResult, StageRun
+from installer.features.base import Chart, Feature, Progress, StageResult, StageRun, site_images
 
 if TYPE_CHECKING:
+    from installer.artifacts import Image
     from installer.plan import Plan
 
 
@@ -43,6 +44,24 @@ class ReleaseFeature(Feature):
     stage: ClassVar[str | None] = "sharing"
     title: ClassVar[str] = ""  # what the stage line calls it, e.g. "HAMi"
     chart_field: ClassVar[str] = ""  # the site field naming an upstream chart (e.g. sharing.hami.chart); "": our own
+    chart_label: ClassVar[str] = ""  # how the mirror plan names that upstream chart (e.g. "HAMi chart")
+
+    def sources(self, site: Site) -> dict[str, str]:
+        """Its images: component -> upstream reference."""
+        raise NotImplementedError
+
+    def upstream_chart(self, site: Site) -> tuple[str, str, str]:
+        """(name, version, upstream repository) of the upstream chart the mirror carries (with a chart_label)."""
+        raise NotImplementedError
+
+    def images(self, site: Site) -> list[Image]:
+        return site_images(site, self.sources(site))
+
+    def charts(self, site: Site) -> list[Chart]:
+        if not self.chart_label:
+            return []
+        name, version, repository = self.upstream_chart(site)
+        return [Chart(name, version, repository, self.chart_label)]
 
     def namespace(self, site: Site) -> str:
         raise NotImplementedError
@@ -238,6 +257,16 @@ class ReleaseFeature(Feature):
         for line in done:
             say(line)
         return done
+
+
+class SharingMode(ReleaseFeature):
+    """A release feature that is a value of sharing.mode: its name."""
+
+    def requested(self, site: Site) -> bool:
+        return site.sharing.mode == self.name
+
+    def what(self, site: Site) -> str:
+        return f"sharing.mode {self.name}"
 
 
 def advertised_elsewhere(feature: ReleaseFeature, plan: Plan, client: Any, operator_namespace: str,
