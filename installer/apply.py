@@ -77,13 +77,15 @@ def _check_inputs(plan: Plan) -> None:
     check_package_repo(plan.site, plan.nodes if plan.inventory is not None else ())
 
 
-def preflight(plan: Plan, run: RunOptions | None = None, display: Display | None = None) -> RunResult:
-    """The read-only probe (playbooks/preflight.yml, always whole: --tags do not apply); raises on problems. The
-    site's feature conflicts first (installer.features.check, exit 3): no host is contacted then."""
-    from installer import features
+def preflight(plan: Plan, run: RunOptions | None = None, display: Display | None = None,
+              offline: bool = True) -> RunResult:
+    """The read-only probe (playbooks/preflight.yml, always whole: --tags do not apply); raises on problems. First
+    (offline: apply's pipeline has made them already) the checks `config check` makes too (installer.offline_checks:
+    exit 2, then the site's feature conflicts, exit 3): no host is contacted then."""
+    if offline:
+        from installer import offline_checks
 
-    _check_inputs(plan)
-    features.check(plan)
+        offline_checks.check(plan, stages=False, mirror_check=False)
     return raise_for(_run("preflight.yml", plan, run or RunOptions(), display, tags=False), preflight=True)
 
 

@@ -37,7 +37,7 @@ def _tags(site: Site, release: Release, nodes: tuple[Node, ...], comp: ResolvedC
             hint="pass -i inventory (hosts in group gpu_nodes with gpu_install_os) or --os ubuntu22.04",
         )
     precompiled = comp.name == "driver" and site.driver.mode == "precompiled"
-    tags = set()
+    tags: set[str] = set()
     for node in nodes:
         if precompiled:
             if not node.kernel:
@@ -46,7 +46,8 @@ def _tags(site: Site, release: Release, nodes: tuple[Node, ...], comp: ResolvedC
                     f"{version}-<kernel>-<osTag>",
                     hint="set gpu_install_kernel in the inventory (or pass --kernel with --os)",
                 )
-            tags.add(f"{version}-{node.kernel}-{node.os_tag(release.version)}")
+            # the running kernel's image, and one per kernel it boots next (--kernel with an inventory)
+            tags.update(f"{version}-{k}-{node.os_tag(release.version)}" for k in node.kernels)
         else:
             tags.add(f"{version}-{node.os_tag(release.version)}")
     return sorted(tags)

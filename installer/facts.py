@@ -4,16 +4,23 @@ Inventory host variables (set per host or per group, e.g. in group_vars/gpu_node
   gpu_install_os_id       os-release ID         (ubuntu, rhel, rocky, centos, debian …)
   gpu_install_os_version  os-release VERSION_ID ("22.04", "9.4", "7")
   gpu_install_os          shorthand for both: ID+VERSION_ID as in driver tags ("ubuntu22.04")
-  gpu_install_kernel      `uname -r`, needed for precompiled driver images
+  gpu_install_kernel      `uname -r` of the kernel the node runs: the precompiled driver image tag (driver.mode
+                          precompiled) and the kernel headers the mirror plan lists for DKMS (driver.mode host,
+                          runfile); the roles themselves read the running kernel on the node
   gpu_install_node_name   the Kubernetes Node name when it differs from the inventory host name
 GPU nodes are the hosts of the inventory group `gpu_nodes`.
+
+`--kernel [OSTAG=]KERNEL` (render, images, mirror): without an inventory the kernel of the --os nodes, with one the
+kernel the nodes of that OS boot next (Node.next_kernels: its headers and precompiled image are carried too). A
+kernel belongs to one OS: unqualified, it is refused when the nodes run several (kernels_by_os).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from installer.catalog import parse_release
@@ -48,11 +55,22 @@ class Node:
     # nvidia_container_toolkit_*): what the roles install there, as installer.mirror reads it
     role_vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     mig_dynamic: bool = True  # gpu_install_mig_dynamic: false leaves the node out of mig.dynamic nos
-
+    # with an inventory: the kernels the node boots next (--kernel [OSTAG=]KERNEL), besides the running one
+    next_kernels: tuple[str, ...] = ()
 
     @property
     def node_name(self) -> str:
         return self.k8s_name or self.name
+
+    @property
+    def os_name(self) -> str | None:
+        """ID+VERSION_ID as --os and gpu_install_os give it (ubuntu22.04, rhel8.10); None: unknown."""
+        return f"{self.os_id}{self.os_version}" if self.os_id is not None and self.os_version is not None else None
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """The running kernel (when known), then the kernels it boots next."""
+        return tuple(dict.fromkeys([*([self.kernel] if self.kernel else []), *self.next_kernels]))
 
     def os_tag(self, release: str) -> str:
         if self.os_id is None or self.os_version is None:
@@ -92,21 +110,77 @@ def split_os(value: str, where: str) -> tuple[str, str]:
     return m[1], m[2]
 
 
+KERNEL_FORM = "OSTAG=KERNEL"
+
+
+def parse_kernel(value: str, where: str = "--kernel") -> tuple[str | None, str]:
+    """A --kernel value: KERNEL or OSTAG=KERNEL → (the OS as ID+VERSION_ID or None, the kernel release)."""
+    os_part, eq, kernel = str(value).rpartition("=")
+    if not eq:
+        return None, kernel_release(value, where)
+    os_id, ver = split_os(os_part, f"{where} {value.strip()}")
+    return f"{os_id}{ver}", kernel_release(kernel, where)
+
+
+def kernels_by_os(values: Sequence[str], os_names: Sequence[str], nodes: str, where: str = "--kernel") -> dict[str, list[str]]:
+    """Which OS each --kernel belongs to: OSTAG=KERNEL to that OS (one of os_names, the nodes' OSes), an unqualified
+    KERNEL to the only OS; with several OSes an unqualified kernel is refused (a kernel release is one distro's).
+    nodes: how the message names where os_names come from (e.g. "--os", "the inventory's GPU nodes")."""
+    names = list(dict.fromkeys(os_names))
+    out: dict[str, list[str]] = {n: [] for n in names}
+    for value in values:
+        os_name, kernel = parse_kernel(value, where)
+        if os_name is None:
+            if len(names) > 1:
+                raise ConfigError(
+                    f"{where} {kernel}: {nodes} run {len(names)} OSes ({', '.join(names)}) and a kernel release "
+                    "belongs to one of them",
+                    hint=f"name its OS: {where} <os>={kernel}, <os> one of {', '.join(names)} ({KERNEL_FORM}, e.g. "
+                         f"rhel8.10=4.18.0-553.el8_10.x86_64; one {where} per kernel and OS)")
+            os_name = names[0] if names else None
+            if os_name is None:
+                continue  # no OS known at all: the caller gives it to every node
+        elif os_name not in out:
+            raise ConfigError(f"{where} {os_name}={kernel}: {nodes} run no {os_name} (their OSes: "
+                              f"{', '.join(names) or 'none known'})",
+                              hint=f"qualify the kernel with one of those OSes ({KERNEL_FORM}), or leave it out")
+        if kernel not in out[os_name]:
+            out[os_name].append(kernel)
+    return out
+
+
 def flag_nodes(os_tags: list[str] | tuple[str, ...], kernels: list[str] | tuple[str, ...]) -> list[Node]:
-    """Synthetic nodes from --os/--kernel flags (commands used without an inventory)."""
+    """Synthetic nodes from --os/--kernel flags (commands used without an inventory): one per OS and kernel of it
+    (--kernel OSTAG=KERNEL, or an unqualified KERNEL with a single --os)."""
     if kernels and not os_tags:
         raise ConfigError("--kernel needs --os", hint="e.g. --os ubuntu22.04 --kernel 5.15.0-105-generic")
+    oses = list(dict.fromkeys(split_os(tag, "--os") for tag in os_tags))
+    by_os = kernels_by_os(kernels, [f"{i}{v}" for i, v in oses], "the --os nodes")
     nodes = []
-    for i, tag in enumerate(os_tags):
-        os_id, ver = split_os(tag, "--os")
-        for j, kernel in enumerate(kernels or [None]):
-            nodes.append(Node(f"os{i}-k{j}", os_id, ver, kernel_release(kernel, "--kernel") if kernel else None))
+    for i, (os_id, ver) in enumerate(oses):
+        for j, kernel in enumerate(by_os[f"{os_id}{ver}"] or [None]):
+            nodes.append(Node(f"os{i}-k{j}", os_id, ver, kernel))
     return nodes
+
+
+def with_next_kernels(nodes: Sequence[Node], kernels: Sequence[str]) -> tuple[Node, ...]:
+    """The inventory's GPU nodes with --kernel's kernels as the kernels they boot next (each to the nodes of its OS;
+    unqualified: to every node, refused when they run several OSes)."""
+    if not kernels:
+        return tuple(nodes)
+    names = sorted({n.os_name for n in nodes if n.os_name})
+    by_os = kernels_by_os(kernels, names, "the inventory's GPU nodes")
+    every = [] if names else [parse_kernel(k)[1] for k in kernels]  # no OS known: one list for all
+    return tuple(replace(n, next_kernels=tuple(k for k in by_os.get(n.os_name or "", every) if k != n.kernel))
+                 for n in nodes)
 
 
 def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
     """A GPU node from its inventory variables (its OS may be unknown: see Node.os_tag)."""
     where = f"host {name}"
+    removed = removed_vars()
+    for var in sorted(set(removed) & {str(k) for k in hv}):
+        raise ConfigError(f"inventory: {where}: variable '{var}' was removed; {removed[var]}", hint=INVENTORY_HINT)
     kernel = hv.get("gpu_install_kernel")
     os_id: str | None = None
     ver: str | None = None
@@ -116,7 +190,10 @@ def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
             raise ConfigError(f"{where}: gpu_install_os_version is a YAML number ({raw!r}), which drops trailing zeros",
                               hint="quote it in the inventory, e.g. gpu_install_os_version: \"20.10\"")
         os_id, ver = str(hv["gpu_install_os_id"]).lower(), str(raw)
-    elif hv.get("gpu_install_os"):
+    elif hv.get("gpu_install_os") is not None:
+        if not isinstance(hv["gpu_install_os"], str):  # as playbooks/tasks/validate_inventory.yml says it
+            raise ConfigError(f"inventory: {where}: gpu_install_os must be a string like ubuntu22.04",
+                              hint=INVENTORY_HINT)
         os_id, ver = split_os(str(hv["gpu_install_os"]), f"{where}: gpu_install_os")
     k8s = hv.get(NODE_NAME_VAR)
     kernel_text = kernel_release(kernel, f"{where}: gpu_install_kernel") if kernel else None
@@ -126,6 +203,27 @@ def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
         raise ConfigError(f"{where}: {MIG_DYNAMIC_VAR} must be true or false, not {dynamic!r}",
                           hint=f"{MIG_DYNAMIC_VAR}: false leaves the node out of mig.dynamic nos")
     return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None, overrides, dynamic)
+
+
+#: the hint of an inventory error found without contacting a host (the playbooks' "Inventory |" checks say the same)
+INVENTORY_HINT = "fix the inventory; nothing was changed on any host"
+
+
+@lru_cache(maxsize=1)
+def removed_vars() -> dict[str, str]:
+    """Inventory variables that were removed -> what to set instead: read from playbooks/tasks/validate_inventory.yml
+    (the playbooks check the same list on their own, when run without gpu-install)."""
+    import yaml
+
+    from installer import content
+
+    tasks = yaml.safe_load((content.playbooks_dir() / "tasks" / "validate_inventory.yml").read_text()) or []
+    for task in tasks:
+        found = (task.get("vars") or {}).get("gpu_install_removed_vars") if isinstance(task, dict) else None
+        if isinstance(found, dict):
+            return {str(k): str(v) for k, v in found.items()}
+    raise ConfigError("playbooks/tasks/validate_inventory.yml: no gpu_install_removed_vars in it",
+                      hint="reinstall gpu-install: its shipped playbooks are damaged")
 
 
 #: host var: false leaves a GPU node out of mig.dynamic nos (whole GPUs there, no MIG mode, no nos label)

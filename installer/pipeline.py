@@ -128,7 +128,7 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
                  display: Display | None = None) -> list[Stage]:
     """apply's stages, in order. What the operator, sharing and monitoring stages need is resolved here, before any
     stage runs and so before any host is touched: a missing piece is exit 2 with nothing changed (and no stage)."""
-    from installer import features, operator
+    from installer import features, offline_checks, operator
     from installer.features import StageRun
 
     say = _say(display)
@@ -136,8 +136,10 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
     summary.check = run.check
     skip_reason = operator_selected(run, op, plan.limit)
     prepared = None if skip_reason else prepare_operator(plan, op)
-    # what the features read on the controller (a stage's chart only when the stages run), before any host (exit 2)
-    features.check_inputs(site, stages=prepared is not None)
+    # every offline input check `config check` makes too (installer.offline_checks: the inventory's groups, the
+    # package repository's key, what the features read on the controller -- a stage's chart only when the stages
+    # run --, the images and package roots the mirror check asks for), before any stage and any contact (exit 2)
+    offline_checks.inputs(plan, stages=prepared is not None, mirror_check=op.mirror_check)
     cluster: dict[str, Any] = {}  # feature name -> what its stage needs of the cluster, found by preflight
 
     def with_operator(not_configured: str | None) -> Callable[[], str | None]:
@@ -145,6 +147,7 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
         return lambda: not_configured or ("runs with the operator stage" if prepared is None else None)
 
     def preflight() -> Result:
+        offline_checks.conflicts(plan)  # the site's feature conflicts (exit 3), before anything is contacted
         if prepared is not None:  # the cluster's Kubernetes version, before any host is touched (read-only)
             note = operator.check_cluster(plan, prepared.kubeconfig)
             if note:
@@ -162,7 +165,7 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
             from installer.mirror.verify import packages_for_apply
 
             say(f"preflight: {packages_for_apply(plan)} package roots in {site.packages.url}")
-        pre = nodes.preflight(plan, run, display)
+        pre = nodes.preflight(plan, run, display, offline=False)  # offline_checks: made above
         return Result(stages.OK, f"{len(pre.hosts)} host(s) checked, read-only")
 
     def node_roles() -> Result:

@@ -34,7 +34,7 @@ from installer import platforms
 from installer.catalog import Catalog, Release
 from installer.config import PullSecret, Site
 from installer.errors import ConfigError
-from installer.facts import CONTROL_PLANE_GROUP, GPU_GROUP, Node, flag_nodes, node_from_vars
+from installer.facts import CONTROL_PLANE_GROUP, GPU_GROUP, Node, flag_nodes, node_from_vars, with_next_kernels
 
 if TYPE_CHECKING:
     from installer.artifacts import Image
@@ -51,7 +51,7 @@ class Options:
 
     inventory: str | None = None
     os_tags: tuple[str, ...] = ()  # --os, without an inventory
-    kernels: tuple[str, ...] = ()  # --kernel, with --os
+    kernels: tuple[str, ...] = ()  # --kernel [OSTAG=]KERNEL: with --os the nodes' kernels, with -i the next ones
     limit: str | None = None  # Ansible host pattern (preflight/apply/uninstall --limit)
     need_inventory: bool = False  # the command acts on hosts: -i is required
     kube_version: str | None = None  # --kube-version: the cluster's Kubernetes version, checked without a cluster
@@ -113,7 +113,8 @@ class Plan:
 
     def artifacts(self, kernels: Sequence[str] = ()) -> ArtifactPlan:
         """What an air-gapped site must hold: these images, the chart, the runfile, the OS package roots per node OS
-        (kernels: more kernels whose headers to list, besides the nodes' own). installer.mirror.plan; no network."""
+        (kernels: more kernels the nodes boot next, [OSTAG=]KERNEL as --kernel gives them with -i: their headers and
+        precompiled images too). installer.mirror.plan; no network."""
         from installer.mirror.plan import artifact_plan
 
         return artifact_plan(self, kernels)
@@ -150,9 +151,10 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
 
     inventory: Inventory | None = None
     if opts.inventory:
-        if opts.os_tags or opts.kernels:
-            raise ConfigError("--os/--kernel are for use without an inventory",
-                              hint="set gpu_install_os / gpu_install_kernel in the inventory instead")
+        if opts.os_tags:
+            raise ConfigError("--os is for use without an inventory",
+                              hint="set gpu_install_os in the inventory instead (with -i, --kernel [OSTAG=]KERNEL "
+                                   "adds a kernel the nodes boot next)")
         inventory = load_inventory(opts.inventory, opts.limit)
         gpu_vars = gpu_host_vars(inventory)
         if features.extenders(site) and not inventory.all_groups.get(CONTROL_PLANE_GROUP):
@@ -162,7 +164,7 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
                 f"stage needs it: {why} patched into kube-scheduler on those hosts",
                 hint=f"add the control-plane hosts to group {CONTROL_PLANE_GROUP} (see inventories/sample/hosts.yml), "
                      "or drop scheduler.extenders / sharing.mode")
-        nodes = tuple(node_from_vars(name, hv) for name, hv in gpu_vars)
+        nodes = with_next_kernels([node_from_vars(name, hv) for name, hv in gpu_vars], opts.kernels)
         assignments = tuple(mig.assignments(site, gpu_vars))
     else:
         if opts.need_inventory:

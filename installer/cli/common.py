@@ -60,11 +60,14 @@ def inventory_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
 
 
 def node_flags(p: argparse.ArgumentParser) -> None:
-    """--os/--kernel: the nodes' OS and kernel when there is no inventory."""
+    """--os/--kernel: the nodes' OS and kernel when there is no inventory; with one, --kernel the next kernels."""
     p.add_argument("--os", action="append", default=[], metavar="OSTAG",
                    help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4, centos7); repeatable; used without -i")
-    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL",
-                   help="node kernel (uname -r) for precompiled driver images; repeatable; used without -i")
+    p.add_argument("--kernel", action="append", default=[], metavar="[OSTAG=]KERNEL",
+                   help="a node kernel (uname -r), for the precompiled driver image and the kernel headers of "
+                        "driver.mode host/runfile: without -i the kernel of the --os nodes, with -i a kernel the "
+                        "inventory's nodes boot next (besides their gpu_install_kernel); OSTAG= names the OS it is "
+                        "for (rhel8.10=4.18.0-553.el8_10.x86_64), required when the nodes run several OSes; repeatable")
 
 
 def kubeconfig_arg(p: argparse.ArgumentParser) -> None:

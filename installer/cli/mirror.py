@@ -10,6 +10,7 @@ from installer.cli.common import (
     command,
     group,
     inventory_arg,
+    node_flags,
     output,
     output_arg,
     quiet_arg,
@@ -32,20 +33,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from installer.errors import ConfigError
 
-    kernels: list[str] = list(args.kernel or [])
-    if args.inventory:
-        # with an inventory the nodes' kernels come from gpu_install_kernel; --kernel adds kernels whose headers
-        # every node OS gets (the kernel the nodes will boot next), and leaves the image list alone
-        if args.os:
-            raise ConfigError("--os is for use without an inventory",
-                              hint="set gpu_install_os in the inventory, or leave out -i")
-        args = argparse.Namespace(**{**vars(args), "kernel": []})
-    else:
-        kernels = []  # --kernel with --os: part of the nodes (flag nodes), as for `images`
+    # --kernel: without -i the --os nodes' kernels, with -i the kernels the inventory's nodes boot next (installer.facts)
     if args.why is not None and not args.why.strip():
         raise ConfigError("--why: empty reference", hint="give an image, the chart, a file or a package name")
     plan = resolve_plan(args)
-    artifacts = plan.artifacts(kernels)
+    artifacts = plan.artifacts()
     if args.why is not None:
         found = artifacts.why(args.why)
         if not found:
@@ -107,6 +99,13 @@ def plan_text(p: ArtifactPlan) -> str:
                             for k in o.packages]))
     if not p.packages:
         parts.append("\nPackages: none (driver.mode and toolkit.mode install nothing on the nodes)")
+    if p.node_kernels:
+        rows = []
+        for k in p.node_kernels:
+            kernels = [*([(k.kernel, "running")] if k.kernel else []), *((n, "boots next (--kernel)") for n in k.next)]
+            rows += [(k.host, k.os, kernel, when, h) for (kernel, when), h in zip(kernels, k.headers, strict=True)]
+        parts.append(table(f"\nKernel headers per node ({len(p.node_kernels)} nodes; DKMS builds the driver against "
+                           "them)", ["host", "os", "kernel", "which", "headers"], rows))
     parts += [f"note: {n}" for n in p.notes]
     return "\n".join(parts) + "\n"
 
@@ -364,20 +363,13 @@ def _platform(text: str) -> str:
     return text
 
 
-KERNEL_HELP = "node kernel (uname -r) for precompiled driver images; repeatable; used without -i"
-KERNEL_PLAN_HELP = ("node kernel (uname -r): its headers are listed (and, without -i, precompiled driver images); "
-                    "repeatable; with -i: kernels besides the inventory's gpu_install_kernel")
-
-
-def _plan_command(msub: Any, name: str, help_text: str, kernel_help: str = KERNEL_HELP) -> argparse.ArgumentParser:
+def _plan_command(msub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     """A mirror subcommand that resolves the site's plan: -s/--set, -i, and --os/--kernel for the nodes without an
     inventory."""
     p = command(msub, name, help_text)
     site_args(p)
     inventory_arg(p)
-    p.add_argument("--os", action="append", default=[], metavar="OSTAG",
-                   help="node OS as ID+VERSION_ID (ubuntu22.04, rhel9.4); repeatable; used without -i")
-    p.add_argument("--kernel", action="append", default=[], metavar="KERNEL", help=kernel_help)
+    node_flags(p)
     return p
 
 
@@ -403,7 +395,7 @@ def _jobs_arg(p: argparse.ArgumentParser, what: str = "copy N images at a time, 
 def register(sub: Any) -> None:
     msub = group(sub, "mirror", "air-gapped mirroring: what the site needs", "mirror_command")
     p = _plan_command(msub, "plan", "list every artifact an air-gapped install needs (images, chart, files, OS "
-                                    "packages); offline", kernel_help=KERNEL_PLAN_HELP)
+                                    "packages); offline")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: tables by kind; json: schema gpu-install.mirror-plan/v1")
     p.add_argument("--why", metavar="REF",

@@ -55,8 +55,25 @@ def cmd_config_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    plan = resolve_plan(args)  # every offline check: values vs the release's keys, MIG names, role variables
-    print(f"{args.site}: ok (GPU Operator {plan.release.version}, registry {plan.site.registry.host})")
+    """Every check preflight and apply make before they contact anything (installer.offline_checks, the same
+    functions they call), for a plain apply: exit 2 for bad input, 3 for a site apply refuses. Contacts nothing."""
+    import os
+    import sys
+
+    from installer import offline_checks
+    from installer.cli.common import ENV_CHART
+
+    plan = resolve_plan(args)  # the site against the release, the inventory, each node's OS and kernel, MIG names
+    chart = os.environ.get(ENV_CHART) or plan.site.operator.chart  # what apply installs without --chart
+    offline_checks.check(plan, stages=True, mirror_check=True, chart=chart)
+    where = ""
+    if plan.inventory is not None:
+        oses = sorted({n.os_name or "OS unknown" for n in plan.nodes})
+        where = f"; inventory {plan.inventory.path}: {len(plan.nodes)} GPU node(s), {', '.join(oses) or 'none'}"
+    print(f"{args.site}: ok (GPU Operator {plan.release.version}, registry {plan.site.registry.host}{where})")
+    if not chart and not getattr(args, "quiet", False):
+        print(f"note: no operator.chart in the site and no {ENV_CHART}: apply needs --chart (checked then)",
+              file=sys.stderr)
     return 0
 
 
@@ -84,7 +101,10 @@ def register(sub: Any) -> None:
     q = command(csub, "sample", "print a commented sample site.yaml")
     output_arg(q)
     q.set_defaults(func=cmd_config_sample)
-    q = command(csub, "check", "validate a site file (every check render and apply make before touching a host)")
+    q = command(csub, "check", "validate a site file and, with -i, the inventory: every check preflight and apply "
+                               "make before they contact anything (exit 2 bad input, 3 a site apply refuses); "
+                               "contacts nothing")
     site_args(q)
+    inventory_arg(q)
     kube_version_arg(q)
     q.set_defaults(func=cmd_config_check)

@@ -17,14 +17,14 @@ JSON form (`gpu-install mirror plan --format json`) is versioned: SCHEMA names i
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer import content, platforms
 from installer.errors import ConfigError
-from installer.facts import Node, kernel_release
+from installer.facts import Node, with_next_kernels
 
 if TYPE_CHECKING:
     from installer.artifacts import Image
@@ -165,6 +165,22 @@ class OsPackages:
 
 
 @dataclass(frozen=True)
+class NodeKernels:
+    """The kernel headers one node needs (driver.mode host/runfile: DKMS builds against them): of the kernel it runs
+    (gpu_install_kernel; --kernel without an inventory) and of each kernel it boots next (--kernel with -i)."""
+
+    host: str  # inventory host, or the --os it stands for
+    os: str
+    kernel: str | None  # running; None: unknown (its headers cannot be listed)
+    next: tuple[str, ...]
+    headers: tuple[str, ...]  # package names, in the order of (kernel, *next)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "os": self.os, "kernel": self.kernel, "next": list(self.next),
+                "headers": list(self.headers)}
+
+
+@dataclass(frozen=True)
 class ArtifactPlan:
     release: str
     registry: str
@@ -172,8 +188,9 @@ class ArtifactPlan:
     charts: tuple[ChartArtifact, ...]
     files: tuple[FileArtifact, ...]
     packages: tuple[OsPackages, ...]
-    kernels: tuple[str, ...] = ()  # --kernel given with an inventory: headers for these too
+    kernels: tuple[str, ...] = ()  # the kernels the nodes boot next (--kernel with an inventory)
     notes: tuple[str, ...] = field(default=())
+    node_kernels: tuple[NodeKernels, ...] = ()  # which node needs which kernel headers
 
     def artifacts(self) -> list[Artifact]:
         return [*self.images, *self.charts, *self.files, *(p for o in self.packages for p in o.packages)]
@@ -187,16 +204,19 @@ class ArtifactPlan:
         return {"schema": SCHEMA, "release": self.release, "registry": self.registry,
                 "images": [i.as_dict() for i in self.images], "charts": [c.as_dict() for c in self.charts],
                 "files": [f.as_dict() for f in self.files], "packages": [p.as_dict() for p in self.packages],
-                "notes": list(self.notes)}
+                "kernels": [k.as_dict() for k in self.node_kernels], "notes": list(self.notes)}
 
 
 # ---------------------------------------------------------------- the plan
 
 
 def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
-    """The artifacts of a resolved plan. kernels: more kernels (`--kernel` with an inventory) whose headers every
-    node OS needs, besides the nodes' own gpu_install_kernel. Raises ConfigError (exit 2) for what it cannot resolve."""
-    extra = tuple(dict.fromkeys(kernel_release(k, "--kernel") for k in kernels))
+    """The artifacts of a resolved plan. kernels: more kernels the nodes boot next ([OSTAG=]KERNEL, each to the nodes
+    of its OS, as --kernel with an inventory; resolve() has already added those of Options.kernels), besides the
+    kernel each runs. Raises ConfigError (exit 2) for what it cannot resolve."""
+    if kernels:
+        plan = replace(plan, nodes=with_next_kernels(plan.nodes, kernels))
+    extra = tuple(dict.fromkeys(k for n in plan.nodes for k in n.next_kernels))
     site = plan.site
     images = tuple(_image(plan, img) for img in plan.images)
     charts = chart_artifacts(plan)
@@ -206,7 +226,7 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
         where = ("push the mirrored chart to that registry path" if "://" in site.operator.chart
                  else f"put the mirrored {chart.file} at that path on the air-gapped controller")
         notes.append(f"operator.chart is {site.operator.chart}: apply installs the chart from there; {where}")
-    files, packages, more = _node_artifacts(plan, extra)
+    files, packages, more, node_kernels = _node_artifacts(plan)
     notes += more
     if extra and not any(p.name.endswith(tuple(extra)) for o in packages for p in o.packages):
         notes.append(f"--kernel {' '.join(extra)}: no kernel headers are installed by the roles with driver.mode "
@@ -215,7 +235,7 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
     notes.append(carried + ("; the OS packages with their closure, resolved at pull against "
                             "mirror.packageRepositories, and published signed by push --repo-dir" if packages else ""))
     return ArtifactPlan(release=plan.release.version, registry=site.registry.host, images=images, charts=tuple(charts),
-                        files=files, packages=packages, kernels=extra, notes=tuple(notes))
+                        files=files, packages=packages, kernels=extra, notes=tuple(notes), node_kernels=node_kernels)
 
 
 def chart_artifacts(plan: Plan) -> list[ChartArtifact]:
@@ -307,7 +327,7 @@ def _image_needs(plan: Plan, comp: ResolvedComponent, img: Image) -> list[Need]:
     if spec.os_suffix and not (comp.version or "").startswith("sha256:"):
         tag = img.source.rsplit(":", 1)[-1]
         hosts = [n for n in plan.nodes if n.os_id and n.os_version and tag.endswith("-" + n.os_tag(plan.release.version))
-                 and (site.driver.mode != "precompiled" or name != "driver" or f"-{n.kernel}-" in tag)]
+                 and (site.driver.mode != "precompiled" or name != "driver" or any(f"-{k}-" in tag for k in n.kernels))]
         out.append(Need(name, _node_setting(plan, hosts, precompiled=site.driver.mode == "precompiled"
                                             and name == "driver")))
     return out
@@ -328,11 +348,12 @@ def _node_setting(plan: Plan, nodes: Sequence[Node], precompiled: bool = False) 
     what = "gpu_install_os" + (" + gpu_install_kernel" if precompiled else "")
     if plan.inventory is None:
         tags = sorted({f"{n.os_id}{n.os_version}" for n in nodes})
-        kernels = sorted({n.kernel for n in nodes if n.kernel}) if precompiled else []
+        kernels = sorted({k for n in nodes for k in n.kernels}) if precompiled else []
         return " ".join([*(f"--os {t}" for t in tags), *(f"--kernel {k}" for k in kernels)])
     names = sorted(n.name for n in nodes)
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return f"{what} of host{'s' if len(names) != 1 else ''} {shown}"
+    nxt = sorted({k for n in nodes for k in n.next_kernels}) if precompiled else []
+    return f"{what} of host{'s' if len(names) != 1 else ''} {shown}" + "".join(f"; --kernel {k}" for k in nxt)
 
 
 def _os_need(plan: Plan, role: str, os_tag: str) -> Need:
@@ -452,14 +473,14 @@ class _Collect:
                      for os, (manager, pkgs) in sorted(self.by_os.items()))
 
 
-def _node_artifacts(plan: Plan, kernels: tuple[str, ...]) -> tuple[tuple[FileArtifact, ...], tuple[OsPackages, ...],
-                                                                   list[str]]:
+def _node_artifacts(plan: Plan) -> tuple[tuple[FileArtifact, ...], tuple[OsPackages, ...], list[str],
+                                        tuple[NodeKernels, ...]]:
     site = plan.site
     mode = site.driver.mode
     driver_packages = mode in ("host", "runfile")
     toolkit_packages = bool(plan.role_vars.get(f"{TOOLKIT_ROLE}_enabled"))
     if not (driver_packages or toolkit_packages):
-        return (), (), []
+        return (), (), [], ()
     files: dict[str, FileArtifact] = {}
     notes: list[str] = []
     runfile = runfile_artifact(plan)
@@ -475,6 +496,7 @@ def _node_artifacts(plan: Plan, kernels: tuple[str, ...]) -> tuple[tuple[FileArt
                           "their OS, which is not given",
                           hint="pass -i INVENTORY (gpu_install_os per host) or --os, e.g. --os ubuntu22.04 --os rocky9.4")
     pkgs = _Collect()
+    node_kernels: list[NodeKernels] = []
     for node in plan.nodes:
         if node.os_id is None or node.os_version is None:
             raise ConfigError(f"host {node.name}: OS unknown (gpu_install_os is not set), and {' and '.join(wanted)} "
@@ -482,22 +504,26 @@ def _node_artifacts(plan: Plan, kernels: tuple[str, ...]) -> tuple[tuple[FileArt
                               hint="set gpu_install_os (e.g. ubuntu22.04) for the host or its group")
         os_tag = f"{node.os_id}{node.os_version}"
         host = node.name if plan.inventory is not None else None
-        node_kernels = tuple(dict.fromkeys([*([node.kernel] if node.kernel else []), *kernels]))
         if driver_packages:
-            notes += _driver_packages(plan, node, os_tag, host, node_kernels, pkgs)
+            more, headers = _driver_packages(plan, node, os_tag, host, node.kernels, pkgs)
+            notes += more
+            if headers:
+                node_kernels.append(NodeKernels(host or f"--os {os_tag}", os_tag, node.kernel, node.next_kernels,
+                                                tuple(headers)))
         if toolkit_packages:
             _toolkit_packages(plan, node, os_tag, host, pkgs)
-    return tuple(files.values()), pkgs.result(), list(dict.fromkeys(notes))
+    return tuple(files.values()), pkgs.result(), list(dict.fromkeys(notes)), tuple(node_kernels)
 
 
 def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kernels: Sequence[str],
-                     pkgs: _Collect) -> list[str]:
+                     pkgs: _Collect) -> tuple[list[str], list[str]]:
+    """The driver role's package roots on a node; (notes, the kernel header packages, in the order of kernels)."""
     assert node.os_id is not None and node.os_version is not None
     site = plan.site
     mode = site.driver.mode
     rv = _role_vars(plan, node, DRIVER_ROLE)
     if not _flag(rv, f"{DRIVER_ROLE}_enabled"):
-        return []
+        return [], []
     osm = os_map(DRIVER_ROLE, node.os_id, node.os_version)
     where = f"host {node.name}" if plan.inventory is not None else f"{DRIVER_ROLE} on {os_tag}"
     manager, pin = str(osm["package_manager"]), str(osm["pin"])
@@ -528,20 +554,25 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
     if mode == "host" or _flag(rv, f"{DRIVER_ROLE}_runfile_dkms"):
         for n in osm.get("build_packages") or []:
             pkgs.add(os_tag, manager, _template(n, variables, where), None, pin, (build_need, os_need), host)
+    header_names: list[str] = []
     if _flag(rv, f"{DRIVER_ROLE}_require_kernel_headers"):
         headers = osm["headers"]
-        if not kernels:
+        if node.kernel is None:
             shown = _template(headers, {**variables, "ansible_facts": {"kernel": "<kernel>"}}, where)
-            notes.append(f"{os_tag}: the kernel headers ({shown}) of the nodes' running kernel are needed and no kernel "
-                         "is known: give --kernel (uname -r of the nodes), or gpu_install_kernel in the inventory")
+            notes.append(f"{os_tag}: the kernel headers ({shown}) of the nodes' running kernel are needed and that "
+                         "kernel is not known: give --kernel (uname -r of the nodes) with --os, or gpu_install_kernel "
+                         "in the inventory")
         for k in kernels:
             name = _template(headers, {**variables, "ansible_facts": {"kernel": k}}, where)
-            kernel_need = Need(DRIVER_ROLE, f"--kernel {k}" if k != node.kernel or plan.inventory is None
-                               else f"gpu_install_kernel={k}")
+            running = k == node.kernel
+            kernel_need = Need(DRIVER_ROLE, f"gpu_install_kernel={k}" if running and plan.inventory is not None
+                               else f"--kernel {k}")
             pkgs.add(os_tag, manager, name, None, pin,
-                     (mode_need, Need(DRIVER_ROLE, "kernel headers of the running kernel (DKMS builds against them)"),
-                      kernel_need), host)
-    return notes
+                     (mode_need, Need(DRIVER_ROLE, "kernel headers of the running kernel (DKMS builds against them)"
+                                      if running else "kernel headers of a kernel the node boots next (DKMS rebuilds "
+                                      "the module against them after the kernel update)"), kernel_need), host)
+            header_names.append(name)
+    return notes, header_names
 
 
 def _older(version: str, than: str) -> bool:

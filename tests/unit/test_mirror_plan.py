@@ -251,15 +251,20 @@ def test_the_inventorys_role_variables_are_honoured(tmp_path):
         g2: {gpu_install_os: debian12, gpu_install_kernel: 6.1.0-30-amd64, nvidia_driver_require_kernel_headers: false}
         g3: {gpu_install_os: rocky9.5, nvidia_driver_packages: [nvidia-driver, kmod-nvidia-open-dkms]}
         """)
-    ap = artifacts(site(driver={"mode": "host"}), kernels=["6.1.0-31-amd64"], inventory=inv)
+    ap = artifacts(site(driver={"mode": "host"}), inventory=inv,
+                   kernels=["debian12=6.1.0-31-amd64", "rocky9.5=5.14.0-503.14.1.el9_5.x86_64"])
     deb = {p.name: p for p in next(o for o in ap.packages if o.os == "debian12").packages}
     assert "linux-headers-6.1.0-28-amd64" in deb and "linux-headers-6.1.0-30-amd64" not in deb
-    assert deb["linux-headers-6.1.0-31-amd64"].hosts == ("g1",)  # --kernel: every node OS that needs headers
+    # --kernel debian12=…: the debian12 nodes that need headers (g2 does not), no other OS
+    assert deb["linux-headers-6.1.0-31-amd64"].hosts == ("g1",)
     assert deb["nvidia-driver"].hosts == ("g1", "g2")
     assert "gpu_install_kernel=6.1.0-28-amd64" in [n.setting for n in deb["linux-headers-6.1.0-28-amd64"].needs]
     rocky = packages(ap, "rocky9.5")
     assert rocky["kmod-nvidia-open-dkms"] == "kmod-nvidia-open-dkms-535*" and "kmod-nvidia-latest-dkms" not in rocky
-    assert "kernel-devel-6.1.0-31-amd64" in rocky
+    assert "kernel-devel-6.1.0-31-amd64" not in rocky and "kernel-devel-5.14.0-503.14.1.el9_5.x86_64" in rocky
+    with pytest.raises(ConfigError, match=r"--kernel 6.1.0-31-amd64: the inventory's GPU nodes run 2 OSes "
+                                          r"\(debian12, rocky9.5\)"):
+        artifacts(site(driver={"mode": "host"}), inventory=inv, kernels=["6.1.0-31-amd64"])
     # runfile mode without --dkms: no build tools
     inv2 = write_inventory(tmp_path / "b", "g1: {gpu_install_os: debian12, gpu_install_kernel: 6.1.0-28-amd64}\n",
                            "nvidia_driver_runfile_dkms: false\nnvidia_driver_runfile_packages: [libglvnd-dev]\n")
@@ -318,7 +323,7 @@ def host_site(write_site):
 
 def test_why_answers(cli, host_site):
     base = ("mirror", "plan", "-s", host_site, "--os", "ubuntu22.04", "--os", "rocky9.4",
-            "--kernel", "5.15.0-105-generic")
+            "--kernel", "ubuntu22.04=5.15.0-105-generic")
     rc, out, err = cli(*base, "--why", "nvidia-driver")
     assert rc == 0, err
     assert "package rocky9.4/nvidia-driver" in out and "dnf nvidia-driver-535*" in out
@@ -354,7 +359,9 @@ def test_json_schema_is_stable(cli, host_site):
                        "--format", "json")
     assert rc == 0, err
     doc = json.loads(out)
-    assert list(doc) == ["schema", "release", "registry", "images", "charts", "files", "packages", "notes"]
+    assert list(doc) == ["schema", "release", "registry", "images", "charts", "files", "packages", "kernels", "notes"]
+    assert doc["kernels"] == [{"host": "--os ubuntu22.04", "os": "ubuntu22.04", "kernel": "5.15.0-105-generic",
+                               "next": [], "headers": ["linux-headers-5.15.0-105-generic"]}]
     assert doc["schema"] == "gpu-install.mirror-plan/v1" and doc["release"] == "v24.9.2"
     assert doc["registry"] == "registry.lab:5000"
     assert all(list(i) == ["source", "destination", "component", "needs"] for i in doc["images"])

@@ -219,7 +219,7 @@ class Stubs:
     stage is the failing one. calls: which ran."""
 
     def __init__(self, monkeypatch, failing: str | None):
-        from installer import apply, kube, mig, operator, validate
+        from installer import apply, kube, mig, offline_checks, operator, validate
         from installer.features import StageResult, gpumanager, monitoring
 
         self.failing, self.calls, self.runs = failing, [], {}
@@ -235,6 +235,9 @@ class Stubs:
         for mod, name, stage, answer in [
             (operator, "prepare", None, prepared),
             (operator, "check_cluster", None, ""),
+            # the site conflicts the preflight stage checks first (the MIG layout on gpu1 gives the mig stage work;
+            # beside gpumanager a real apply refuses it: tested in test_config_check_offline.py)
+            (offline_checks, "conflicts", None, None),
             (kube, "api_client", None, object()),
             (kube, "resolve_kubeconfig", None, Path("/kc")),
             (gpumanager.FEATURE, "check_cluster", None, None),
