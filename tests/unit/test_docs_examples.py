@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import multiprocessing
 import os
 import re
@@ -149,6 +151,10 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
+#: what every example would import anyway (a fresh interpreter's start-up, not the command's work)
+WARM = ("installer.cli", "installer.plan", "installer.mirror.plan", "installer.render.values", "installer.catalog",
+        "installer.offline_checks", "ansible.inventory.manager", "ansible.vars.manager", "ansible.parsing.dataloader",
+        "jinja2")
 SHELL_ONLY = re.compile(r"[|;&`$()<]|>>")  # what only a shell does; a plain `> FILE` is done here
 
 
@@ -231,9 +237,11 @@ def run_page(job: tuple[Path, list[Example], str, Path]) -> dict[str, tuple[int,
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, tuple[int, str]]:
-    import installer.cli  # noqa: F401 - imported once, before the workers fork
-    import installer.mirror.plan  # noqa: F401
-    import installer.plan  # noqa: F401
+    for module in WARM:  # imported once, before the workers fork: each example then pays only for its own work
+        try:
+            importlib.import_module(module)
+        except ImportError:  # a module renamed: only the warm-up is lost, never an example
+            pass
 
     sample = subprocess.run([str(GPU_INSTALL), "config", "sample"], capture_output=True, text=True, check=True).stdout
     root = tmp_path_factory.mktemp("docs-examples")
@@ -301,6 +309,7 @@ def heading_text(inline: Token) -> str:
     return "".join(c.content for c in inline.children or [] if c.type in ("text", "code_inline"))
 
 
+@functools.cache
 def anchors(page: Path) -> set[str]:
     tokens = MarkdownIt("commonmark").enable("table").parse(page.read_text())
     seen: Counter[str] = Counter()
@@ -364,11 +373,16 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
-def options_of(words: list[str]) -> tuple[str, set[str]]:
-    """The command the words name (as far as the parser has it) and the options it accepts."""
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
     from installer.cli import build_parser
 
-    parser, path = build_parser(), ["gpu-install"]
+    return build_parser()
+
+
+def options_of(words: list[str]) -> tuple[str, set[str]]:
+    """The command the words name (as far as the parser has it) and the options it accepts."""
+    parser, path = _parser(), ["gpu-install"]
     for w in words:
         subs = _subparsers(parser)
         if w not in subs:
