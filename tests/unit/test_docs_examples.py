@@ -190,7 +190,7 @@ def run_one(command: str, workdir: Path, env: dict[str, str]) -> tuple[int, str]
             rc = main(argv[1:])
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 2
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - a forked child must end in os._exit, never return into pytest
             import traceback
 
             traceback.print_exc()
