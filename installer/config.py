@@ -2,6 +2,10 @@
 
 Layering: model defaults → site file → `--set path=value` flags. Errors name the field path and
 the fix and are raised as ConfigError (exit code 2).
+
+Beside it: installer.config_base (what the blocks are built from), installer.config_features (the features' blocks),
+installer.patterns (the field vocabulary and its checks), installer.safefile (reading the file),
+installer/data/sample-site.yaml (`gpu-install config sample`).
 """
 
 from __future__ import annotations
@@ -9,13 +13,11 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -25,18 +27,18 @@ from pydantic import (
     model_validator,
 )
 
+from installer.config_base import Block, ImageOverride, VersionText, rules
+from installer.config_features import GpuManager, Hami, Monitoring, Nos
 from installer.errors import ConfigError
 from installer.patterns import (
     APT_SUITE,
     CHART_REPOSITORY,
     DEFAULT_CHART_REPOSITORY,
-    DIGEST,
     DNS_LABEL,
     DURATION,
     ENV_NAME,
     EXTENDED_RESOURCE,
     KUBERNETES_VERSION,
-    LABEL_KEY,
     MIG_CONFIG_NAME,
     MIG_PROFILE,
     OS_TAG,
@@ -44,59 +46,17 @@ from installer.patterns import (
     PATH_COMPONENT,
     PATTERN_TEXT,
     REGISTRY_HOST,
-    REPOSITORY,
     SECRET_NAME,
     TAG,
     UPSTREAM_MIRROR,
     URL_PREFIX,
     chart_repository,
     dns_label,
-    image_tag,
     package_url,
     registry_host,
-    repository_ref,
     upstream_mirror,
 )
 from installer.safefile import read_yaml
-
-
-def _version_text(v: Any) -> Any:
-    """A version field given as a YAML number: an integer (550) is taken as written; a float is refused, because
-    YAML has already turned 20.10 into 20.1 and 1.30 into 1.3."""
-    if isinstance(v, bool):
-        raise ValueError("must be a version string, not true/false")
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        raise ValueError(f"is a YAML number ({v!r}), which drops trailing zeros (20.10 becomes 20.1): "
-                         "quote the version, e.g. '20.10'")
-    return v
-
-
-#: A version or tag written in YAML: "550" and 550 are the same; 20.10 unquoted is refused ("quote it").
-VersionText = Annotated[str, BeforeValidator(_version_text)]
-
-def rules(string: dict[str, Any] | None = None, integer: dict[str, Any] | None = None,
-          **extra: Any) -> Callable[[dict[str, Any]], None]:
-    """json_schema_extra for a field: `string` constraints go on the field's string branch (also inside anyOf with
-    null), `integer` adds an integer branch (a VersionText field takes 550 as "550"), `extra` goes on the field."""
-
-    def edit(schema: dict[str, Any]) -> None:
-        branches = schema.get("anyOf", [schema])
-        for b in branches:
-            if b.get("type") == "string" and string:
-                b.update(string)
-        if integer is not None:
-            if "anyOf" not in schema:
-                schema["anyOf"] = [{k: schema.pop(k) for k in list(schema) if k in ("type", "pattern", "maxLength")}]
-            schema["anyOf"].insert(1, {"type": "integer", **integer})
-        schema.update(extra)
-
-    return edit
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 def _feature_rules(block: BaseModel) -> None:
@@ -108,7 +68,7 @@ def _feature_rules(block: BaseModel) -> None:
     features.check_block(block)
 
 
-class Operator(_Model):
+class Operator(Block):
     version: VersionText = Field(description="GPU Operator release from the catalog, e.g. v24.9.2",
                                  json_schema_extra=rules(integer={"minimum": 0}))
     namespace: str = Field("gpu-operator", description="namespace the operator is installed into",
@@ -137,7 +97,7 @@ def holds_credential(loc: list[str] | tuple[str, ...]) -> bool:
     return bool(set(parts) & CREDENTIAL_FIELDS) or parts in (["registry"], ["registry", "pullSecret"])
 
 
-class PullSecret(_Model):
+class PullSecret(Block):
     """Credentials are referenced, never written inline: from env vars or a docker config file."""
 
     model_config = ConfigDict(json_schema_extra={"allOf": [  # _one_source()
@@ -173,7 +133,7 @@ class PullSecret(_Model):
         return self
 
 
-class Registry(_Model):
+class Registry(Block):
     host: str = Field(description="private registry, host[:port], e.g. registry.example.com:5000",
                       json_schema_extra=rules({"pattern": f"^{REGISTRY_HOST}$", "maxLength": 255}))
     layout: Literal["strip-host", "keep-host"] = Field(
@@ -202,7 +162,7 @@ class Registry(_Model):
         return v
 
 
-class Driver(_Model):
+class Driver(Block):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         # _runfile(): runfile and its checksum belong to mode runfile
         {"if": {"required": ["mode"], "properties": {"mode": {"const": "runfile"}}},
@@ -297,14 +257,14 @@ def runfile_version(runfile: str) -> str | None:
     return m.group(1) if m else None
 
 
-class Toolkit(_Model):
+class Toolkit(Block):
     mode: Literal["host", "operator"] = Field("operator", description="host: roles install it; operator: container")
     version: VersionText | None = Field(None, description="toolkit image version (operator mode); default: catalog",
                                         pattern=rf"^{TAG}$",
                                         json_schema_extra=rules({"pattern": rf"^{TAG}$"}, integer={"minimum": 0}))
 
 
-class MigDevices(_Model):
+class MigDevices(Block):
     """One entry of a mig-parted config (its `version: v1` format, same keys)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
@@ -347,35 +307,7 @@ class MigDevices(_Model):
         return self
 
 
-class Nos(_Model):
-    """nos (github.com/nebuly-ai/nos): dynamic MIG partitioning from the pods' nvidia.com/mig-* requests."""
-
-    chart: str | None = Field(
-        None, description="the nos chart apply installs: .tgz, directory or oci://<registry>/<path>/nos (mirror push "
-        "prints it); a relative path is relative to the site file")
-    version: VersionText | None = Field(None, description="nos chart version; default: values/sharing/nos.yaml")
-    namespace: str = Field("nebuly-nos", description="namespace of the release (not default: the chart refuses it)",
-                           json_schema_extra=rules({"pattern": DNS_LABEL}))
-    releaseName: str = Field("nos", description="Helm release name", json_schema_extra=rules({"pattern": DNS_LABEL}))
-    reset: StrictBool = Field(True, description="when MIG mode stays pending after `nvidia-smi -mig 1`, try a GPU reset "
-                              "(nvidia-smi -r; refused while a process uses the GPU)")
-    reboot: StrictBool = Field(False, description="reboot a node whose MIG mode is still pending after the reset; "
-                               "false: stop and report the node (reboot it yourself, then apply again)")
-
-    @field_validator("namespace", "releaseName")
-    @classmethod
-    def _dns_label(cls, v: str) -> str:
-        return dns_label(v)
-
-    @field_validator("namespace")
-    @classmethod
-    def _not_default(cls, v: str) -> str:
-        if v == "default":
-            raise ValueError("nos refuses the default namespace (its chart fails there): use e.g. nebuly-nos")
-        return v
-
-
-class Mig(_Model):
+class Mig(Block):
     strategy: Literal["none", "single", "mixed"] = Field("single", description="MIG strategy of the device plugin "
                                                          "(mixed with dynamic nos)")
     dynamic: Literal["none", "nos"] = Field(
@@ -411,18 +343,18 @@ class Mig(_Model):
         return self
 
 
-class TimeSlicing(_Model):
+class TimeSlicing(Block):
     replicas: StrictInt = Field(0, ge=0, le=128, description="time-sliced replicas per GPU; 0 or 1 = off")
     renameByDefault: StrictBool = Field(False, description="advertise nvidia.com/gpu.shared instead of nvidia.com/gpu")
 
 
-class Mps(_Model):
+class Mps(Block):
     replicas: StrictInt = Field(0, ge=0, le=48, description="MPS clients per GPU (device plugin v0.15.0+, GPU Operator "
                                                           "v24.3.0+; at most 48); 0 or 1 = off")
     renameByDefault: StrictBool = Field(False, description="advertise nvidia.com/gpu.shared instead of nvidia.com/gpu")
 
 
-class DevicePlugin(_Model):
+class DevicePlugin(Block):
     timeSlicing: TimeSlicing = Field(default_factory=TimeSlicing)
     mps: Mps = Field(default_factory=Mps, description="share each GPU through CUDA MPS (full GPUs only, not with "
                                                       "mig.strategy mixed)")
@@ -443,38 +375,19 @@ class DevicePlugin(_Model):
         return "", 0, False
 
 
-class Cdi(_Model):
+class Cdi(Block):
     enabled: StrictBool | None = Field(None, description="Container Device Interface; default: the release's default")
 
 
-class SandboxWorkloads(_Model):
+class SandboxWorkloads(Block):
     enabled: StrictBool = Field(False, description="VM workloads (KubeVirt/Kata): deploys and mirrors the sandbox components")
-
-
-class ImageOverride(_Model):
-    version: VersionText | None = Field(None, description="image tag or sha256 digest", json_schema_extra=rules(
-        {"pattern": rf"^(?:{TAG}|{DIGEST})$"}, integer={"minimum": 0}))
-    repository: str | None = Field(None, description="upstream source repository (mapped by registry.layout)",
-                                   json_schema_extra=rules({"pattern": REPOSITORY, "maxLength": 255}))
-    image: str | None = Field(None, description="image name inside the repository", pattern=rf"^{PATH_COMPONENT}$",
-                              json_schema_extra=rules({"pattern": rf"^{PATH_COMPONENT}$"}))
-
-    @field_validator("version")
-    @classmethod
-    def _version(cls, v: str | None) -> str | None:
-        return None if v is None else image_tag(v)
-
-    @field_validator("repository")
-    @classmethod
-    def _repository(cls, v: str | None) -> str | None:
-        return None if v is None else repository_ref(v)
 
 
 class ComponentOverride(ImageOverride):
     enabled: StrictBool | None = None
 
 
-class ManagedResource(_Model):
+class ManagedResource(Block):
     name: str = Field(description="extended resource the extender manages, e.g. nvidia.com/gpu",
                       json_schema_extra=rules({"pattern": EXTENDED_RESOURCE}))
     ignoredByScheduler: StrictBool = Field(False, description="the scheduler skips its own fit check for it")
@@ -491,7 +404,7 @@ class ManagedResource(_Model):
         return v
 
 
-class Extender(_Model):
+class Extender(Block):
     """A kube-scheduler extender (the fields Kubernetes' extender config has, same names)."""
 
     model_config = ConfigDict(json_schema_extra={  # _weight(): prioritizeVerb needs a positive weight
@@ -557,7 +470,7 @@ def kubernetes_minor(version: str) -> tuple[int, int]:
     return release[0], (release[1] if len(release) > 1 else 0)
 
 
-class Scheduler(_Model):
+class Scheduler(Block):
     extenders: list[Extender] = Field(
         default_factory=list, description="kube-scheduler extenders (scheduler_policy role); empty: role does nothing",
         json_schema_extra=rules(  # _one_binder(): at most one extender binds
@@ -587,150 +500,7 @@ class Scheduler(_Model):
         return self
 
 
-def vcuda_request(core: int, memory: int, where: str = "") -> None:
-    """A tencent.com/vcuda-core / vcuda-memory request GPUManager can grant, else ValueError saying why: 100 cores are
-    one GPU, below 100 a share of one GPU (then memory, in 256 MiB units, must be given), from 100 whole GPUs only in
-    multiples of 100 (gpu-manager refuses 150 at admission: "cores are greater than 100, must be multiple of 100")."""
-    at = f"{where}: " if where else ""
-    if core < 1:
-        raise ValueError(f"{at}tencent.com/vcuda-core {core}: must be at least 1 (100 = one GPU)")
-    if core > 100 and core % 100:
-        raise ValueError(f"{at}tencent.com/vcuda-core {core} is not possible: below 100 it is a share of one GPU, "
-                         f"above 100 only whole GPUs in multiples of 100 (use {core // 100 * 100} or "
-                         f"{(core // 100 + 1) * 100}, or a share below 100)")
-    if core < 100 and memory < 1:
-        raise ValueError(f"{at}a GPU share (tencent.com/vcuda-core {core} < 100) needs tencent.com/vcuda-memory >= 1 "
-                         "(256 MiB units): gpu-manager refuses a share without memory")
-
-
-class VcudaRequest(_Model):
-    core: StrictInt = Field(50, description="tencent.com/vcuda-core of validate's smoke pod: below 100 a share of one "
-                            "GPU, 100 one GPU, above only multiples of 100", json_schema_extra=rules(minimum=1))
-    memory: StrictInt = Field(4, description="tencent.com/vcuda-memory of validate's smoke pod, in 256 MiB units",
-                              json_schema_extra=rules(minimum=0))
-
-    @model_validator(mode="after")
-    def _possible(self) -> VcudaRequest:
-        vcuda_request(self.core, self.memory)
-        return self
-
-
-class GpuManager(_Model):
-    """tkestack GPUManager (vGPU by CUDA interception) and its scheduler extender gpu-quota-admission."""
-
-    namespace: str = Field("kube-system", description="namespace of gpu-manager and gpu-quota-admission",
-                           json_schema_extra=rules({"pattern": DNS_LABEL}))
-    manager: ImageOverride = Field(default_factory=ImageOverride,
-                                   description="gpu-manager image (default: values/sharing/gpumanager.yaml)")
-    admission: ImageOverride = Field(default_factory=ImageOverride,
-                                     description="gpu-quota-admission image (default: values/sharing/gpumanager.yaml)")
-    cgroupDriver: Literal["cgroupfs", "systemd"] = Field(
-        "cgroupfs", description="the kubelet's cgroup driver on the GPU nodes (gpu-manager finds pods' cgroups by it)")
-    runtimeEndpoint: str | None = Field(
-        None, description="CRI socket path gpu-manager talks to; default: /var/run/containerd/containerd.sock "
-        "(containerd), /var/run/dockershim.sock (docker)", json_schema_extra=rules({"pattern": r"^/[^\s]*$"}))
-    extenderUrl: str | None = Field(
-        None, description="URL kube-scheduler calls the extender at; default: "
-        "http://gpu-quota-admission.<namespace>.svc:3456/scheduler", json_schema_extra=rules({"pattern": URL_PREFIX}))
-    quotaConfigMapName: str = Field("gpuquota", description="ConfigMap with the per-namespace GPU quota (key gpu_quota)",
-                                    json_schema_extra=rules({"pattern": DNS_LABEL}))
-    quotaConfigMapNamespace: str = Field("kube-system", description="namespace of that ConfigMap",
-                                         json_schema_extra=rules({"pattern": DNS_LABEL}))
-    gpuModelLabel: str = Field("gaia.tencent.com/gpu-model", description="node label holding the GPU model",
-                               json_schema_extra=rules({"pattern": LABEL_KEY}))
-    gpuPoolLabel: str = Field("gaia.tencent.com/gpu-pool", description="node label holding the GPU pool",
-                              json_schema_extra=rules({"pattern": LABEL_KEY}))
-    logLevel: StrictInt = Field(4, ge=0, le=10, description="klog verbosity of both components")
-    smoke: VcudaRequest = Field(default_factory=VcudaRequest, description="what validate's fractional smoke pod asks")
-
-    @field_validator("namespace", "quotaConfigMapName", "quotaConfigMapNamespace")
-    @classmethod
-    def _dns_label(cls, v: str) -> str:
-        return dns_label(v)
-
-    @field_validator("gpuModelLabel", "gpuPoolLabel")
-    @classmethod
-    def _label_key(cls, v: str) -> str:
-        if not re.fullmatch(LABEL_KEY, v):
-            raise ValueError(f"{v!r} is not a label key such as gaia.tencent.com/gpu-model")
-        return v
-
-    @field_validator("runtimeEndpoint")
-    @classmethod
-    def _socket(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if v.startswith("unix://"):
-            raise ValueError(f"{v!r}: gpu-manager dials a plain socket path; drop the unix:// prefix")
-        if not re.fullmatch(r"/[^\s]*", v):
-            raise ValueError(f"{v!r} is not an absolute socket path such as /var/run/containerd/containerd.sock")
-        return v
-
-    @field_validator("extenderUrl")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", v):
-            raise ValueError(f"{v!r} is not an http(s) URL such as http://gpu-quota-admission.kube-system.svc:3456/scheduler")
-        return v
-
-
-class HamiSmoke(_Model):
-    memory: StrictInt = Field(1024, ge=1, description="nvidia.com/gpumem (MiB) of validate's smoke pod")
-    cores: StrictInt = Field(30, ge=1, le=100, description="nvidia.com/gpucores (% of one GPU) of validate's smoke pod")
-
-
-class Hami(_Model):
-    """Project-HAMi: vGPU by CUDA interception, its own scheduler (kube-scheduler + extender) and device plugin."""
-
-    chart: str | None = Field(
-        None, description="the HAMi chart apply installs: .tgz, directory or oci://<registry>/<path>/hami (mirror push "
-        "prints it); a relative path is relative to the site file")
-    version: VersionText | None = Field(None, description="HAMi chart version (2.7.0+); default: "
-                                        "values/sharing/hami.yaml")
-    namespace: str = Field("kube-system", description="namespace of the release",
-                           json_schema_extra=rules({"pattern": DNS_LABEL}))
-    releaseName: str = Field("hami", description="Helm release name", json_schema_extra=rules({"pattern": DNS_LABEL}))
-    kubernetesVersion: str = Field(
-        description="the cluster's Kubernetes version, vX.Y.Z: HAMi runs a kube-scheduler of exactly that version "
-        "(its image is mirrored at that tag; apply checks it against the cluster)",
-        json_schema_extra=rules({"pattern": r"^v?[0-9]+\.[0-9]+\.[0-9]+$"}))
-    deviceSplitCount: StrictInt = Field(10, ge=1, le=100, description="pods per GPU at most (nvidia.com/gpu = GPUs x this)")
-    deviceMemoryScaling: float = Field(1.0, gt=0, le=10, description="GPU memory advertised as this x the real memory "
-                                       "(> 1 oversubscribes)")
-    deviceCoreScaling: float = Field(1.0, gt=0, le=10, description="GPU cores advertised as this x 100%")
-    smoke: HamiSmoke = Field(default_factory=HamiSmoke, description="what validate's smoke pod asks besides one GPU")
-
-    @field_validator("namespace", "releaseName")
-    @classmethod
-    def _dns_label(cls, v: str) -> str:
-        return dns_label(v)
-
-    @field_validator("kubernetesVersion")
-    @classmethod
-    def _kube(cls, v: str) -> str:
-        if not re.fullmatch(r"v?[0-9]+\.[0-9]+\.[0-9]+", v):
-            raise ValueError(f"{v!r}: give the cluster's exact version, e.g. v1.27.4 (kubectl version): the "
-                             "kube-scheduler image HAMi runs is tagged with it")
-        return v if v.startswith("v") else "v" + v
-
-    @field_validator("version")
-    @classmethod
-    def _chart_version(cls, v: str | None) -> str | None:
-        from packaging.version import InvalidVersion, Version
-
-        if v is None:
-            return v
-        try:
-            ok = Version(v.lstrip("v")) >= Version("2.7.0")
-        except InvalidVersion:
-            raise ValueError(f"{v!r} is not a HAMi chart version such as 2.10.0") from None
-        if not ok:
-            raise ValueError(f"{v}: gpu-install renders values for HAMi charts 2.7.0 and later (global.imageRegistry, "
-                             "<component>.image.*); use 2.7.0 or newer")
-        return v.lstrip("v")
-
-
-class Sharing(_Model):
+class Sharing(Block):
     mode: Literal["none", "gpumanager", "hami"] = Field(
         "none", description="none | gpumanager: tkestack GPUManager on every GPU node (tencent.com/vcuda-core/-memory), "
         "its extender gpu-quota-admission wired into kube-scheduler | hami: Project-HAMi (nvidia.com/gpu shared, "
@@ -744,7 +514,7 @@ class Sharing(_Model):
         return self
 
 
-class PackageSource(_Model):
+class PackageSource(Block):
     """An upstream package repository that `mirror pull` resolves one node OS's packages against (connected side)."""
 
     url: str = Field(description="repository URL: http(s)://… or file:///… (apt: the archive root holding dists/; "
@@ -779,7 +549,7 @@ class PackageSource(_Model):
         return v
 
 
-class Packages(_Model):
+class Packages(Block):
     """The site's own package repository (air-gapped side): what `mirror push --repo-dir DIR` published, served at
     `url`; apply configures it on the GPU nodes, trusting `key`, before the roles install packages."""
 
@@ -808,7 +578,7 @@ class Packages(_Model):
         return self
 
 
-class Mirror(_Model):
+class Mirror(Block):
     """Where `gpu-install mirror` takes what the site does not have yet (on the connected side), and the bundle keys
     the air-gapped side trusts (trustedKeys)."""
 
@@ -866,53 +636,7 @@ class Mirror(_Model):
         return out
 
 
-class Monitoring(_Model):
-    """GPU monitoring: DCGM exporter with gpu-install's metric list, its scraping, alert rules and a Grafana dashboard
-    (docs/monitoring.md)."""
-
-    enabled: StrictBool = Field(False, description="turn the operator's DCGM exporter on with the metrics below and "
-                                "install the scraping, the alert rules and the dashboard")
-    metrics: Path | None = Field(None, description="a dcgm-exporter counters CSV of your own (relative to the site "
-                                 "file); default: gpu-install's curated list (values/monitoring/dcgm-metrics.csv)")
-    scrape: Literal["auto", "serviceMonitor", "config"] = Field(
-        "auto", description="auto: a ServiceMonitor + PrometheusRule when the cluster serves the Prometheus Operator's "
-        "monitoring.coreos.com/v1, else a plain scrape config and rules file | serviceMonitor | config")
-    interval: str = Field("15s", description="scrape interval", json_schema_extra=rules({"pattern": DURATION}))
-    labels: dict[str, str] = Field(default_factory=dict, description="labels your Prometheus selects ServiceMonitors "
-                                   "and PrometheusRules by (e.g. release: kube-prometheus-stack)")
-    namespace: str = Field("monitoring", description="namespace of the PrometheusRule and the ConfigMaps (rules, scrape "
-                           "config, dashboard); created when missing",
-                           json_schema_extra=rules({"pattern": DNS_LABEL}))
-    files: Path | None = Field(None, description="scrape: config: also write the scrape config and the rules file "
-                               "into this directory on the controller, for a Prometheus outside the cluster's reach")
-    dashboardLabel: str = Field("grafana_dashboard", description="the label Grafana's dashboard sidecar watches "
-                                "(value \"1\")")
-
-    @field_validator("interval")
-    @classmethod
-    def _interval(cls, v: str) -> str:
-        if not re.fullmatch(DURATION, v):
-            raise ValueError(f"{v!r} is not a duration such as 15s, 1m or 30s")
-        return v
-
-    @field_validator("namespace")
-    @classmethod
-    def _ns(cls, v: str) -> str:
-        return dns_label(v)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not re.fullmatch(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
-                                key):
-                raise ValueError(f"{key!r} is not a Kubernetes label key")
-            if not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", str(value)):
-                raise ValueError(f"{key}: {value!r} is not a Kubernetes label value")
-        return v
-
-
-class Site(_Model):
+class Site(Block):
     operator: Operator
     registry: Registry
     runtime: Literal["containerd", "docker"] = Field("containerd", description="container runtime on the nodes")
