@@ -266,7 +266,7 @@ def load_inventory(path: str, limit: str | None = None) -> Inventory:
     with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(said), \
             _ini_failure_line({} if yaml_file else failed_at):
         warnings.simplefilter("ignore")
-        from ansible import constants
+        import ansible.constants as constants  # a submodule import: mypy reads ansible/__init__ (pyproject.toml)
         from ansible.inventory.manager import InventoryManager
         from ansible.parsing.dataloader import DataLoader
 

@@ -16,6 +16,11 @@ import errno
 import os
 import re
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import IO  # noqa: F401
+
+    from ansible.module_utils.basic import AnsibleModule  # noqa: F401
+
 REDACTED = "<redacted>"
 
 #: keys whose values are secrets in the files the modules edit: containerd's CRI registry ``auth`` table (username
@@ -35,6 +40,7 @@ _SECRET = re.compile(r'(?P<key>(?:(?<=--)|(?<![\w.-]))(?P<q>["\']?)(?:%s)(?P=q)[
 
 
 def redact(text):
+    # type: (str) -> str
     """``text`` (a TOML, JSON or YAML-ish config) with the value of every secret key (SECRET_KEYS, any case, bare or
     quoted, ``=`` or ``:``) replaced by ``"<redacted>"``; everything else as it was. For ``--diff`` output."""
     if not text:
@@ -43,9 +49,15 @@ def redact(text):
 
 
 def redact_diff(diff):
+    # type: (dict[str, str] | list[dict[str, str]]) -> dict[str, str] | list[dict[str, str]]
     """A module result's ``diff`` (one dict or a list of them) with ``before``/``after`` redacted."""
     if isinstance(diff, list):
-        return [redact_diff(d) for d in diff]
+        return [_redact_sides(d) for d in diff]
+    return _redact_sides(diff)
+
+
+def _redact_sides(diff):
+    # type: (dict[str, str]) -> dict[str, str]
     out = dict(diff)
     for side in ("before", "after"):
         if isinstance(out.get(side), (str, type(u""))):
@@ -54,6 +66,7 @@ def redact_diff(diff):
 
 
 def makedirs(path, mode=0o755):
+    # type: (str, int) -> None
     """os.makedirs that is content when the directory is there (``exist_ok`` is Python 3 only)."""
     try:
         os.makedirs(path, mode)
@@ -63,10 +76,12 @@ def makedirs(path, mode=0o755):
 
 
 def temp_path(path):
+    # type: (str) -> str
     return os.path.join(os.path.dirname(path), ".%s.%d.gpu-install.tmp" % (os.path.basename(path), os.getpid()))
 
 
 def create_exclusive(path, mode):
+    # type: (str, int) -> IO[bytes]
     """A new file at ``path`` open for writing (a file object), created by ``open(2)`` with O_CREAT|O_EXCL and
     ``mode`` and then set to exactly ``mode`` (the umask can only have taken bits away), before anything is written.
     A leftover at ``path`` (a temp file of a killed run, a symlink) is unlinked, never followed or reused."""
@@ -88,6 +103,7 @@ def create_exclusive(path, mode):
 
 
 def write_temp(path, data, mode=None, new_mode=0o600):
+    # type: (str, str | bytes, int | None, int) -> str
     """The temp file beside ``path`` holding ``data`` (text or bytes), fsynced; returns its path.
 
     mode: that mode whatever ``path`` has now; None: the mode of the existing ``path``, or ``new_mode`` when it does
@@ -109,6 +125,7 @@ def write_temp(path, data, mode=None, new_mode=0o600):
 
 
 def move_into_place(tmp, path, module=None, mode=None):
+    # type: (str, str, AnsibleModule | None, int | None) -> None
     """Rename the temp file onto ``path``. Over an existing file with an AnsibleModule: its atomic_move, which keeps
     that file's owner and SELinux context -- and its mode, so with ``mode`` given the old file is first narrowed to
     what both allow and the result then set to ``mode``: at no moment is it more open than before or than ``mode``.
@@ -127,5 +144,6 @@ def move_into_place(tmp, path, module=None, mode=None):
 
 
 def atomic_write(path, data, mode=None, new_mode=0o600, module=None):
+    # type: (str, str | bytes, int | None, int, AnsibleModule | None) -> None
     """Replace ``path`` with ``data`` atomically (see move_into_place for what ``module`` adds)."""
     move_into_place(write_temp(path, data, mode, new_mode), path, module, mode)

@@ -8,6 +8,9 @@ import os
 
 from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any  # noqa: F401
+
 STATE_SUFFIX = ".gpu-install-state"
 STATE_FORMAT = 1
 
@@ -17,12 +20,14 @@ class RecordError(Exception):
 
 
 def state_file(path):
+    # type: (str) -> str
     """The record of our first change: a hidden file next to the config (and its backups)."""
     return os.path.join(os.path.dirname(path), "." + os.path.basename(path) + STATE_SUFFIX)
 
 
 def load_state(state_path, what="gpu-install's record of its first change", fallback="what is unmistakably ours",
                error=RecordError):
+    # type: (str, str, str, type[Exception]) -> dict[str, Any] | None
     """The record as a dict, None when there is none. A record that is not JSON or of another format raises
     ``error`` saying how to go on without it (removing it makes removal take out only ``fallback``)."""
     if not os.path.exists(state_path):
@@ -39,5 +44,6 @@ def load_state(state_path, what="gpu-install's record of its first change", fall
 
 
 def write_state(state_path, st):
+    # type: (str, dict[str, Any]) -> None
     """Write the record atomically (temp file in the same directory, fsync, rename), mode 0600."""
     atomic_write(state_path, json.dumps(st, indent=2, sort_keys=True) + "\n", mode=0o600)

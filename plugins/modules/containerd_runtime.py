@@ -40,10 +40,16 @@ import hashlib
 import json
 import os
 import re
+import sys
 
 from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write, move_into_place, redact_diff
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     STATE_FORMAT, load_state as _load_state, state_file, write_state)
+
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any, Callable, Literal  # noqa: F401
+
+    from ansible.module_utils.basic import AnsibleModule  # noqa: F401
 
 CRI_V2 = "io.containerd.grpc.v1.cri"
 CRI_V3_RUNTIME = "io.containerd.cri.v1.runtime"
@@ -59,9 +65,10 @@ class MergeError(Exception):
 
 
 def toml_loads(text, path):
-    try:
-        import tomllib as lib  # Python 3.11+
-    except ImportError:
+    # type: (str, str) -> dict[str, Any]
+    if sys.version_info >= (3, 11):
+        import tomllib as lib
+    else:
         try:
             import tomli as lib
         except ImportError:
@@ -82,15 +89,18 @@ _BARE = re.compile(r"^[A-Za-z0-9_-]+\Z")
 
 
 def _str(s):
+    # type: (str) -> str
     out = json.dumps(s, ensure_ascii=False)
     return out.replace("\x7f", "\\u007f")
 
 
 def _key(k):
+    # type: (str) -> str
     return k if _BARE.match(k) else _str(k)
 
 
 def _value(v):
+    # type: (object) -> str
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -107,19 +117,23 @@ def _value(v):
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{" + ", ".join("%s = %s" % (_key(k), _value(x)) for k, x in v.items()) + "}"
-    if hasattr(v, "isoformat"):
-        return v.isoformat()
+    if hasattr(v, "isoformat"):  # a TOML date or time
+        text = v.isoformat()  # type: str
+        return text
     raise MergeError("cannot write %r as TOML" % (v,))
 
 
 def _is_aot(v):
-    return isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
+    # type: (object) -> bool
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
 
 def toml_dumps(doc):
+    # type: (dict[str, Any]) -> str
     lines = []
 
     def table(d, path):
+        # type: (dict[str, Any], list[str]) -> None
         for k, v in d.items():
             if not isinstance(v, dict) and not _is_aot(v):
                 lines.append("%s = %s" % (_key(k), _value(v)))
@@ -143,6 +157,7 @@ def toml_dumps(doc):
 
 
 def scan_top(text):
+    # type: (str) -> dict[str, Any]
     """Top-level facts of a TOML text without a parser: offsets of `version`/`imports` lines and of
     the imports array's closing bracket. String-, comment- and bracket-aware."""
     facts = {"header": len(text), "version_end": None, "imports_close": None, "imports_trailing_comma": False,
@@ -207,6 +222,7 @@ def scan_top(text):
 
 
 def add_import(text, path, facts):
+    # type: (str, str, dict[str, Any]) -> str
     """Minimal edit: our path appended to imports, or an imports line added after `version`."""
     if facts["imports_close"] is not None:
         j = facts["imports_close"]
@@ -222,6 +238,7 @@ def add_import(text, path, facts):
 
 
 def remove_import(text, path, config="config.toml"):
+    # type: (str, str, str) -> str | None
     """Minimal edit: `path` taken out of the top-level imports (the whole `imports = [...]` statement when it
     was the only entry). None when it is not listed there. The result must parse to the same document
     minus that entry."""
@@ -252,20 +269,23 @@ def remove_import(text, path, config="config.toml"):
 
 
 def sha256(text):
+    # type: (str) -> str
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def removal_plan(main_text, dropin_exists, state, dropin, config, read_backup=None):
+    # type: (str | None, bool, dict[str, Any] | None, str, str, Callable[[str], str | None] | None) -> tuple[str | Literal[False] | None, bool]
     """state=absent → (new main text, or None to leave it, or False to delete it; remove the drop-in?).
     The main file goes back to its exact original (the backup recorded at our first change) while it still
     holds the text we wrote; else only our import is taken out."""
     st = state or {}
-    new_main = None
+    new_main = None  # type: str | Literal[False] | None
     if st.get("main_edited") and main_text is not None and sha256(main_text) == st.get("main_written_sha256"):
         if st.get("main_existed") is False:
             new_main = False
         else:
-            original = read_backup(st.get("main_backup")) if read_backup and st.get("main_backup") else None
+            backup = st.get("main_backup")  # type: str | None
+            original = read_backup(backup) if read_backup and backup else None
             if original is not None and sha256(original) == st.get("main_backup_sha256"):
                 new_main = original
     if new_main is None and main_text is not None:
@@ -277,22 +297,26 @@ def removal_plan(main_text, dropin_exists, state, dropin, config, read_backup=No
 
 
 def _dig(doc, *keys):
+    # type: (Any, *str) -> Any
     for k in keys:
         doc = doc.get(k) if isinstance(doc, dict) else None
     return doc
 
 
 def _put(doc, keys, value):
+    # type: (dict[str, Any], list[str], object) -> None
     for k in keys[:-1]:
         doc = doc.setdefault(k, {})
     doc[keys[-1]] = value
 
 
 def covered(imports, path):
+    # type: (list[str] | None, str) -> bool
     return any(p == path or fnmatch.fnmatchcase(path, p) for p in imports or [])
 
 
 def import_order(imports, dropin, exists=os.path.exists):
+    # type: (list[str] | None, str, Callable[[str], bool]) -> list[str]
     """Files containerd imports, in its order (each glob sorted); our drop-in included once."""
     out = []
     for pattern in imports or []:
@@ -304,6 +328,7 @@ def import_order(imports, dropin, exists=os.path.exists):
 
 
 def plan(main_text, dropin, params, read_import=None):
+    # type: (str, str, dict[str, Any], Callable[[str], dict[str, Any]] | None) -> tuple[str | None, str, int]
     """→ (new main text or None when unchanged, drop-in text, config version)."""
     main_doc = toml_loads(main_text, params["config"]) if main_text.strip() else {}
     version = main_doc.get("version")
@@ -384,6 +409,7 @@ def plan(main_text, dropin, params, read_import=None):
 
 
 def _version_from_binary(text):
+    # type: (str) -> int
     m = re.search(r"\bv?(\d+)\.(\d+)\.\d+", text or "")
     if not m:
         raise MergeError("cannot tell the containerd config version: the main config has none and "
@@ -395,6 +421,7 @@ def _version_from_binary(text):
 
 
 def main():
+    # type: () -> None
     from ansible.module_utils.basic import AnsibleModule
 
     module = AnsibleModule(
@@ -416,6 +443,7 @@ def main():
     p = module.params
 
     def read(path):
+        # type: (str) -> str
         if not os.path.exists(path):
             return ""
         with open(path, "r") as fh:
@@ -454,6 +482,7 @@ def main():
     undo = []  # (path, backup or None)
 
     def write(path, text, existed, mode=None):
+        # type: (str, str, bool, int | None) -> None
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             os.makedirs(directory, 0o755)
@@ -491,10 +520,12 @@ def main():
 
 
 def load_state(state_path):
+    # type: (str) -> dict[str, Any] | None
     return _load_state(state_path, fallback="our import entry", error=MergeError)
 
 
 def absent(module, read, state, state_path):
+    # type: (AnsibleModule, Callable[[str], str], dict[str, Any] | None, str) -> None
     """state=absent: the drop-in and our import out (see DOCUMENTATION); exits the module."""
     p = module.params
     config, dropin = p["config"], p["dropin"]
@@ -502,6 +533,7 @@ def absent(module, read, state, state_path):
     dropin_exists = os.path.exists(dropin)
 
     def read_backup(path):
+        # type: (str) -> str | None
         return read(path) if path and os.path.exists(path) else None
 
     try:

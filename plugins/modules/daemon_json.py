@@ -50,12 +50,16 @@ from ansible_collections.gpu_install.node.plugins.module_utils.files import move
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     STATE_FORMAT, load_state as _load_state, state_file, write_state)
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any, Sequence  # noqa: F401
+
 
 class MergeError(Exception):
     pass
 
 
 def parse(text, path="daemon.json"):
+    # type: (str, str) -> dict[str, Any]
     """daemon.json text → dict. Empty (or whitespace) is an empty document."""
     if not text.strip():
         return {}
@@ -69,6 +73,7 @@ def parse(text, path="daemon.json"):
 
 
 def _append(values, extra, key):
+    # type: (object, Sequence[str], str) -> list[Any]
     if values is None:
         values = []
     if not isinstance(values, list):
@@ -78,8 +83,9 @@ def _append(values, extra, key):
 
 def merge(doc, runtime_name="nvidia", runtime_path="/usr/bin/nvidia-container-runtime", runtime_args=(),
           default_runtime="", registry_mirrors=(), insecure_registries=(), options=None):
+    # type: (dict[str, Any], str, str, Sequence[str], str, Sequence[str], Sequence[str], dict[str, Any] | None) -> dict[str, Any]
     """A new dict: doc with our keys merged in. Key order of doc is kept; doc is not modified."""
-    out = json.loads(json.dumps(doc))
+    out = json.loads(json.dumps(doc))  # type: dict[str, Any]
     runtimes = out.get("runtimes")
     if runtimes is None:
         runtimes = out["runtimes"] = {}
@@ -104,13 +110,15 @@ def merge(doc, runtime_name="nvidia", runtime_path="/usr/bin/nvidia-container-ru
 
 
 def _copy(value):
+    # type: (Any) -> Any
     return json.loads(json.dumps(value))
 
 
 def record(state, before, after, runtime_name, list_keys, option_keys):
+    # type: (dict[str, Any] | None, dict[str, Any], dict[str, Any], str, list[str], list[str]) -> dict[str, Any]
     """The state record updated with what `before` held for each key the merge set (first time only):
     {"keys": {k: {present, value, ours}}, "runtimes": {present, entry: {present, value}, ours}, "lists": {k: {present, added}}}."""
-    st = _copy(state) if state else {"format": STATE_FORMAT}
+    st = _copy(state) if state else {"format": STATE_FORMAT}  # type: dict[str, Any]
     keys = st.setdefault("keys", {})
     for k in option_keys:
         if k in after and k not in keys:
@@ -120,7 +128,7 @@ def record(state, before, after, runtime_name, list_keys, option_keys):
     rts = st.setdefault("runtimes", {})
     if runtime_name not in rts:
         prev = before.get("runtimes") if isinstance(before.get("runtimes"), dict) else None
-        rts[runtime_name] = {"present": bool(prev) and runtime_name in prev,
+        rts[runtime_name] = {"present": bool(prev and runtime_name in prev),
                              "value": _copy(prev.get(runtime_name)) if prev else None}
         st.setdefault("runtimes_key_present", "runtimes" in before)
     rts[runtime_name]["ours"] = _copy(after["runtimes"][runtime_name])
@@ -134,9 +142,10 @@ def record(state, before, after, runtime_name, list_keys, option_keys):
 
 def unmerge(doc, state, runtime_name="nvidia", runtime_path="/usr/bin/nvidia-container-runtime",
             default_runtime=""):
+    # type: (dict[str, Any], dict[str, Any] | None, str, str, str) -> dict[str, Any]
     """doc without our keys (a new dict). With a state record: what it says (earlier values restored);
     without one: only what is unmistakably ours."""
-    out = _copy(doc)
+    out = _copy(doc)  # type: dict[str, Any]
     if not state:
         rts = out.get("runtimes")
         if isinstance(rts, dict) and isinstance(rts.get(runtime_name), dict) and rts[runtime_name].get("path") == runtime_path:
@@ -173,10 +182,12 @@ def unmerge(doc, state, runtime_name="nvidia", runtime_path="/usr/bin/nvidia-con
 
 
 def dump(doc):
+    # type: (dict[str, Any]) -> str
     return json.dumps(doc, indent=2) + "\n"
 
 
 def main():
+    # type: () -> None
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", default="/etc/docker/daemon.json"),
@@ -244,21 +255,24 @@ def main():
 
 
 def _sha256(text):
+    # type: (str) -> str
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def load_state(state_path):
+    # type: (str) -> dict[str, Any] | None
     return _load_state(state_path, what="gpu-install's record of the keys it set", error=MergeError)
 
 
 def original_text(state, doc):
+    # type: (dict[str, Any] | None, dict[str, Any]) -> str | None
     """The original file's exact text when doc equals it (the backup recorded at the first change), else None."""
     backup = (state or {}).get("backup")
     if not backup or not os.path.exists(backup):
         return None
     with open(backup) as fh:
         text = fh.read()
-    if state.get("backup_sha256") not in (None, _sha256(text)):
+    if (state or {}).get("backup_sha256") not in (None, _sha256(text)):
         return None
     try:
         return text if parse(text, backup) == doc else None
@@ -267,6 +281,7 @@ def original_text(state, doc):
 
 
 def absent(module, path, exists, before_text, before, state, state_path):
+    # type: (AnsibleModule, str, bool, str, dict[str, Any], dict[str, Any] | None, str) -> None
     """state=absent: our keys out (see DOCUMENTATION); exits the module."""
     p = module.params
     after = unmerge(before, state, p["runtime_name"], p["runtime_path"], p["default_runtime"])

@@ -48,15 +48,20 @@ from ansible_collections.gpu_install.node.plugins.module_utils.files import make
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     RecordError, load_state, write_state)
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any, Iterable  # noqa: F401
+
 FORMAT = 1
 ENV = {"LC_ALL": "C", "LANG": "C", "DEBIAN_FRONTEND": "noninteractive"}
 
 
 def empty():
+    # type: () -> dict[str, Any]
     return {"format": FORMAT, "packages": [], "preexisting": [], "entries": {}}
 
 
 def parse_dpkg(text):
+    # type: (str) -> set[str]
     """Installed package names from `dpkg-query -W -f '${db:Status-Abbrev}\\t${Package}\\n'` (a package whose files
     are on disk: not 'not-installed' or 'config-files' only)."""
     out = set()
@@ -68,16 +73,19 @@ def parse_dpkg(text):
 
 
 def parse_apt_simulation(text):
+    # type: (str) -> set[str]
     """Package names `apt-get -s remove` would remove (its `Remv name [version]` lines; arch qualifiers dropped)."""
     return {m.group(1).split(":")[0] for m in re.finditer(r"^Remv (\S+)", text, re.M)}
 
 
 def parse_rpm_needed(text):
+    # type: (str) -> list[str]
     """`rpm -e --test` failures: the installed packages that need what would be removed."""
     return sorted({m.group(1) for m in re.finditer(r"is needed by \(installed\) (\S+)", text)})
 
 
 def add(record, before, installed, requested, entries):
+    # type: (dict[str, Any] | None, Iterable[str], Iterable[str], Iterable[str], dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]
     """The record after an install: packages installed now and absent before (dependencies included), requested
     packages that were there before, entries not recorded yet. Returns (new record, packages added)."""
     rec = dict(empty(), **(record or {}))
@@ -94,6 +102,7 @@ def add(record, before, installed, requested, entries):
 
 
 def removal(record, installed, keep):
+    # type: (dict[str, Any] | None, Iterable[str], bool) -> tuple[list[str], list[str], list[str]]
     """(to remove, kept, missing) for a record and the installed package names."""
     recorded = set((record or {}).get("packages") or [])
     present = sorted(recorded & set(installed))
@@ -105,15 +114,18 @@ class Node:
     """The package database and tool of the node."""
 
     def __init__(self, module, manager):
+        # type: (AnsibleModule, str) -> None
         self.module, self.manager = module, manager
 
     def run(self, argv, check=True):
+        # type: (list[str], bool) -> tuple[int, str, str]
         rc, out, err = self.module.run_command(argv, environ_update=ENV)
         if check and rc != 0:
             self.module.fail_json(msg="%s failed (exit %d): %s" % (" ".join(argv), rc, (err or out).strip()[-600:]))
         return rc, out, err
 
     def installed(self):
+        # type: () -> set[str]
         if self.manager == "apt":
             return parse_dpkg(self.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}\t${Package}\n"])[1])
         # gpg-pubkey: the keys dnf imported (one pseudo-package per key), not packages a removal may take
@@ -121,6 +133,7 @@ class Node:
                 if ln.strip() and ln.strip() != "gpg-pubkey"}
 
     def also_removed(self, names):
+        # type: (list[str]) -> list[str]
         """Installed packages outside `names` that removing `names` would remove or break."""
         if self.manager == "apt":
             rc, out, err = self.run(["apt-get", "-s", "-q", "remove"] + names, check=False)
@@ -137,6 +150,7 @@ class Node:
         return sorted(set(needed) - set(names))
 
     def remove(self, names):
+        # type: (list[str]) -> None
         if self.manager == "apt":
             self.run(["apt-get", "-y", "-q", "remove"] + names)
         else:
@@ -144,6 +158,7 @@ class Node:
 
 
 def main():
+    # type: () -> None
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),

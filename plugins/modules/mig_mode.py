@@ -38,11 +38,15 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpu_install.node.plugins.module_utils.first_change import (
     RecordError, load_state, write_state)
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any  # noqa: F401
+
 FIELDS = "index,pci.bus_id,name,mig.mode.current,mig.mode.pending"
 ENV = {"LC_ALL": "C", "LANG": "C"}
 
 
 def query(module, smi):
+    # type: (AnsibleModule, str) -> list[dict[str, Any]]
     rc, out, err = module.run_command([smi, "--query-gpu=" + FIELDS, "--format=csv,noheader"], environ_update=ENV)
     if rc != 0:
         module.fail_json(msg="%s --query-gpu failed (exit %d): %s" % (smi, rc, (out + err).strip()[-500:]),
@@ -62,6 +66,7 @@ def query(module, smi):
 
 
 def words(out, err):
+    # type: (str, str) -> str
     """nvidia-smi's reason in brief: its first line, without the "Warning: " and the "(e.g. ...)" advice."""
     lines = [line.strip() for line in (out + "\n" + err).splitlines() if line.strip() and line.strip() != "All done."]
     first = lines[0] if lines else ""
@@ -75,6 +80,7 @@ class SwitchError(Exception):
 
 
 def switch(module, smi, gpu, want, reset):
+    # type: (AnsibleModule, str, dict[str, Any], str, bool) -> tuple[list[str], str]
     """Set one GPU's mode; returns (the nvidia-smi messages worth keeping, its current mode after). Raises
     SwitchError when nvidia-smi refuses the switch (the mode is unchanged then)."""
     flag = "1" if want == "Enabled" else "0"
@@ -93,6 +99,7 @@ def switch(module, smi, gpu, want, reset):
 
 
 def save(path, record):
+    # type: (str, dict[str, Any]) -> None
     """The record as it is now (0600, atomically); none left when it lists no GPU."""
     if record.get("switched"):
         directory = os.path.dirname(path) or "."
@@ -104,6 +111,7 @@ def save(path, record):
 
 
 def main():
+    # type: () -> None
     module = AnsibleModule(argument_spec=dict(
         state=dict(type="str", default="enabled", choices=["enabled", "disabled"]),
         reset=dict(type="bool", default=True),
@@ -149,7 +157,7 @@ def main():
     # switched so far in it, for uninstall to turn back off
     # disabling: what is left of ours is the GPUs still to turn off (those already off leave the record)
     mine = set(record.get("switched", [])) if want == "Enabled" else set(switched)
-    done = []
+    done = []  # type: list[str]
     for g in todo:
         if want == "Disabled":  # nos' instances go first, or the driver keeps MIG mode on
             for flag in ("-dci", "-dgi"):
@@ -170,8 +178,8 @@ def main():
     after = {g["index"]: g for g in query(module, smi)}
     pending = []
     for g in gpus:
-        now = after[g["index"]]
-        g["current"], g["pending"] = now["current"], now["pending"]
+        seen = after[g["index"]]
+        g["current"], g["pending"] = seen["current"], seen["pending"]
         if g["current"] != want and g in todo:
             pending.append({"index": g["index"], "bus_id": g["bus_id"],
                             "reason": "; ".join(g["messages"]) or "the driver left the mode pending"})

@@ -28,11 +28,15 @@ import os
 import re
 import shutil
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any, Callable  # noqa: F401
+
 EFI_SB = "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 RUNTIME_BINS = {"docker": ["dockerd", "docker"], "containerd": ["containerd"]}
 
 
 def _read(root, rel, default=None, binary=False):
+    # type: (str, str, str | None, bool) -> Any
     try:
         with open(os.path.join(root, rel), "rb" if binary else "r") as fh:
             return fh.read()
@@ -41,6 +45,7 @@ def _read(root, rel, default=None, binary=False):
 
 
 def os_release(root):
+    # type: (str) -> dict[str, str]
     out = {}
     for line in (_read(root, "etc/os-release", "") or "").splitlines():
         m = re.match(r'^([A-Z_]+)=("?)(.*)\2$', line.strip())
@@ -50,6 +55,7 @@ def os_release(root):
 
 
 def pci_gpus(root):
+    # type: (str) -> list[str]
     gpus = []
     for dev in sorted(glob.glob(os.path.join(root, "sys/bus/pci/devices/*"))):
         vendor = (_read(dev, "vendor", "") or "").strip().lower()
@@ -60,6 +66,7 @@ def pci_gpus(root):
 
 
 def free_gb(root, path):
+    # type: (str, str) -> float
     p = os.path.join(root, path.lstrip("/"))
     while not os.path.exists(p) and p not in ("/", ""):
         p = os.path.dirname(p)
@@ -68,6 +75,7 @@ def free_gb(root, path):
 
 
 def which(root, name):
+    # type: (str, str) -> str | None
     if root in ("", "/"):
         return shutil.which(name)
     for d in ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin"):
@@ -77,6 +85,7 @@ def which(root, name):
 
 
 def headers(root, kernel, os_family, run):
+    # type: (str, str, str, Callable[[list[str]], tuple[int, str, str]]) -> str
     if os.path.isdir(os.path.join(root, "lib/modules", kernel, "build")):
         return "installed"
     # only package tools the node has (RHEL 9 has dnf, yum is a link to it; CentOS 7 has yum only): running a missing
@@ -94,6 +103,7 @@ def headers(root, kernel, os_family, run):
 
 
 def probe(root, run, kernel=None, arch=None, check_headers=False):
+    # type: (str, Callable[[list[str]], tuple[int, str, str]], str | None, str | None, bool) -> dict[str, Any]
     rel = os_release(root)
     os_id = rel.get("ID", "").lower()
     like = (os_id + " " + rel.get("ID_LIKE", "")).lower()
@@ -119,6 +129,7 @@ def probe(root, run, kernel=None, arch=None, check_headers=False):
 
 def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu, allow_secure_boot,
              require_kernel_headers=True, sharing="none"):
+    # type: (dict[str, Any], str, str, dict[str, list[object]], list[str], float, bool, bool, bool, str) -> list[str]
     out = []
     if sharing == "gpumanager" and not f.get("cgroup_v1_memory"):
         out.append("sharing.mode gpumanager: gpu-manager finds containers' cgroups under /sys/fs/cgroup/memory (cgroup "
@@ -162,6 +173,7 @@ def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, 
 
 
 def main():
+    # type: () -> None
     from ansible.module_utils.basic import AnsibleModule
 
     module = AnsibleModule(

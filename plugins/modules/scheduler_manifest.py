@@ -50,6 +50,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write, redact_diff
 from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any  # noqa: F401
+
 PREFIX = "gpu-install.io/"
 ANN_FLAGS = PREFIX + "scheduler-flags"
 ANN_DNS = PREFIX + "scheduler-dns-policy-original"
@@ -66,7 +69,8 @@ class ManifestError(Exception):
 
 
 def _container(doc):
-    containers = ((doc.get("spec") or {}).get("containers") or [])
+    # type: (dict[str, Any]) -> dict[str, Any]
+    containers = ((doc.get("spec") or {}).get("containers") or [])  # type: list[dict[str, Any]]
     if not containers:
         raise ManifestError("spec.containers is empty")
     for c in containers:
@@ -76,17 +80,22 @@ def _container(doc):
 
 
 def _arg_list(c):
+    # type: (dict[str, Any]) -> list[str]
     """The list our flags go into: args when the manifest uses args, else command (kubeadm: everything there)."""
     if c.get("args"):
-        return c["args"]
-    return c.setdefault("command", [])
+        args = c["args"]  # type: list[str]
+        return args
+    command = c.setdefault("command", [])  # type: list[str]
+    return command
 
 
 def is_patched(doc):
+    # type: (dict[str, Any]) -> bool
     return ANN_FLAGS in ((doc.get("metadata") or {}).get("annotations") or {})
 
 
 def unpatch(doc):
+    # type: (dict[str, Any]) -> dict[str, Any]
     """A copy of doc without anything patch() added (doc itself is not modified)."""
     out = copy.deepcopy(doc)
     meta = out.get("metadata") or {}
@@ -122,6 +131,7 @@ def unpatch(doc):
 
 
 def patch(doc, flags, host_path, mount_path, sha256, dns_policy="ClusterFirstWithHostNet"):
+    # type: (dict[str, Any], list[str], str, str, str, str) -> dict[str, Any]
     """A copy of doc with our flags, volume, mount, dnsPolicy and annotations (any earlier patch replaced)."""
     out = unpatch(doc)
     c = _container(out)
@@ -149,6 +159,7 @@ def patch(doc, flags, host_path, mount_path, sha256, dns_policy="ClusterFirstWit
 
 
 def command_of(doc):
+    # type: (dict[str, Any]) -> list[str]
     c = _container(doc)
     return [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
 
@@ -156,17 +167,20 @@ def command_of(doc):
 
 
 def serving(command):
+    # type: (list[str]) -> tuple[str, int]
     """(bind address, secure port) kube-scheduler serves /healthz on (defaults 0.0.0.0 and 10259)."""
     return flag_value(command, "bind-address", "0.0.0.0"), int(flag_value(command, "secure-port", "10259"))
 
 
 def dump(doc):
+    # type: (dict[str, Any]) -> str
     import yaml
 
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 
 def load(text):
+    # type: (str) -> dict[str, Any]
     import yaml
 
     doc = yaml.safe_load(text)
@@ -176,10 +190,12 @@ def load(text):
 
 
 def _stamp():
+    # type: () -> str
     return datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
 
 
 def main():
+    # type: () -> None
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),

@@ -54,6 +54,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpu_install.node.plugins.module_utils.files import atomic_write, redact_diff
 from ansible_collections.gpu_install.node.plugins.module_utils.kube_flags import flag_value
 
+if False:  # typing only: the node's Python 2.7 has no typing module
+    from typing import Any  # noqa: F401
+
 POLICY_FILE = "gpu-install-scheduler-policy.json"
 CONFIG_FILE = "gpu-install-scheduler-config.yaml"
 OUR_FILES = (POLICY_FILE, CONFIG_FILE)
@@ -72,6 +75,7 @@ class PolicyError(Exception):
 
 # ---------------------------------------------------------------- versions and formats (pure)
 def parse_version(text):
+    # type: (object) -> tuple[int, int]
     """'v1.20.2' / '1.20' / 'v1.25.0-rc.1' -> (1, 20)."""
     m = re.match(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+].*)?$", str(text or "").strip())
     if not m:
@@ -80,6 +84,7 @@ def parse_version(text):
 
 
 def choose_format(fmt, minor):
+    # type: (str, tuple[int, int]) -> str
     if fmt == "auto":
         return "policy" if minor < LEGACY_POLICY_REMOVED else "config"
     if fmt == "policy" and minor >= LEGACY_POLICY_REMOVED:
@@ -94,6 +99,7 @@ def choose_format(fmt, minor):
 
 
 def config_api_version(minor):
+    # type: (tuple[int, int]) -> str
     """The KubeSchedulerConfiguration apiVersion to write for a minor: v1beta1 1.19-1.21 (removed in 1.23),
     v1beta2 1.22 (removed in 1.28), v1beta3 1.23-1.24 (removed in 1.29), v1 from 1.25."""
     if minor < (1, 19):
@@ -110,6 +116,7 @@ def config_api_version(minor):
 
 
 def duration_ns(text):
+    # type: (str | int) -> int
     """Go duration ('30s', '1m30s', '500ms') -> nanoseconds (the legacy Policy's httpTimeout is a time.Duration)."""
     if isinstance(text, int):
         return text
@@ -120,6 +127,7 @@ def duration_ns(text):
 
 
 def extender_doc(ext, fmt):
+    # type: (dict[str, Any], str) -> dict[str, Any]
     """One extender in the file's spelling. The legacy Policy's JSON tag is enableHttps and its httpTimeout an
     integer of nanoseconds; KubeSchedulerConfiguration (decoded strictly) wants enableHTTPS and a duration string."""
     if not ext.get("urlPrefix"):
@@ -151,20 +159,21 @@ def extender_doc(ext, fmt):
 
 
 def render(extenders, fmt, api_version, command, insecure_bind_address="127.0.0.1:10251"):
+    # type: (list[dict[str, Any]], str, str, list[str], str) -> str
     """The file content for the extenders. command: the scheduler's current command+args (for --config:
     kubeconfig, leader election and insecure serving, which 1.20 ignores as flags once --config is given)."""
     docs = [extender_doc(e, fmt) for e in extenders]
     if fmt == "policy":
         return json.dumps({"kind": "Policy", "apiVersion": "v1", "extenders": docs}, indent=2) + "\n"
-    doc = {"apiVersion": api_version, "kind": "KubeSchedulerConfiguration"}
-    kubeconfig = flag_value(command, "kubeconfig")
+    doc = {"apiVersion": api_version, "kind": "KubeSchedulerConfiguration"}  # type: dict[str, Any]
+    kubeconfig = flag_value(command, "kubeconfig", None)
     if kubeconfig:
         doc["clientConnection"] = {"kubeconfig": kubeconfig}
     leader = str(flag_value(command, "leader-elect", "true")).lower() not in ("false", "0")
     doc["leaderElection"] = {"leaderElect": leader}
     version = api_version.rsplit("/", 1)[-1]
     if version in ("v1beta1", "v1beta2"):  # these still have the insecure healthz/metrics addresses
-        port = flag_value(command, "port")
+        port = flag_value(command, "port", None)
         if port is not None and port != "0":
             addr = "%s:%s" % (flag_value(command, "address", "0.0.0.0"), port)
         else:
@@ -180,11 +189,13 @@ def render(extenders, fmt, api_version, command, insecure_bind_address="127.0.0.
 
 
 def manifest_command(doc):
+    # type: (dict[str, Any] | None) -> list[str]
     c = (((doc or {}).get("spec") or {}).get("containers") or [{}])[0]
     return [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
 
 
 def manifest_version(doc):
+    # type: (dict[str, Any] | None) -> str
     c = (((doc or {}).get("spec") or {}).get("containers") or [{}])[0]
     image = str(c.get("image") or "")
     last = image.rsplit("/", 1)[-1].split("@", 1)[0]
@@ -193,6 +204,7 @@ def manifest_version(doc):
 
 def plan(manifest_doc, extenders, fmt="auto", kubernetes_version="", config_dir="/etc/kubernetes",
          mount_dir="/etc/kubernetes", insecure_bind_address="127.0.0.1:10251"):
+    # type: (dict[str, Any] | None, list[dict[str, Any]], str, str, str, str, str) -> dict[str, Any]
     """Everything the role needs from the manifest + site: the file, its content and the flags."""
     version = kubernetes_version or manifest_version(manifest_doc)
     if not version:
@@ -223,10 +235,12 @@ def plan(manifest_doc, extenders, fmt="auto", kubernetes_version="", config_dir=
 
 # ---------------------------------------------------------------- files
 def _stamp():
+    # type: () -> str
     return datetime.datetime.now().strftime("%Y%m%dT%H%M%S.%f")
 
 
 def _read_manifest(module, path):
+    # type: (AnsibleModule, str) -> dict[str, Any]
     try:
         import yaml
     except ImportError:
@@ -246,6 +260,7 @@ def _read_manifest(module, path):
 
 
 def main():
+    # type: () -> None
     module = AnsibleModule(
         argument_spec=dict(
             manifest=dict(type="path"),

@@ -36,20 +36,22 @@ import glob
 import os
 import re
 import ssl
+import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:
+if sys.version_info >= (3,):
     from urllib.request import urlopen
-except ImportError:  # pragma: no cover
-    from urllib2 import urlopen  # type: ignore
+else:  # pragma: no cover
+    from urllib2 import urlopen
 
 _KLOG = re.compile(r"^[IWEF]\d{4} ")
 _NOISE = ("configmap_cafile_content.go", "requestheader_controller")
 
 
 def _boot_time():
+    # type: () -> int
     with open("/proc/stat") as fh:
         for line in fh:
             if line.startswith("btime "):
@@ -58,6 +60,7 @@ def _boot_time():
 
 
 def processes(binary="kube-scheduler"):
+    # type: (str) -> list[tuple[int, list[str], float]]
     """[(pid, argv, start epoch)] of the processes whose argv[0] is .../<binary>."""
     out = []
     hz = os.sysconf("SC_CLK_TCK")
@@ -82,6 +85,7 @@ def processes(binary="kube-scheduler"):
 
 
 def matching(command, since):
+    # type: (list[str], float) -> tuple[int, float] | None
     want = [str(a) for a in command[1:]]
     name = os.path.basename(str(command[0]))
     found = [(pid, start) for pid, argv, start in processes(name) if argv[1:] == want and start >= since - 1.0]
@@ -89,17 +93,19 @@ def matching(command, since):
 
 
 def healthz(host, port):
+    # type: (str, int) -> bool
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving certificate, on loopback
     try:
         resp = urlopen("https://%s:%d/healthz" % (host, port), context=ctx, timeout=3)
-        return resp.getcode() == 200 and resp.read().decode("utf-8", "replace").strip() == "ok"
+        return bool(resp.getcode() == 200 and resp.read().decode("utf-8", "replace").strip() == "ok")
     except Exception:
         return False
 
 
 def log_sizes(log_glob):
+    # type: (str) -> dict[str, int]
     sizes = {}
     for f in glob.glob(log_glob) if log_glob else []:
         try:
@@ -110,6 +116,7 @@ def log_sizes(log_glob):
 
 
 def complaint(log_glob, since_sizes=None, lines=4):
+    # type: (str, dict[str, int] | None, int) -> str
     """The last error lines written since since_sizes ({file: size}) to the newest log file matching log_glob."""
     files = sorted(glob.glob(log_glob), key=os.path.getmtime) if log_glob else []
     if not files:
@@ -138,6 +145,7 @@ def complaint(log_glob, since_sizes=None, lines=4):
 
 
 def main():
+    # type: () -> None
     module = AnsibleModule(
         argument_spec=dict(
             command=dict(type="list", elements="str", required=True),
