@@ -212,6 +212,15 @@ def run_one(command: str, workdir: Path, env: dict[str, str]) -> tuple[int, str]
     return os.waitstatus_to_exitcode(status), text[-2000:]
 
 
+def warm() -> None:
+    """Import once, in a worker, what every example would import anyway: each example then pays only for its work."""
+    for module in WARM:
+        try:
+            importlib.import_module(module)
+        except ImportError:  # a module renamed: only the warm-up is lost, never an example
+            pass
+
+
 def run_page(job: tuple[Path, list[Example], str, Path]) -> dict[str, tuple[int, str]]:
     """Run one page's examples in order, in a directory of the page's own, as a reader would."""
     page, examples, sample, workdir = job
@@ -237,12 +246,6 @@ def run_page(job: tuple[Path, list[Example], str, Path]) -> dict[str, tuple[int,
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, tuple[int, str]]:
-    for module in WARM:  # imported once, before the workers fork: each example then pays only for its own work
-        try:
-            importlib.import_module(module)
-        except ImportError:  # a module renamed: only the warm-up is lost, never an example
-            pass
-
     sample = subprocess.run([str(GPU_INSTALL), "config", "sample"], capture_output=True, text=True, check=True).stdout
     root = tmp_path_factory.mktemp("docs-examples")
     by_page: dict[Path, list[Example]] = {}
@@ -250,7 +253,11 @@ def results(tmp_path_factory) -> dict[str, tuple[int, str]]:
         by_page.setdefault(ex.page, []).append(ex)
     jobs = [(page, exs, sample, root / page.stem) for page, exs in by_page.items()]
     out: dict[str, tuple[int, str]] = {}
-    with multiprocessing.get_context("fork").Pool(max(2, os.cpu_count() or 2)) as pool:
+    # workers from a fresh single-threaded server (never a fork of this process and whatever threads earlier tests
+    # left in it), each warmed once; run_one forks each example from its worker
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__, *WARM])  # the server imports them once; its workers start warm
+    with ctx.Pool(max(2, os.cpu_count() or 2), initializer=warm) as pool:
         for part in pool.imap_unordered(run_page, jobs):
             out.update(part)
     return out
