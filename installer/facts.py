@@ -164,8 +164,8 @@ def flag_nodes(os_tags: list[str] | tuple[str, ...], kernels: list[str] | tuple[
 
 
 def with_next_kernels(nodes: Sequence[Node], kernels: Sequence[str]) -> tuple[Node, ...]:
-    """The inventory's GPU nodes with --kernel's kernels as the kernels they boot next (each to the nodes of its OS;
-    unqualified: to every node, refused when they run several OSes)."""
+    """The inventory's GPU nodes with --kernel's kernels as the kernels they boot next, each to the nodes of its OS
+    (unqualified: of the one OS the nodes run, refused when they run several; every node when no OS is known)."""
     if not kernels:
         return tuple(nodes)
     names = sorted({n.os_name for n in nodes if n.os_name})
