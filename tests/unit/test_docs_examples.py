@@ -2,9 +2,9 @@
 
 1. Every fenced `gpu-install …` example in README.md and docs/*.md that needs no cluster runs, as the reader would
    type it, against a site made by `gpu-install config sample` (site.yaml) and the sample inventory (inventory/), or
-   the page's own `# site.yaml` snippet when one comes before it in the same section; a non-zero exit the page does not announce
-   (`# exit N` / `# exits N` in the example's own comment or the comment line below it) fails, and so does an
-   announced code the run does not end with. Examples that would contact a host, a registry or an API server are
+   the page's own `# site.yaml` snippet when one comes before it in the same section; a non-zero exit the page does
+   not announce (`# exit N` / `# exits N` in the example's own comment or the comment line below it) fails, and so
+   does an announced code the run does not end with. Examples that would contact a host, a registry or an API server are
    skipped by one of the declared rules below (SKIP_RULES), never one by one.
 2. Every `# site.yaml` snippet, merged into the sample, passes `config check` (or announces its exit the same way).
 3. Every relative link in README.md and docs/*.md names a file that exists and, with `#anchor`, a heading of that
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -66,9 +66,7 @@ class Example:
     command: str
     expect: int = 0
     snippet: dict | None = None  # the section's `# site.yaml` snippet before the example, merged into the sample
-    block: int = 0
     skip: str | None = None
-    extra: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -99,13 +97,13 @@ def announced(*comments: str) -> int:
 def examples_of(page: Path) -> list[Example]:
     out: list[Example] = []
     snippet: dict | None = None
-    for b, token in enumerate(fences(page)):
+    for token in fences(page):
         if token.type == "heading_open":
             snippet = None
             continue
         if (data := site_snippet(token)) is not None:
             snippet = data
-            out.append(Example(page, token.map[0] + 2, "gpu-install config check -s site.yaml", block=b, snippet=data,
+            out.append(Example(page, token.map[0] + 2, "gpu-install config check -s site.yaml", snippet=data,
                                expect=announced(*token.content.splitlines()[:1])))
             continue
         if token.info.strip().split(" ")[0] not in SHELL_FENCES:
@@ -119,14 +117,12 @@ def examples_of(page: Path) -> list[Example]:
                 i += 1
                 text = text[:-1] + " " + lines[i].strip()
             i += 1
-            text = re.sub(r"^(\$ |# )", "", text) if text.startswith("$ ") else text
-            text = text.removeprefix(".venv/bin/")
+            text = text.removeprefix("$ ").removeprefix(".venv/bin/")
             if not re.match(r"(sudo )?gpu-install(\s|$)", text):
                 continue
             below = lines[i].strip() if i < len(lines) else ""
-            ex = Example(page, token.map[0] + 2 + start, text, block=b, snippet=snippet,
-                         expect=announced(text, below if below.startswith("#") else ""))
-            out.append(ex)
+            out.append(Example(page, token.map[0] + 2 + start, text, snippet=snippet,
+                               expect=announced(text, below if below.startswith("#") else "")))
     for ex in out:
         ex.skip = classify(ex.command)
     return out
