@@ -2,10 +2,10 @@
 
 1. Every fenced `gpu-install …` example in README.md and docs/*.md that needs no cluster runs, as the reader would
    type it, against a site made by `gpu-install config sample` (site.yaml) and the sample inventory (inventory/), or
-   the page's own `# site.yaml` snippet when one comes before it in the same section; a non-zero exit the page does
-   not announce (`# exit N` / `# exits N` in the example's own comment or the comment line below it) fails, and so
-   does an announced code the run does not end with. Examples that would contact a host, a registry or an API server are
-   skipped by one of the declared rules below (SKIP_RULES), never one by one.
+   the page's own `# site.yaml` snippet when one comes before it in the same section (subsections included); a
+   non-zero exit the page does not announce (`# exit N` / `# exits N` in the example's own comment or the comment
+   line below it) fails, and so does an announced code the run does not end with. Examples that would contact a
+   host, a registry or an API server are skipped by one of the declared rules below (SKIP_RULES), never one by one.
 2. Every `# site.yaml` snippet, merged into the sample, passes `config check` (or announces its exit the same way).
 3. Every relative link in README.md and docs/*.md names a file that exists and, with `#anchor`, a heading of that
    page (GitHub's slug rules).
@@ -74,7 +74,7 @@ class Example:
 
 
 def fences(page: Path) -> list[Token]:
-    """The page's fenced blocks and its headings (a heading ends the reach of a site snippet)."""
+    """The page's fenced blocks and its headings (the end of its section ends the reach of a site snippet)."""
     return [t for t in MarkdownIt("commonmark").parse(page.read_text())
             if (t.type == "fence" or t.type == "heading_open") and t.map]
 
@@ -97,12 +97,15 @@ def announced(*comments: str) -> int:
 def examples_of(page: Path) -> list[Example]:
     out: list[Example] = []
     snippet: dict | None = None
+    level = section = 0  # the current heading's level; the level of the section the snippet belongs to
     for token in fences(page):
         if token.type == "heading_open":
-            snippet = None
+            level = int(token.tag[1:])
+            if level <= section:  # the snippet's section ends (its subsections are part of it)
+                snippet, section = None, 0
             continue
         if (data := site_snippet(token)) is not None:
-            snippet = data
+            snippet, section = data, level
             out.append(Example(page, token.map[0] + 2, "gpu-install config check -s site.yaml", snippet=data,
                                expect=announced(*token.content.splitlines()[:1])))
             continue
