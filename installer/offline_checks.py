@@ -10,6 +10,8 @@ inputs (ConfigError, exit 2)
   - the site package repository's key and every node's OS with packages.url (installer.plan.check_package_repo),
   - what the active features read on this machine (a metrics CSV; with their stages, a chart given as a path),
   - the GPU Operator chart when given (a path exists; its version is operator.version's),
+  - the pull Secret's credentials where the site file holds them (registry.pullSecret.dockerConfigFile, or neither
+    it nor usernameEnv + passwordEnv); the environment variables are read where apply runs, not here,
   - with an inventory, the artifacts the run reads: every image the operator stage deploys (a driver image per node
     OS and kernel) and, with packages.url, every OS package root the roles install -- apply checks that the registry
     and the repository hold them, and cannot ask for what it cannot name;
@@ -51,6 +53,11 @@ def inputs(plan: Plan, *, stages: bool, mirror_check: bool, chart: str | None = 
         required_groups(plan.inventory)
     check_package_repo(plan.site, plan.nodes if plan.inventory is not None else ())
     features.check_inputs(plan.site, stages=stages)
+    ps = plan.site.registry.pullSecret
+    if stages and ps is not None and (ps.dockerConfigFile or not (ps.usernameEnv and ps.passwordEnv)):
+        from installer.kube import docker_config_json
+
+        docker_config_json(plan.site.registry)  # the file the site names (read, never shown), as apply reads it
     if chart:
         from installer.operator import check_chart_ref, check_chart_version
 
