@@ -112,6 +112,24 @@ def test_sample_is_a_valid_site_and_documents_every_top_level_field(tmp_path):
         assert f"\n{field}:" in "\n" + text, field
 
 
+def test_the_sample_is_package_data_the_wheel_carries(cli):
+    """`config sample` prints installer/data/sample-site.yaml, read through importlib.resources: pyproject.toml's
+    package-data globs cover every file in installer/data, so a wheel carries them (tests/integration/test_wheel.py
+    runs `config sample` from a built wheel)."""
+    import fnmatch
+    import tomllib
+
+    from tests.conftest import ROOT
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["installer"]
+    data = sorted(p.relative_to(ROOT / "installer").as_posix() for p in (ROOT / "installer" / "data").rglob("*")
+                  if p.is_file())
+    assert "data/sample-site.yaml" in data
+    assert [d for d in data if not any(fnmatch.fnmatch(d, g) for g in globs)] == []
+    rc, out, _ = cli("config", "sample")
+    assert rc == 0 and out == (ROOT / "installer" / "data" / "sample-site.yaml").read_text() == sample_site()
+
+
 def test_config_check_command(cli, write_site, site_data):
     rc, out, _ = cli("config", "check", "-s", write_site(site_data))
     assert rc == 0 and "v24.9.2" in out

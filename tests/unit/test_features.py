@@ -106,6 +106,34 @@ def test_a_registered_feature_reaches_the_plan_the_mirror_plan_and_the_values(mo
     assert "example" not in {c.name for c in off.artifacts().charts}
 
 
+class Strict(Feature):
+    """A feature with a rule on the sharing block: mode gpumanager only with a gpumanager namespace other than
+    kube-system."""
+
+    name: ClassVar[str] = "strict"
+
+    def check_block(self, block):
+        from installer.config import Sharing
+
+        if isinstance(block, Sharing) and block.mode == "gpumanager" and block.gpumanager.namespace == "kube-system":
+            raise ValueError("strict: give sharing.gpumanager.namespace")
+
+
+def test_a_registered_features_site_rule_refuses_the_site_at_load_naming_the_block(monkeypatch):
+    from installer.errors import ConfigError
+
+    doc = {**GPUMANAGER, "sharing": {"mode": "gpumanager"}}
+    assert site(**doc).sharing.mode == "gpumanager"  # not registered: the site loads
+    monkeypatch.setattr(features, "FEATURES", (*features.FEATURES, Strict()))  # the one registration line
+    with pytest.raises(ConfigError) as exc:
+        site(**doc)
+    assert exc.value.exit_code == 2
+    assert exc.value.message.splitlines()[1:] == ["  sharing: strict: give sharing.gpumanager.namespace"]
+    ok = site(**{**doc, "sharing": {"mode": "gpumanager", "gpumanager": {"namespace": "gpu-sharing"}}})
+    assert ok.sharing.gpumanager.namespace == "gpu-sharing"
+    assert site().sharing.mode == "none"  # another mode: the rule does not apply
+
+
 #: a test of a feature's mode by its value, e.g. `mode == "hami"`, `dynamic != "nos"`, `in ("gpumanager", ...)`
 MODE_TEST = re.compile(r"""([=!]=\s*["'](hami|gpumanager|nos)["'])|(["'](hami|gpumanager|nos)["']\s*[=!]=)"""
                        r"""|(\bin\s*[(\[{][^)\]}]*["'](hami|gpumanager|nos)["'])""")
