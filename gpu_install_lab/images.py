@@ -9,6 +9,11 @@ the lab CA.
                         (push_sharing_standins, called by the tests that need them): print their environment and
                         mounts, then sleep
   STAND-IN hami, kube-scheduler, kube-webhook-certgen  the same for sharing.mode hami (push_hami_standins)
+  STAND-IN dcgm-exporter   labtools/standin-dcgm-exporter (push_dcgm_exporter_standin, dcgm_exporter_layout)
+  STAND-IN GPU Operator    labtools/standin-gpu-operator at /bin/gpu-operator (operator_standin_layout): the demo's
+                           upstream holds it at the release's operator image path
+  STAND-IN placeholder     busybox that says what it is and sleeps (idle_standin_layout): the demo's upstream holds
+                           it at the path of every other image of the release (NFD, GFD, toolkit, driver, ...)
 """
 
 from __future__ import annotations
@@ -188,14 +193,48 @@ def push_hami_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[str, 
 EXPORTER = "standin-dcgm-exporter"  # labtools/, built by scripts/build-lab-tools
 
 
-def push_dcgm_exporter_standin(ref: str, ca: Path, work: Path, tools: Path | None = None) -> str:
-    """The STAND-IN dcgm-exporter image (labtools/standin-dcgm-exporter at /bin/dcgm-exporter, its entrypoint, with
-    busybox) pushed to ref, the site-registry path gpu-install mirrors the release's dcgm-exporter to; returns ref."""
+def dcgm_exporter_layout(work: Path, tag: str = "standin", tools: Path | None = None) -> Path:
+    """An OCI layout (work/standin-dcgm-exporter, image `tag`) of the STAND-IN dcgm-exporter:
+    labtools/standin-dcgm-exporter at /bin/dcgm-exporter, its entrypoint, with busybox."""
     from gpu_install_lab.gpus import tools_dir
 
     binary = ((tools or tools_dir()) / EXPORTER).read_bytes()
-    tag = ref.rpartition(":")[2] if "@" not in ref else "standin"
     layout = work / "standin-dcgm-exporter"
     write_layout(layout, tag, ["/bin/dcgm-exporter"], None, scripts={"bin/dcgm-exporter": binary})
-    push(layout, tag, ref, ca)
+    return layout
+
+
+def push_dcgm_exporter_standin(ref: str, ca: Path, work: Path, tools: Path | None = None) -> str:
+    """The STAND-IN dcgm-exporter image pushed to ref, the site-registry path gpu-install mirrors the release's
+    dcgm-exporter to; returns ref."""
+    tag = ref.rpartition(":")[2] if "@" not in ref else "standin"
+    push(dcgm_exporter_layout(work, tag, tools), tag, ref, ca)
     return ref
+
+
+OPERATOR = "standin-gpu-operator"  # labtools/, built by scripts/build-lab-tools
+
+
+def operator_standin_layout(work: Path, tag: str = "standin", tools: Path | None = None) -> Path:
+    """An OCI layout (work/standin-gpu-operator, image `tag`) of the STAND-IN GPU Operator: labtools/
+    standin-gpu-operator at /bin/gpu-operator (the command NVIDIA's chart runs), its entrypoint, with busybox. It
+    plays what `gpu-install validate` reads of the operator: the device plugin DaemonSet and ClusterPolicy
+    status.state (labtools/standin-gpu-operator/main.go)."""
+    from gpu_install_lab.gpus import tools_dir
+
+    binary = ((tools or tools_dir()) / OPERATOR).read_bytes()
+    layout = work / "standin-gpu-operator"
+    write_layout(layout, tag, ["/bin/gpu-operator"], None, scripts={"bin/gpu-operator": binary})
+    return layout
+
+
+IDLE_TEXT = ("STAND-IN image (gpu-install lab): holds the place of an NVIDIA image that cannot run offline; it runs "
+             "nothing of it")
+
+
+def idle_standin_layout(work: Path, tag: str = "standin") -> Path:
+    """An OCI layout (work/standin-idle, image `tag`): busybox whose entrypoint prints IDLE_TEXT and sleeps, so that
+    a pod of it stays Running (sh, sleep, echo, cat, ls for scripts and probes that a caller gives it)."""
+    layout = work / "standin-idle"
+    write_layout(layout, tag, ["/bin/sh", "-c", f"echo '{IDLE_TEXT}'; exec sleep 2147483647"])
+    return layout

@@ -6,11 +6,16 @@
           index.yaml `helm repo index` writes; a thread of this process). Prints ONE line of JSON on stdout once both
           answer ({"registry", "charts", "ca", "pids", ...}), then serves until SIGTERM/SIGINT or until its parent
           (the demo) exits, and stops the registry before it exits itself: nothing is left running.
-  seed    the STAND-IN image at the exact repository path and tag of every image the site deploys (the JSON of
+  seed    a STAND-IN image at the exact repository path and tag of every image the site deploys (the JSON of
           `gpu-install images --format json`), in the stand-in registry, at the path the site's mirror.upstream
-          remaps each upstream registry to. ONE image, built once and cached (gpu_install_lab/smoke_image.py: the
-          lab's busybox smoke image, umoci, under installer.util.cache_dir()), copied with skopeo to every reference:
-          after the first copy each one is a manifest.
+          remaps each upstream registry to, copied with skopeo (after the first copy of each image every further
+          reference is a manifest). Which one, by the release's catalog repository of the image:
+            operator                          the STAND-IN GPU Operator (labtools/standin-gpu-operator)
+            CUDA (operator.initContainer),    the lab's STAND-IN CUDA smoke image (gpu_install_lab/smoke_image.py:
+            validator                         nvidia-smi -L, vectorAdd; built once and cached)
+            dcgmExporter                      the STAND-IN dcgm-exporter (labtools/standin-dcgm-exporter)
+            every other image                 a busybox placeholder that says so and sleeps (NFD, GFD, toolkit, ...)
+          (gpu_install_lab/images.py); real-kubelet nodes run them.
 
 With --toolkit VERSION, also STAND-IN upstream package repositories (package_repository(): a signed apt archive and a
 signed rpm repository of NVIDIA's toolkit chain, STAND-INs under the real names) on a third loopback port.
@@ -285,8 +290,35 @@ def serve(directory: Path, release: str, chart: Path, standin: bool, toolkit: st
 # ---------------------------------------------------------------- seed
 
 
+#: catalog component -> the STAND-IN image seeded at its upstream repository (seed())
+SEED_ROLES = {"operator": "operator", "operator.initContainer": "smoke", "validator": "smoke",
+              "dcgmExporter": "dcgm-exporter"}
+
+
+def seed_roles(release: str) -> dict[str, str]:
+    """{upstream repository (no tag): STAND-IN image role} for the release's images that get more than the
+    placeholder (SEED_ROLES), from the catalog."""
+    from installer.catalog import Catalog
+
+    comps = Catalog.default().get(release).components
+    out: dict[str, str] = {}
+    for name, role in SEED_ROLES.items():
+        comp = comps.get(name)
+        if comp is not None and comp.repository:
+            out.setdefault(f"{comp.repository}/{comp.image}" if comp.image else comp.repository, role)
+    return out
+
+
+def _repository(ref: str) -> str:
+    """nvcr.io/nvidia/cuda:12.3.2-base-ubi8 -> nvcr.io/nvidia/cuda (a digest reference too)."""
+    name = ref.split("@", 1)[0]
+    head, sep, tail = name.rpartition(":")
+    return head if sep and "/" not in tail else name
+
+
 def seed(site_file: Path, images_json: Path) -> int:
-    """The STAND-IN image at every image's upstream path (remapped as the site's mirror.upstream says)."""
+    """A STAND-IN image at every image's upstream path (remapped as the site's mirror.upstream says)."""
+    from gpu_install_lab import images
     from gpu_install_lab.smoke_image import build_smoke_image
     from installer.config import load_site
     from installer.mirror.images import pull_from
@@ -294,19 +326,29 @@ def seed(site_file: Path, images_json: Path) -> int:
     site = load_site(site_file)
     remap = {k.lower(): v for k, v in site.mirror.upstream.items()}
     sources = sorted({str(i["source"]) for i in json.loads(images_json.read_text())})
+    roles = seed_roles(site.operator.version)
     t0 = time.monotonic()
-    layout = build_smoke_image("smoke")
-    with tempfile.TemporaryDirectory(prefix="upstream-certs-") as certs:
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="upstream-seed-") as work:
+        layouts = {"smoke": (build_smoke_image("smoke"), "smoke"),
+                   "operator": (images.operator_standin_layout(Path(work)), "standin"),
+                   "dcgm-exporter": (images.dcgm_exporter_layout(Path(work)), "standin"),
+                   "placeholder": (images.idle_standin_layout(Path(work)), "standin")}
+        certs = Path(work) / "certs"
+        certs.mkdir()
         if site.mirror.upstreamCa:
-            shutil.copyfile(site.mirror.upstreamCa, Path(certs) / "ca.crt")
+            shutil.copyfile(site.mirror.upstreamCa, certs / "ca.crt")
         for source in sources:
             dest = pull_from(source, remap)
             if dest == source:
                 raise SystemExit(f"upstream STAND-IN: mirror.upstream remaps no registry of {source}: it would be "
                                  "read from the internet")
-            _run("skopeo", "copy", "--quiet", "--dest-cert-dir", certs, f"oci:{layout}:smoke", f"docker://{dest}")
-    _say(f"{len(sources)} images seeded (ONE STAND-IN busybox image at each upstream path and tag; "
-         f"{time.monotonic() - t0:.1f}s)")
+            role = roles.get(_repository(source), "placeholder")
+            layout, tag = layouts[role]
+            counts[role] = counts.get(role, 0) + 1
+            _run("skopeo", "copy", "--quiet", "--dest-cert-dir", str(certs), f"oci:{layout}:{tag}", f"docker://{dest}")
+    _say(f"{len(sources)} images seeded ({', '.join(f'{n} x {r}' for r, n in sorted(counts.items()))}: STAND-IN images "
+         f"at the upstream paths and tags; {time.monotonic() - t0:.1f}s)")
     return 0
 
 

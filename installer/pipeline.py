@@ -245,8 +245,9 @@ def run_validate(plan: Plan, kubeconfig: str, op: OperatorOptions, summary: Summ
     from installer import validate
 
     say("stage validate: " + ", ".join(validate.AVAILABLE))
-    wait_operator_ready(kubeconfig, op.timeout, say)
-    report = validate.run(plan, kubeconfig, validate.AVAILABLE, timeout=op.timeout, progress=say)
+    # helm's wait covers the chart's own workloads, not the operands the operator deploys once it runs
+    report = validate.run(plan, kubeconfig, validate.AVAILABLE, timeout=op.timeout, progress=say,
+                          operator_wait=op.timeout)
     summary.report = report
     counts = report.counts()
     detail = ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" ({report.seconds:.1f}s)"
@@ -265,41 +266,6 @@ def run_validate(plan: Plan, kubeconfig: str, op: OperatorOptions, summary: Summ
             f"validate: {counts['fail']} check(s) failed after the install (the report above gives the fix for each)",
             hint="fix them and run `gpu-install validate` (apply again where the fix says so)"))
     return Result("passed", detail)
-
-
-def wait_operator_ready(kubeconfig: str, timeout: float, say: Progress) -> None:
-    """Before apply's validate: helm's wait covers the chart's own workloads, not the operands the operator deploys
-    once it runs (device plugin, toolkit, driver), so give every ClusterPolicy up to `timeout` seconds to report
-    status.state ready. Returns at once without a ClusterPolicy (or its API); one still not ready after that is
-    validate's to report."""
-    import time
-
-    from kubernetes import client as k
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    from installer import kube
-
-    custom = k.CustomObjectsApi(kube.api_client(kube.resolve_kubeconfig(kubeconfig)))
-    deadline = time.monotonic() + timeout
-    said = False
-    while True:
-        try:
-            listed: Any = custom.list_cluster_custom_object("nvidia.com", "v1", "clusterpolicies")
-        except (ApiException, HTTPError):
-            return  # no CRD, not allowed or unreachable: validate's cluster layer says which
-        items: list[dict[str, Any]] = listed["items"]
-        waiting = [f"{cp['metadata']['name']} ({(cp.get('status') or {}).get('state') or 'no state yet'})"
-                   for cp in items if (cp.get("status") or {}).get("state") != "ready"]
-        if not waiting or time.monotonic() >= deadline:
-            if said:
-                say("validate: ClusterPolicy " + (", ".join(waiting) + " not ready" if waiting else "ready"))
-            return
-        if not said:
-            say(f"validate: waiting up to {timeout:.0f}s for the operator to report ClusterPolicy {', '.join(waiting)} "
-                "ready")
-            said = True
-        time.sleep(2)
 
 
 def run_mig(plan: Plan, check: bool, kubeconfig: str, say: Progress) -> Result:

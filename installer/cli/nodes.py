@@ -125,6 +125,10 @@ def _staged(args: argparse.Namespace, command_name: str) -> int:
             _node_results(rec, disp)
             rec.doc.update(stages=summary.records(), nodesChanged=summary.nodes_changed,
                            validate=summary.report.to_json() if summary.report is not None else None)
+            if summary.report is not None and getattr(args, "junit", None):
+                from installer.util import atomic_write
+
+                atomic_write(args.junit, summary.report.to_junit())
             if summary.report is not None:
                 from rich.console import Console
 
@@ -204,6 +208,9 @@ def register(sub: Any) -> None:
     p.add_argument("--skip-tags", dest="skip_tags", help="skip tasks with these tags (`operator`: no operator stage)")
     _operator_args(p, install=True)
     json_arg(p, "gpu-install.apply/v1", "the stage table, the per-host results and the validate report")
+    p.add_argument("--junit", metavar="FILE", help="also write the validate stage's report as JUnit XML (one testcase "
+                                                   "per node x check, as `gpu-install validate --junit`), also when "
+                                                   "it fails; nothing when the stage did not run")
     p.set_defaults(func=cmd_apply)
 
     p = command(sub, "uninstall", "reverse apply: Helm release, runtime configs minus our keys (needs --yes)")

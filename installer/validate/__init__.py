@@ -103,7 +103,9 @@ def node_targets(plan: Plan) -> list[Any]:
 
 def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *, keep_failed: bool = False,
         timeout: float = 300.0, node_timeout: float = 30.0, progress: Callable[[str], None] | None = None,
-        client: Any = None) -> Report:
+        client: Any = None, operator_wait: float = 0.0) -> Report:
+    """The report of the layers asked. operator_wait: with the cluster layer, first give every ClusterPolicy up to
+    that many seconds to report ready (apply's validate stage, right after the operator's install)."""
     from kubernetes import client as k
 
     from installer import features, kube
@@ -138,6 +140,8 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
         ns = plan.site.operator.namespace
         secret = plan.pull_secret.name if plan.pull_secret else None
         if "cluster" in layers:
+            if operator_wait > 0:
+                cluster.wait_clusterpolicy(k.CustomObjectsApi(client), operator_wait, progress)
             if progress:
                 progress(f"cluster: {len(nodes)} GPU node(s)")
             report.add(*node_checks)

@@ -5,6 +5,7 @@ comes from the site registry."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from installer.validate.report import CLUSTER, Check, Status
@@ -78,6 +79,34 @@ def node_checks(node_objs: dict[str, Any], names: list[str]) -> list[Check]:
                               "nvidia.com/gpu.deploy.device-plugin? driver and toolkit ready?), or with sharing.mode "
                               "gpumanager the gpu-manager pod (node labelled nvidia-device-enable=enable?)"))
     return out
+
+
+def wait_clusterpolicy(custom: Any, timeout: float, progress: Callable[[str], None] | None = None) -> None:
+    """Wait up to timeout seconds until every ClusterPolicy reports status.state ready (the operator deploys its
+    operands after helm's wait is over). Returns at once without a ClusterPolicy or its API (404); one still not
+    ready then is for operator_checks() to report."""
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        try:
+            listed: Any = custom.list_cluster_custom_object("nvidia.com", "v1", "clusterpolicies")
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        waiting = [f"{cp['metadata']['name']} ({(cp.get('status') or {}).get('state') or 'no state yet'})"
+                   for cp in listed["items"] if (cp.get("status") or {}).get("state") != "ready"]
+        if not waiting or time.monotonic() >= deadline:
+            if said and progress:
+                progress("cluster: ClusterPolicy " + (", ".join(waiting) + " still not ready" if waiting else "ready"))
+            return
+        if not said and progress:
+            progress(f"cluster: waiting up to {timeout:.0f}s for the operator to report ClusterPolicy "
+                     f"{', '.join(waiting)} ready")
+        said = True
+        time.sleep(2)
 
 
 def operator_checks(core: Any, custom: Any, namespace: str, registry_host: str,
