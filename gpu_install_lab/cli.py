@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+from typing import TYPE_CHECKING, Any
 
 from gpu_install_lab import DEFAULT_LAB_DIR, ENV_LAB_DIR
+
+if TYPE_CHECKING:
+    from gpu_install_lab.lab import Lab
 
 EXTRA_MODULES = ("cryptography", "bcrypt")  # what pyproject's [lab] extra brings
 
@@ -23,7 +27,7 @@ def _require_extra() -> None:
 _require_extra()
 
 
-def _lab(args: argparse.Namespace):
+def _lab(args: argparse.Namespace) -> Lab:
     from pathlib import Path
 
     from gpu_install_lab.lab import Lab
@@ -57,7 +61,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(st: dict) -> None:
+def _print_status(st: dict[str, Any]) -> None:
     if not st.get("up"):
         print(f"lab {st['lab_dir']}: not up")
         return
@@ -85,7 +89,7 @@ def _print_status(st: dict) -> None:
                   f"nodes={len(kube.get('nodes', {}))}  kubeconfig {kube.get('kubeconfig')}")
 
 
-def _kube_healthy(kube: dict) -> bool:
+def _kube_healthy(kube: dict[str, Any]) -> bool:
     parts = [*kube.get("components", {}).values(), *kube.get("nodes", {}).values()]
     return "error" not in kube and all(p.get("healthy") for p in parts)
 
@@ -139,7 +143,7 @@ def cmd_repo_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     default_dir = os.environ.get(ENV_LAB_DIR) or DEFAULT_LAB_DIR
     from installer.cli.common import debug_parent
 

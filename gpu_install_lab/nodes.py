@@ -8,6 +8,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,7 @@ def nspawn_argv(merged: Path, name: str, netns: str, extra: list[str] | None = N
     ]
 
 
-def wait_ssh(ip: str, timeout: float = 60, proc_alive=lambda: True) -> float:
+def wait_ssh(ip: str, timeout: float = 60, proc_alive: Callable[[], bool] = lambda: True) -> float:
     """Wait for the node's sshd banner on ip:22; returns seconds waited."""
     start = time.monotonic()
     last: Exception | None = None

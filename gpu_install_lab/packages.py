@@ -43,12 +43,17 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gpu_install_lab import rootfs
 from gpu_install_lab.sh import run
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.util import cache_dir
+
+Progress = Callable[[str], object]
+# what a stand-in rpm holds at a path: text, (text, mode), a file to copy, or ("symlink", target)
+FileSpec = str | Path | tuple[str, int] | tuple[str, str]
 
 RUNTIME_PACKAGES = ("containerd", "docker.io")
 # The Debian driver line the lab serves (bookworm-security/non-free; LAB.md). One pinned version.
@@ -95,7 +100,7 @@ def _package_name(spec: str) -> str:
     return spec.split("=", 1)[0]
 
 
-def _private_apt(components: tuple[str, ...], progress) -> list[str]:
+def _private_apt(components: tuple[str, ...], progress: Progress) -> list[str]:
     """apt options for a private sources list (the rootfs mirror and suite, these components) with its
     own lists directory under the cache, updated when older than a day. Leaves /etc/apt alone."""
     mirror = rootfs.mirror().rstrip("/")
@@ -118,7 +123,7 @@ def _private_apt(components: tuple[str, ...], progress) -> list[str]:
     return opts
 
 
-def closure(flavour: str = "debian12", packages: tuple[str, ...] = RUNTIME_PACKAGES, progress=print,
+def closure(flavour: str = "debian12", packages: tuple[str, ...] = RUNTIME_PACKAGES, progress: Progress = print,
             components: tuple[str, ...] = ("main",)) -> list[Path]:
     """The .debs a node of this flavour needs to `apt-get install` the packages (cached).
 
@@ -201,7 +206,7 @@ def standin_nvidia_container_runtime() -> Path:
         {"nvidia-container-runtime": _WRAPPER})
 
 
-def runtime_debs(progress=print) -> list[Path]:
+def runtime_debs(progress: Progress = print) -> list[Path]:
     """containerd + docker.io with their closure for debian12 nodes, and the runtime and toolkit stand-ins
     (apply with toolkit.mode host installs nvidia-container-toolkit before configuring the runtimes)."""
     return closure("debian12", RUNTIME_PACKAGES, progress=progress) + [standin_nvidia_container_runtime(),
@@ -209,7 +214,7 @@ def runtime_debs(progress=print) -> list[Path]:
                                                                        *standin_toolkit_siblings()[0]]
 
 
-def nvidia_debs(progress=print) -> list[Path]:
+def nvidia_debs(progress: Progress = print) -> list[Path]:
     """The real Debian NVIDIA driver packages (pinned NVIDIA_VERSION) with their closure for debian12 nodes,
     plus containerd (a node needs a container runtime to pass preflight). ~250 MB, cached."""
     return closure("debian12", NVIDIA_PACKAGES + ("containerd",), progress=progress, components=NVIDIA_COMPONENTS)
@@ -227,7 +232,7 @@ def standin_nvidia_container_toolkit() -> Path:
 
 
 def _standin_rpm(name: str, version: str, release: str, summary: str, description: str,
-                 files: dict[str, str | Path | tuple], *, epoch: int | None = None, requires: tuple[str, ...] = (),
+                 files: Mapping[str, FileSpec], *, epoch: int | None = None, requires: tuple[str, ...] = (),
                  provides: tuple[str, ...] = (), config: tuple[str, ...] = ()) -> Path:
     """Build a stand-in .rpm once with rpmbuild (cached by a hash of everything that goes into it).
 
@@ -262,14 +267,20 @@ def _standin_rpm(name: str, version: str, release: str, summary: str, descriptio
         for target, v in files.items():
             dest = root / target.lstrip("/")
             dest.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(v, tuple) and v[0] == "symlink":
-                os.symlink(v[1], dest)
-            elif isinstance(v, Path):
-                shutil.copy2(v, dest)
-            else:
-                text, mode = v if isinstance(v, tuple) else (v, 0o755 if "/bin/" in target else 0o644)
-                dest.write_text(text)
-                dest.chmod(mode)
+            match v:
+                case ("symlink", str(link)):
+                    os.symlink(link, dest)
+                case Path():
+                    shutil.copy2(v, dest)
+                case (str(text), int(mode)):
+                    dest.write_text(text)
+                    dest.chmod(mode)
+                case str(text):
+                    dest.write_text(text)
+                    dest.chmod(0o755 if "/bin/" in target else 0o644)
+                case _:
+                    raise TypeError(f"stand-in rpm {name}: {target}: {v!r} is not text, (text, mode), a Path or "
+                                    "('symlink', target)")
         (top / "standin.spec").write_text(spec)
         run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", str(top / "standin.spec")], timeout=300)
         built = next((top / "RPMS").glob("*/*.rpm"))
@@ -304,13 +315,13 @@ def standin_nvidia_container_toolkit_rpm() -> Path:
 STANDIN_CONTAINERD = "gpu-install-standin-containerd"
 
 
-def standin_containerd_rpm(progress=print) -> Path:
+def standin_containerd_rpm(progress: Progress = print) -> Path:
     """containerd + runc for the rhel9 stand-in: Debian's REAL containerd 1.6.20 and runc binaries (the debian12
     closure, cached), repackaged unmodified as one RPM named as a stand-in. The rhel9 flavour is a Debian userland,
     so Debian's binaries are its native ones; no containerd RPM is obtainable here. Provides containerd and runc."""
     debs = {d.name.split("_")[0]: d for d in closure("debian12", RUNTIME_PACKAGES, progress=progress)}
     staging = cache_dir() / "lab-rpms" / "containerd-src"
-    files: dict[str, str | Path | tuple] = {}
+    files: dict[str, FileSpec] = {}
     versions = {}
     for pkg in ("containerd", "runc"):
         deb = debs[pkg]
@@ -395,14 +406,14 @@ def standin_nvidia_driver_rpms(version: str = STANDIN_DRIVER_VERSION) -> list[Pa
             for name, what, files, req, prov in spec]
 
 
-def rhel_rpms(progress=print) -> list[Path]:
+def rhel_rpms(progress: Progress = print) -> list[Path]:
     """What the rhel9 stand-in's RPM repo serves for `apply` (toolkit and driver mode host): the containerd stand-in
     (preflight wants a runtime), the runtime and toolkit stand-ins, the driver stand-ins."""
     return [standin_containerd_rpm(progress), standin_nvidia_container_runtime_rpm(),
             standin_nvidia_container_toolkit_rpm(), *standin_toolkit_siblings()[1], *standin_nvidia_driver_rpms()]
 
 
-def driver_toolkit_debs(progress=print) -> list[Path]:
+def driver_toolkit_debs(progress: Progress = print) -> list[Path]:
     """What the driver/toolkit lab serves: the Debian NVIDIA driver closure (+ containerd), and the
     runtime + toolkit stand-ins."""
     return nvidia_debs(progress=progress) + [standin_nvidia_container_runtime(), standin_nvidia_container_toolkit(),
@@ -516,7 +527,7 @@ def _siblings(dv: str, version: str, release: str, ctk: str | None) -> tuple[lis
         _standin_deb("libnvidia-container1", dv, f"Description: STAND-IN libnvidia-container1\n{note}", {}),
     ]
 
-    def doc(name: str) -> dict[str, str | Path | tuple]:
+    def doc(name: str) -> dict[str, FileSpec]:
         return {f"/usr/share/doc/gpu-install-standin/{name}-{version}": (desc + "\n", 0o644)}
 
     rpms = [

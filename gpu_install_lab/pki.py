@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -20,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from installer.errors import EnvironmentProblem
 from installer.util import atomic_write
 
 LAB_CA = "gpu-install lab CA"
@@ -65,11 +67,16 @@ def ensure_ca(pki: Path, cn: str = LAB_CA) -> tuple[Path, Path]:
 
 
 def _issue(pki: Path, subject: x509.Name, usage: x509.ObjectIdentifier,
-           sans: list[x509.GeneralName] | None = None) -> tuple[str, str]:
+           sans: Sequence[x509.GeneralName] | None = None) -> tuple[str, str]:
     """A leaf certificate signed by pki's CA (made if missing): (certificate PEM, key PEM)."""
     ca_crt, ca_key_path = ensure_ca(pki)
     ca = x509.load_pem_x509_certificate(ca_crt.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
+    ca_public = ca.public_key()
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or not isinstance(ca_public, ec.EllipticCurvePublicKey):
+        raise EnvironmentProblem(f"the CA in {pki} does not hold an EC key pair (the lab makes P-256 keys): "
+                                 f"{type(ca_key).__name__} in {ca_key_path}, {type(ca_public).__name__} in {ca_crt}",
+                                 hint=f"remove {ca_crt} and {ca_key_path} to have a new CA made")
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     builder = (
@@ -86,8 +93,8 @@ def _issue(pki: Path, subject: x509.Name, usage: x509.ObjectIdentifier,
     cert = (
         builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public), critical=False)
+        .sign(ca_key, hashes.SHA256())
     )
     return cert.public_bytes(_PEM).decode(), _key_pem(key)
 

@@ -19,7 +19,7 @@ Record = dict[str, Any]
 
 # Popen objects of the processes spawn() started in this interpreter: reaped through them (their
 # return code kept, no ResourceWarning); other children of ours through waitpid.
-_CHILDREN: dict[int, subprocess.Popen] = {}
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def boot_id() -> str:
@@ -57,7 +57,7 @@ def same_process(rec: Record | None) -> bool:
     pid, start = rec.get("pid"), rec.get("start")
     if not pid or start is None or rec.get("boot") != boot_id():
         return False
-    return proc_start(int(pid)) == start
+    return bool(proc_start(int(pid)) == start)
 
 
 def reap(pid: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from gpu_install_lab import FLAVOURS
@@ -150,7 +151,7 @@ def _prune(flavour: str, keep: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def ensure_rootfs(flavour: str, progress=print) -> Path:
+def ensure_rootfs(flavour: str, progress: Callable[[str], object] = print) -> Path:
     """The cached rootfs of a flavour, built with mmdebstrap on first use (~45 s, needs the mirror)."""
     path = rootfs_path(flavour)
     if (path / "etc" / "os-release").exists():
@@ -167,7 +168,7 @@ def ensure_rootfs(flavour: str, progress=print) -> Path:
         return _build(flavour, path, progress)
 
 
-def _build(flavour: str, path: Path, progress) -> Path:
+def _build(flavour: str, path: Path, progress: Callable[[str], object]) -> Path:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

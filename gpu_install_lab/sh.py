@@ -56,7 +56,7 @@ def require_root_and_tools(names: Sequence[str] = tuple(BINARIES)) -> None:
 
 
 def run(
-    argv: Sequence[str],
+    argv: Sequence[str | os.PathLike[str]],
     *,
     check: bool = True,
     input: str | None = None,

@@ -15,6 +15,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from installer.catalog import Catalog
@@ -163,7 +164,8 @@ def lab_smoke_refs(registry_host: str) -> dict[str, list[str]]:
     return refs
 
 
-def push_lab_smoke_images(registry_host: str, ca: Path, progress=print) -> dict[str, list[str]]:
+def push_lab_smoke_images(registry_host: str, ca: Path, progress: Callable[[str], object] = print
+                          ) -> dict[str, list[str]]:
     """Build the smoke image once and push it to every lab_smoke_refs() reference (same blobs: after the first
     push each tag costs one manifest). Returns lab_smoke_refs()."""
     import time

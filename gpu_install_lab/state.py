@@ -55,15 +55,18 @@ class State:
 
     @property
     def settings(self) -> dict[str, Any]:
-        return self.data["settings"]
+        settings: dict[str, Any] = self.data["settings"]
+        return settings
 
     @property
     def nodes(self) -> dict[str, dict[str, Any]]:
-        return self.data["nodes"]
+        nodes: dict[str, dict[str, Any]] = self.data["nodes"]
+        return nodes
 
     @property
     def resources(self) -> list[dict[str, Any]]:
-        return self.data["resources"]
+        resources: list[dict[str, Any]] = self.data["resources"]
+        return resources
 
     def save(self) -> None:
         atomic_write(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n", mode=0o600)

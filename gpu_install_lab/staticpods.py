@@ -226,7 +226,7 @@ class Pod:
     manifest: Path
     digest: str
     plan: ContainerPlan | None
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     record: dict[str, Any] | None = None
     started: float = 0.0
     restarts: int = 0

@@ -125,7 +125,7 @@ def api_client(kubeconfig: Path) -> ApiClient:
     timeout = limits.api_timeout()
     try:
         cfg = type.__call__(Configuration)  # not the process-wide default (new_client_from_config does the same)
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     except (ConfigException, OSError, ValueError, TypeError, yaml.YAMLError) as exc:
         text = " ".join(str(exc).split())
         raise ConfigError(f"kubeconfig {kubeconfig}: {text[:500]}", hint="check the file (kubectl config view)") from None

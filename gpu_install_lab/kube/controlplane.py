@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ class ControlPlane(HollowNodes):
     def _etcd_healthy(self) -> bool:
         url = f"http://127.0.0.1:{self.state['ports']['etcd-client']}/health"
         with urllib.request.urlopen(url, timeout=3) as resp:
-            return json.loads(resp.read()).get("health") == "true"
+            return bool(json.loads(resp.read()).get("health") == "true")
 
     def _apiserver_ready(self) -> bool:
         code, _ = self._https_get(self.state["ports"]["kube-apiserver"], "/readyz", self._token("admin"))
@@ -327,7 +328,7 @@ class ControlPlane(HollowNodes):
         """{"components": {name: {running, pid, healthy}}, "nodes": {name: {...}}, "kubeconfig", "server"}"""
         procs = self.state.get("processes", {})
         out: dict[str, Any] = {"components": {}, "nodes": {}, "kubeconfig": None, "server": None}
-        checks = {
+        checks: dict[str, Callable[[], bool]] = {
             "etcd": self._etcd_healthy,
             "kube-apiserver": self._apiserver_ready,
             "kube-scheduler": lambda: self._healthz("kube-scheduler"),
@@ -368,7 +369,7 @@ class ControlPlane(HollowNodes):
             if api is not None:
                 try:
                     node = api.read_node(name)
-                    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+                    ready = any(c.type == "Ready" and c.status == "True" for c in (node.status and node.status.conditions) or [])
                 except Exception:  # noqa: BLE001
                     ready = False
             out["nodes"][name] = {"running": running, "pid": prec["pid"] if running else None, "healthy": ready,

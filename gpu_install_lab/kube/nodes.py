@@ -3,6 +3,7 @@ with GFD-style labels and GPU capacity (nvidia.com/gpu, nvidia.com/mig-*) on the
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -10,12 +11,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_install_lab import pki
 from gpu_install_lab.kube.state import PYTHONPATH, ControlPlaneState
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.util import atomic_write
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 FAKE_NODE_NET = ipaddress.ip_network("198.51.100.0/24")  # TEST-NET-2 (RFC 5737): never routed
 FAKE_NODE_FIRST = 10
@@ -143,7 +147,7 @@ class HollowNodes(ControlPlaneState):
     def _ip_out(self, *args: str) -> str:
         return subprocess.run(["ip", *args], capture_output=True, text=True).stdout
 
-    def _api(self):
+    def _api(self) -> client.CoreV1Api:
         from kubernetes import client, config
 
         return client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
@@ -222,16 +226,16 @@ class HollowNodes(ControlPlaneState):
         deadline = time.monotonic() + 120
         for name, node, labels, resources in specs:
             rec = self.state["nodes"][name]
-            self._wait(f"node {name} to register", lambda n=name: self._node_exists(api, n), max(5, deadline - time.monotonic()), f"node-{name}")
+            self._wait(f"node {name} to register", functools.partial(self._node_exists, api, name), max(5, deadline - time.monotonic()), f"node-{name}")
             annotations = {
                 "gpu-install.lab/node-ip": str(node.get("ip", "")),
                 "gpu-install.lab/hollow": "kubemark hollow kubelet: runs no containers; its IP is fake",
             }
             current = api.read_node(name)
             # re-registration with other GPUs: drop nvidia.com/* labels and resources no longer wanted
-            stale = {k: None for k in (current.metadata.labels or {}) if k.startswith("nvidia.com/") and k not in labels}
+            stale = {k: None for k in ((current.metadata and current.metadata.labels) or {}) if k.startswith("nvidia.com/") and k not in labels}
             api.patch_node(name, {"metadata": {"labels": {**labels, **stale}, "annotations": annotations}})
-            gone = [k for k in (current.status.capacity or {}) if k.startswith("nvidia.com/") and k not in resources]
+            gone = [k for k in ((current.status and current.status.capacity) or {}) if k.startswith("nvidia.com/") and k not in resources]
             if gone:
                 api.patch_node_status(name, {"status": {"capacity": {k: None for k in gone},
                                                         "allocatable": {k: None for k in gone}}})
@@ -239,32 +243,35 @@ class HollowNodes(ControlPlaneState):
         for name, _node, _labels, resources in specs:
             self._wait(
                 f"node {name} Ready with its GPU capacity",
-                lambda n=name, r=resources: self._node_ready(api, n, r),
+                functools.partial(self._node_ready, api, name, resources),
                 max(5, deadline - time.monotonic()),
                 f"node-{name}",
             )
         self.progress(f"kube: {len(specs)} node(s) Ready: {', '.join(s[0] for s in specs)}")
 
     @staticmethod
-    def _node_exists(api, name: str) -> bool:
+    def _node_exists(api: client.CoreV1Api, name: str) -> bool:
         api.read_node(name)
         return True
 
     @staticmethod
-    def _patch_capacity(api, name: str, resources: dict[str, str]) -> None:
+    def _patch_capacity(api: client.CoreV1Api, name: str, resources: dict[str, str]) -> None:
         if not resources:
             return
         body = {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}
         api.patch_node_status(name, body)
 
     @staticmethod
-    def _node_ready(api, name: str, resources: dict[str, str]) -> bool:
+    def _node_ready(api: client.CoreV1Api, name: str, resources: dict[str, str]) -> bool:
         node = api.read_node(name)
-        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-        alloc = node.status.allocatable or {}
+        status, spec = node.status, node.spec
+        if status is None or spec is None:  # not reported by the kubelet yet
+            return False
+        ready = any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+        alloc = status.allocatable or {}
         if any(str(alloc.get(k)) != v for k, v in resources.items()):
             # A kubelet restart zeroes extended resources it does not manage: put them back.
             HollowNodes._patch_capacity(api, name, resources)
             return False
-        taints = [t.key for t in node.spec.taints or []]
-        return ready and "node.kubernetes.io/not-ready" not in taints and not node.spec.unschedulable
+        taints = [t.key for t in spec.taints or []]
+        return ready and "node.kubernetes.io/not-ready" not in taints and not spec.unschedulable

@@ -37,7 +37,8 @@ def _port_free(port: int) -> bool:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 
@@ -140,7 +141,8 @@ class ControlPlaneState:
 
     # ---------------------------------------------------------------- credentials
     def _token(self, user: str) -> str:
-        return self.state["tokens"][user]
+        token: str = self.state["tokens"][user]
+        return token
 
     def _write_kubeconfig(self, path: Path, server: str, user: str, token: str | None = None,
                           cert: str | None = None, key: str | None = None) -> None:
