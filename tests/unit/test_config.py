@@ -131,7 +131,11 @@ def test_the_sample_is_package_data_the_wheel_carries(cli):
 
 
 def test_config_check_command(cli, write_site, site_data):
-    rc, out, _ = cli("config", "check", "-s", write_site(site_data))
+    # a pull Secret name alone renders, but apply cannot create the Secret from it: config check says so as apply does
+    rc, out, err = cli("config", "check", "-s", write_site(site_data))
+    assert rc == 2 and out == "" and "registry.pullSecret gpu-registry: no credentials to create it from" in err
+    site_data["registry"]["pullSecret"].update(usernameEnv="REG_USER", passwordEnv="REG_PASSWORD")
+    rc, out, _ = cli("config", "check", "-s", write_site(site_data))  # the variables are read where apply runs
     assert rc == 0 and "v24.9.2" in out
 
 
