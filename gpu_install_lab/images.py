@@ -25,6 +25,7 @@ import json
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpu_install_lab.sh import run
@@ -47,7 +48,7 @@ def busybox_binary() -> bytes:
 
 
 def write_layout(out: Path, tag: str, entrypoint: list[str], cmd: list[str] | None = None,
-                 busybox: bytes | None = None, scripts: dict[str, str | bytes] | None = None) -> None:
+                 busybox: bytes | None = None, scripts: Mapping[str, str | bytes] | None = None) -> None:
     """An OCI image layout at out with one image (tag): busybox at /bin/busybox, /bin/sh and /bin/sleep links;
     scripts: more executables, {"bin/<name>": text or a binary}."""
     busybox = busybox if busybox is not None else busybox_binary()

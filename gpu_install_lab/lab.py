@@ -3,6 +3,7 @@ the directory layout and docs/lab.md for the design and its limits."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_install_lab import FLAVOURS, inventory, net, nodes, pki, proc, registry, repo, rootfs
 from gpu_install_lab.proc import alive
@@ -19,6 +20,9 @@ from gpu_install_lab.sh import require_root_and_tools
 from gpu_install_lab.state import State, locked, teardown_order
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.util import atomic_write
+
+if TYPE_CHECKING:
+    from gpu_install_lab.kube import ControlPlane
 
 KUBELETS = ("hollow", "real")
 TOP_DIRS = ("pki", "ssh", "registry", "repo", "nodes", "tools", "inventory")
@@ -68,7 +72,7 @@ class Lab:
     def state(self) -> State:
         return State(self.state_path)
 
-    def _control_plane(self):
+    def _control_plane(self) -> ControlPlane:
         try:
             from gpu_install_lab.kube import ControlPlane
         except ModuleNotFoundError as exc:
@@ -361,7 +365,7 @@ class Lab:
                              for name, n in st.nodes.items()))
         for node in booting:
             rec = st.find("process", f"node:{node['name']}")
-            waited = nodes.wait_ssh(node["ip"], timeout=120, proc_alive=lambda r=rec: alive(r))
+            waited = nodes.wait_ssh(node["ip"], timeout=120, proc_alive=functools.partial(alive, rec))
             self.say(f"{node['name']}: sshd answering (+{waited:.1f}s)")
 
     # ------------------------------------------------------------ down
@@ -501,6 +505,8 @@ class Lab:
 
             api = client.CoreV1Api(config.new_client_from_config(str(self.dir / "kube" / "kubeconfig")))
             for node in api.list_node(_request_timeout=5).items:
+                if node.metadata is None or node.metadata.name is None or node.status is None:
+                    continue  # not a registered node (yet)
                 ready[node.metadata.name] = any(c.type == "Ready" and c.status == "True"
                                                 for c in node.status.conditions or [])
                 alloc = node.status.allocatable or {}
