@@ -94,21 +94,6 @@ def test_module_source_runs_on_python_27_and_36(path: Path) -> None:
     assert py27_problems(path.read_text(encoding="utf-8"), str(path)) == []
 
 
-def test_module_source_has_type_comments() -> None:
-    """mypy checks these files through their type comments: every function has one."""
-    untyped = []
-    for path in SOURCES:
-        source = path.read_text(encoding="utf-8")
-        lines = source.splitlines()
-        for node in ast.walk(ast.parse(source, str(path))):
-            if isinstance(node, ast.FunctionDef):
-                body_line = lines[node.body[0].lineno - 1].strip() if node.body else ""
-                comment = [ln.strip() for ln in lines[node.lineno - 1:node.body[0].lineno - 1]]
-                if not any(c.startswith("# type:") for c in comment + [body_line]):
-                    untyped.append(f"{path.name}:{node.lineno} {node.name}")
-    assert untyped == []
-
-
 @pytest.mark.parametrize("source, problem", [
     ("def f(x: int):\n    pass\n", "annotation on argument x"),
     ("def f(x) -> int:\n    return x\n", "return annotation on f()"),
