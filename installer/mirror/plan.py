@@ -329,7 +329,7 @@ def _image_needs(plan: Plan, comp: ResolvedComponent, img: Image) -> list[Need]:
         hosts = [n for n in plan.nodes if n.os_id and n.os_version and tag.endswith("-" + n.os_tag(plan.release.version))
                  and (site.driver.mode != "precompiled" or name != "driver" or any(f"-{k}-" in tag for k in n.kernels))]
         out.append(Need(name, _node_setting(plan, hosts, precompiled=site.driver.mode == "precompiled"
-                                            and name == "driver")))
+                                            and name == "driver", tag=tag)))
     return out
 
 
@@ -344,16 +344,19 @@ def _has(tree: Mapping[str, Any], path: str) -> bool:
     return True
 
 
-def _node_setting(plan: Plan, nodes: Sequence[Node], precompiled: bool = False) -> str:
-    what = "gpu_install_os" + (" + gpu_install_kernel" if precompiled else "")
+def _node_setting(plan: Plan, nodes: Sequence[Node], precompiled: bool = False, tag: str = "") -> str:
+    """The nodes (and, precompiled, the kernels: running, or booted next with --kernel) an image tag is for."""
+    running = any(n.kernel and f"-{n.kernel}-" in tag for n in nodes)
+    what = "gpu_install_os" + (" + gpu_install_kernel" if precompiled and running else "")
     if plan.inventory is None:
         tags = sorted({f"{n.os_id}{n.os_version}" for n in nodes})
-        kernels = sorted({k for n in nodes for k in n.kernels}) if precompiled else []
+        kernels = sorted({k for n in nodes for k in n.kernels if f"-{k}-" in tag}) if precompiled else []
         return " ".join([*(f"--os {t}" for t in tags), *(f"--kernel {k}" for k in kernels)])
     names = sorted(n.name for n in nodes)
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    nxt = sorted({k for n in nodes for k in n.next_kernels}) if precompiled else []
-    return f"{what} of host{'s' if len(names) != 1 else ''} {shown}" + "".join(f"; --kernel {k}" for k in nxt)
+    nxt = sorted({k for n in nodes for k in n.next_kernels if f"-{k}-" in tag}) if precompiled else []
+    return f"{what} of host{'s' if len(names) != 1 else ''} {shown}" + "".join(
+        f"; --kernel {k} (the kernel they boot next)" for k in nxt)
 
 
 def _os_need(plan: Plan, role: str, os_tag: str) -> Need:

@@ -123,6 +123,15 @@ def test_images_with_the_inventory_carry_the_next_kernels_precompiled_image(cli)
     rc, out, err = cli(*base, "--kernel", UBUNTU_NEXT)
     assert rc == 2 and out == ""
     assert f"--kernel {UBUNTU_NEXT}: the inventory's GPU nodes run 2 OSes (rhel8.10, ubuntu22.04)" in err
+    # the mirror plan says which nodes each precompiled image is for, and why
+    why = ("mirror", "plan", *base[1:], "--kernel", f"ubuntu22.04={UBUNTU_NEXT}", "--format", "json", "--why")
+    rc, out, err = cli(*why, f"nvcr.io/nvidia/driver:550-{UBUNTU_NEXT}-ubuntu22.04")
+    assert rc == 0, err
+    assert json.loads(out)["artifacts"][0]["needs"][-1]["setting"] == (
+        f"gpu_install_os of hosts gpu1.example.com, gpu2.example.com; --kernel {UBUNTU_NEXT} (the kernel they boot next)")
+    rc, out, err = cli(*why, "nvcr.io/nvidia/driver:550-5.15.0-105-generic-ubuntu22.04")
+    assert json.loads(out)["artifacts"][0]["needs"][-1]["setting"] == \
+        "gpu_install_os + gpu_install_kernel of hosts gpu1.example.com, gpu2.example.com"
 
 
 def test_the_mirror_plan_says_which_node_needs_which_headers(cli, write_site, tmp_path):
