@@ -135,13 +135,13 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
 
     core = k.CoreV1Api(client)
     try:
+        if operator_wait > 0 and "cluster" in layers:  # before the nodes are read: the operator labels them too
+            cluster.wait_clusterpolicy(k.CustomObjectsApi(client), operator_wait, progress)
         objs = {n.metadata.name: n for n in kube._call("list the nodes", lambda: core.list_node().items)}
         node_checks = cluster.node_checks(objs, nodes)
         ns = plan.site.operator.namespace
         secret = plan.pull_secret.name if plan.pull_secret else None
         if "cluster" in layers:
-            if operator_wait > 0:
-                cluster.wait_clusterpolicy(k.CustomObjectsApi(client), operator_wait, progress)
             if progress:
                 progress(f"cluster: {len(nodes)} GPU node(s)")
             report.add(*node_checks)
