@@ -114,6 +114,13 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed):
     assert link.resolve() == Path(where["root"]) and (link / "roles" / "nvidia_driver").is_dir()
 
 
+def test_config_sample_comes_from_the_wheels_package_data(installed):
+    """installer/data/sample-site.yaml is package data: `config sample` prints it from the installed wheel."""
+    out = gi(installed, "config", "sample").stdout
+    assert out == (ROOT / "installer" / "data" / "sample-site.yaml").read_text()
+    assert yaml.safe_load(out)["operator"]["version"]
+
+
 def test_the_bundle_signature_works_from_the_wheel(installed, tmp_path):
     """The signing dependencies come with the wheel: a lock signed with a key made by the installed package verifies
     against the exported public key, and `mirror push` of that bundle without a pinned key is refused (exit 2)."""
