@@ -15,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 
 from installer import content
 from installer.errors import ConfigError
+from installer.safefile import shipped_yaml
 
 ENV_CATALOG = "GPU_INSTALL_CATALOG"
 
@@ -348,10 +349,8 @@ def _catalog(root: Path) -> Catalog:
 
 @cache
 def _load_release(root: Path, tag: str) -> Release:
-    import yaml
-
     path = root / f"{tag}.yaml"
-    doc = yaml.safe_load(path.read_text())
+    doc = shipped_yaml(path.read_text())
     comps = {}
     for name, c in doc["components"].items():
         comps[name] = Component(

@@ -27,6 +27,7 @@ from installer.catalog import Release
 from installer.config import Site
 from installer.errors import ConfigError
 from installer.facts import NODE_NAME_VAR
+from installer.safefile import shipped_yaml
 
 if TYPE_CHECKING:
     from installer.plan import Plan
@@ -68,9 +69,7 @@ class Model:
 
 @lru_cache(maxsize=1)
 def models(path: Path | None = None) -> tuple[Model, ...]:
-    import yaml
-
-    doc = yaml.safe_load((path or content.mig_models_file()).read_text())
+    doc = shipped_yaml((path or content.mig_models_file()).read_text())
     return tuple(Model(m["model"], tuple(re.compile(p, re.I) for p in m["products"]), frozenset(m["configs"]),
                        m.get("allBalancedFrom"), tuple(sorted((m.get("profiles") or {}).items())),
                        frozenset(str(d).lower() for d in m.get("deviceIds") or [])) for m in doc["models"])
@@ -209,9 +208,7 @@ def parse_lgip(text: str, source: str = "nvidia-smi mig -lgip") -> tuple[GpuInst
 def driver_tables(path: Path | None = None) -> dict[str, tuple[GpuInstanceProfile, ...]]:
     """model name (values/mig/models.yaml) -> the driver's own GPU instance profile table recorded on a real GPU of
     that model (values/mig/lgip.yaml)."""
-    import yaml
-
-    doc = yaml.safe_load((path or content.mig_models_file().with_name("lgip.yaml")).read_text())
+    doc = shipped_yaml((path or content.mig_models_file().with_name("lgip.yaml")).read_text())
     return {str(t["model"]): parse_lgip(str(t["table"]), f"values/mig/lgip.yaml ({t['model']})")
             for t in doc["tables"]}
 

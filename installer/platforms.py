@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.errors import ConfigError, PreflightError
+from installer.safefile import shipped_yaml
 
 PLATFORMS_FILE = "platforms.yaml"
 
@@ -102,9 +103,7 @@ class Series:
 
 @cache
 def _load(path: Path) -> dict[str, Series]:
-    import yaml
-
-    doc = yaml.safe_load(path.read_text()) or {}
+    doc = shipped_yaml(path.read_text()) or {}
     out = {}
     for name, entry in (doc.get("series") or {}).items():
         k = entry.get("kubernetes") or {}

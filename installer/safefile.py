@@ -42,6 +42,15 @@ def read_text(path: Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> s
         raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start})", hint="save it as UTF-8") from None
 
 
+def shipped_yaml(text: str) -> Any:
+    """YAML the package ships (the release catalog, MIG models, platforms, alert rules): yaml.safe_load's semantics,
+    with libyaml's parser when PyYAML was built with it (a catalog release file is most of a cold `render`'s parse
+    time). What a user, bundle or node gives goes through parse_yaml (duplicate keys refused, errors with a line)."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def read_yaml(path: Path, what: str = "file") -> Any:
     return parse_yaml(read_text(path, what), str(path))
 

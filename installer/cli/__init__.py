@@ -36,7 +36,10 @@ def register_plugins(sub: Any) -> None:
         register(sub)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser. Given the command line, the entry-point groups are looked up only when its command is not
+    one of the product's own (importlib.metadata's scan of every installed distribution is a tenth of a cold
+    `render`)."""
     parser = argparse.ArgumentParser(
         prog="gpu-install",
         description="Take the NVIDIA GPU nodes of a Kubernetes cluster from bare metal to validated.",
@@ -48,12 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for mod in GROUPS:
         mod.register(sub)
-    register_plugins(sub)
+    command = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    if command is None or command not in sub.choices:
+        register_plugins(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
