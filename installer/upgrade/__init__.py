@@ -1,0 +1,1 @@
+"""gpu-install upgrade: plan (read-only) and apply, node by node (docs/upgrade.md)."""
