@@ -270,6 +270,24 @@ def release_state(release_name: str, namespace: str, kubeconfig: Path | None) ->
     return _run(run(), f"helm status {release_name}", "check the kubeconfig and the API server")
 
 
+def release_values(release_name: str, namespace: str,
+                   kubeconfig: Path | None) -> tuple[ReleaseState, dict[str, Any]] | None:
+    """Read-only: the current revision of a release and the values it was installed with (`helm get values`: the
+    user-supplied ones, not the chart's defaults), or None when there is no release."""
+    from pyhelm3 import errors as herr
+
+    async def run() -> tuple[ReleaseState, dict[str, Any]] | None:
+        c = client(kubeconfig)
+        try:
+            rev = await c.get_current_revision(release_name, namespace=namespace)
+        except herr.ReleaseNotFoundError:
+            return None
+        values = await rev.values()
+        return await _state(rev), dict(values) if isinstance(values, dict) else {}
+
+    return _run(run(), f"helm get values {release_name}", "check the kubeconfig and the API server")
+
+
 def uninstall(release_name: str, namespace: str, kubeconfig: Path | None, timeout: float = 300) -> bool:
     """`helm uninstall --wait`; True when there was a release to remove."""
     async def run() -> bool:

@@ -33,6 +33,7 @@ APPLY = "gpu-install.apply/v1"
 OPERATOR_STATUS = "gpu-install.operator-status/v1"
 CATALOG_SHOW = "gpu-install.catalog-show/v1"
 CATALOG_DIFF = "gpu-install.catalog-diff/v1"
+UPGRADE_PLAN = "gpu-install.upgrade-plan/v1"
 REDACTED = "***"
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
@@ -255,12 +256,81 @@ class CatalogDiffDoc(_Envelope):
     driverOs: DriverOsChange | None
 
 
+@with_config(_STRICT)
+class UpgradeRelease(TypedDict):
+    name: str
+    namespace: str
+    revision: int
+    chart: str
+    status: str | None
+
+
+@with_config(_STRICT)
+class UpgradeComponent(TypedDict):
+    component: str
+    current: str | None
+    target: str | None
+
+
+@with_config(_STRICT)
+class UpgradeBlocker(TypedDict):
+    where: str
+    what: str
+    fix: str
+
+
+@with_config(_STRICT)
+class UpgradeNode(TypedDict):
+    name: str
+    action: Literal["none", "operand-restart", "driver-reload", "host-reboot"]
+    evicts: list[str]
+    blockers: list[UpgradeBlocker]
+    cordoned: bool
+    ready: bool
+    present: bool
+    upgradeState: str | None
+
+
+@with_config(_STRICT)
+class UpgradeBatch(TypedDict):
+    index: int
+    nodes: list[str]
+    canary: bool
+
+
+@with_config(_STRICT)
+class UpgradeRollback(TypedDict):
+    can: list[str]
+    cannot: list[str]
+
+
+@with_config(_STRICT)
+class UpgradePlanDoc(_Envelope):
+    kubernetesVersion: str | None
+    release: UpgradeRelease | None
+    targetVersion: str | None
+    components: list[UpgradeComponent]
+    valuesDiff: list[str]
+    crdChanges: list[str]
+    findings: list[str]
+    nodes: list[UpgradeNode]
+    batches: list[UpgradeBatch]
+    maxParallel: int
+    maxUnavailable: str
+    blockers: list[UpgradeBlocker]
+    rollback: UpgradeRollback | None
+    nothingToDo: bool
+    planHash: str | None
+    applyCommand: str | None
+
+
 SHAPES: dict[str, Any] = {
     PREFLIGHT: PreflightDoc,
     APPLY: ApplyDoc,
     OPERATOR_STATUS: OperatorStatusDoc,
     CATALOG_SHOW: CatalogShowDoc,
     CATALOG_DIFF: CatalogDiffDoc,
+    UPGRADE_PLAN: UpgradePlanDoc,
 }
 
 

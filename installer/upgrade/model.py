@@ -68,6 +68,7 @@ class NodePlan:
     cordoned: bool  # cordoned before the upgrade (stays cordoned, counts as unavailable)
     ready: bool
     upgrade_state: str | None  # nvidia.com/gpu-driver-upgrade-state label, if any
+    present: bool = True  # False: the inventory names a node the cluster does not have
 
 
 @dataclass(frozen=True)
