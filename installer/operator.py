@@ -223,6 +223,8 @@ class PlanReport:
     release: str
     plan: helm.ReleasePlan
     crds: list[tuple[str, str]] = field(default_factory=list)  # dry-run server-side apply: (name, action)
+    #: deployed values → rendered values, three-way (installer.upgrade.release.values_diff; secrets redacted)
+    values_diff: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -240,7 +242,9 @@ class PlanReport:
             out.append(f"release {self.release}: would install chart {p.chart}")
         elif p.action == "upgrade":
             out.append(f"release {self.release}: would upgrade revision {cur.revision} ({cur.chart}, {cur.status}) "
-                       f"to chart {p.chart} with the rendered values")
+                       f"to chart {p.chart} with the rendered values"
+                       + (f"; values deployed → rendered ({len(self.values_diff)}):" if self.values_diff else ""))
+            out.extend(f"  {line}" for line in self.values_diff)
         else:
             out.append(f"release {self.release}: unchanged at revision {cur.revision} ({cur.status}; same chart and values)")
         return out
@@ -255,7 +259,31 @@ def preview(plan: Plan, prepared: Prepared) -> PlanReport:
     exists = bool(ps and phase and kube.secret_info(client, ns, ps.name))
     rp = helm.plan_release(prepared.chart, site.operator.releaseName, ns, prepared.values, prepared.kubeconfig)
     crds = kube.apply_crds(client, chart_crds(plan, prepared.chart), dry_run=True)
-    return PlanReport(ns, phase, ps.name if ps else None, exists, site.operator.releaseName, rp, crds)
+    return PlanReport(ns, phase, ps.name if ps else None, exists, site.operator.releaseName, rp, crds,
+                      deployed_values_diff(plan, prepared) if rp.action == "upgrade" else [])
+
+
+def deployed_values_diff(plan: Plan, prepared: Prepared) -> list[str]:
+    """The values the release was deployed with → the rendered ones, three-way (what the site changes, what the
+    release's defaults change; installer.upgrade.release.values_diff), credentials redacted. Read-only."""
+    from installer.catalog import Catalog
+    from installer.errors import ConfigError
+    from installer.jsonout import secret_values
+    from installer.upgrade import release as up
+
+    site = plan.site
+    found = helm.release_values(site.operator.releaseName, site.operator.namespace, prepared.kubeconfig)
+    if found is None:
+        return []
+    state, deployed = found
+    cur = None
+    version = state.chart.rpartition("-")[2]
+    try:
+        cur = Catalog(plan.release.catalog_dir).get(version, "deployed chart")
+    except ConfigError:
+        pass  # a chart outside the catalog: the diff still shows every change, marked by the defaults rule
+    baseline = up.baseline_values(plan, cur) if cur else None
+    return up.values_diff(cur, deployed, plan.release, prepared.values, secret_values(plan), baseline)
 
 
 @dataclass

@@ -312,7 +312,7 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
                    chart: str | None = None, catalog: Catalog | None = None,
                    allow_skip: bool = False) -> ReleaseReport:
     """The release side of the upgrade plan (see the module's docstring). chart: the target chart (default: what
-    apply installs, chart_ref()); without one, the rendered objects and CRDs are not checked, which a finding says.
+    apply installs, chart_ref(); "" for none); without one, the rendered objects and CRDs are not checked, which a finding says.
     client: an ApiClient to list the custom resources with (None offline: their fields are not checked).
     allow_skip: a hop over major releases is a finding, not a blocker."""
     from installer.jsonout import secret_values
@@ -340,7 +340,7 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
     baseline = baseline_values(plan, cur_rel) if cur_rel else None
     vdiff = values_diff(cur_rel, current.values if current else {}, tgt, plan.values, secret_values(plan), baseline)
     crd_changes: list[str] = []
-    ref = chart or chart_ref(plan)
+    ref = chart_ref(plan) if chart is None else chart or None  # "": no chart, on purpose
     if ref is None:
         findings.append("no chart (operator.chart, GPU_INSTALL_CHART or --chart): the target's rendered objects and "
                         "CRDs are not checked")
@@ -348,7 +348,7 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
         from installer import helm
 
         site = plan.site
-        objects = helm.template(ref, plan.values, site.operator.releaseName, site.operator.namespace)
+        objects = render(ref, plan.values, site.operator.releaseName, site.operator.namespace, kube_version)
         b, f = schema_blockers(objects, kube_version)
         blockers += b
         findings += f
@@ -374,6 +374,31 @@ def _norm(tag: str) -> str:
 # ---------------------------------------------------------------- rendered objects vs the Kubernetes API
 
 
+def render(chart: str, values: Mapping[str, Any], release: str, namespace: str,
+           kube_version: str) -> list[dict[str, Any]]:
+    """`helm template --kube-version` of the target chart: the objects as the cluster's helm would render them (the
+    GPU Operator's templates test .Capabilities.KubeVersion, e.g. its PodSecurityPolicy below 1.25)."""
+    import json
+
+    import yaml
+    from pyhelm3.command import Command
+
+    from installer import helm
+    from installer.tools import ensure_helm
+
+    kmaj, kmin = _minor(kube_version)
+
+    async def run() -> list[dict[str, Any]]:
+        cmd = Command(executable=str(ensure_helm()))
+        ref, version = helm.oci_version(chart)
+        raw = await cmd.run(["template", release, ref, *(["--version", version] if version else []),
+                             "--kube-version", f"v{kmaj}.{kmin}.0", "--namespace", namespace, "--values", "-"],
+                            json.dumps(values).encode())
+        return [d for d in yaml.safe_load_all(raw.decode()) if isinstance(d, dict)]
+
+    return helm._run(run(), f"helm template {chart}", "check the chart reference and the rendered values")
+
+
 #: fields newer than the oldest schema kubernetes-validate ships (1.25): checked by rule below it
 #: (Probe.grpc: alpha in 1.23 with the gate off, beta and on by default in 1.24 -- values/catalog/platforms.yaml)
 GRPC_PROBE_MIN = (1, 24)
@@ -395,6 +420,10 @@ def schema_version(kube_version: str) -> tuple[str | None, str]:
     want = _minor(kube_version)
     shipped = sorted({tuple(int(x) for x in v.split(".")[:2]) for v in utils.all_versions()})
     below = [v for v in shipped if v <= want]
+    if want > shipped[-1]:
+        v = shipped[-1]
+        return f"{v[0]}.{v[1]}.0", (f"Kubernetes {v[0]}.{v[1]} API schemas (the newest shipped; the cluster's "
+                                    f"{want[0]}.{want[1]} is newer)")
     if below:
         v = below[-1]
         note = "" if v == want else f" (the newest schema set shipped at or below {want[0]}.{want[1]})"
@@ -447,6 +476,7 @@ def schema_blockers(objects: Iterable[Mapping[str, Any]], kube_version: str) -> 
     objs = [o for o in objects if isinstance(o, Mapping) and o.get("apiVersion") and o.get("kind")]
     checked = 0
     blockers: list[Blocker] = []
+    unknown: list[str] = []
     for obj in objs:
         api = str(obj["apiVersion"])
         if not _builtin(api):
@@ -461,6 +491,9 @@ def schema_blockers(objects: Iterable[Mapping[str, Any]], kube_version: str) -> 
         try:
             kv.validate(dict(obj), version or "1.25.0", strict=True)
         except kv.SchemaNotFoundError:
+            if version is None:  # older than every shipped schema set: what 1.25 lacks may well be served here
+                unknown.append(f"{api} {obj['kind']}")
+                continue
             blockers.append(Blocker(CLUSTER, f"{what}: {api} {obj['kind']} is not served by Kubernetes "
                                              f"{want[0]}.{want[1]}",
                                     "a target release that does not render it (or a values setting that turns it "
@@ -471,10 +504,10 @@ def schema_blockers(objects: Iterable[Mapping[str, Any]], kube_version: str) -> 
                                              f"{want[0]}.{want[1]} API schema)",
                                     "a target release or values that render a field this Kubernetes knows, or "
                                     "upgrade the cluster"))
-        except kv.utils.VersionNotSupportedError:
-            return blockers, [f"rendered objects not checked: Kubernetes {want[0]}.{want[1]} is newer than the "
-                              "schemas kubernetes-validate ships"]
-    return blockers, [f"{checked} rendered objects checked against the {note}"]
+    findings = [f"{checked - len(unknown)} rendered objects checked against the {note}"]
+    if unknown:
+        findings.append(f"not checked (no schema below Kubernetes 1.25): {', '.join(sorted(set(unknown)))}")
+    return blockers, findings
 
 
 # ---------------------------------------------------------------- CRDs
@@ -530,7 +563,7 @@ def crd_diff(old: Mapping[str, Mapping[str, Any]], new: Iterable[Mapping[str, An
         if sa != sb:
             out.append(f"~ CRD {name}: storage version {sa} -> {sb}")
         fa, fb = schema_fields(_schema(a, sa)), schema_fields(_schema(b, sb))
-        added, removed = sorted(fb - fa), sorted(fa - fb)
+        added, removed = _tops(fb - fa), _tops(fa - fb)
         if added:
             out.append(f"~ CRD {name}: {len(added)} schema field{'s' if len(added) != 1 else ''} added "
                        f"({_few(added)})")
@@ -540,6 +573,12 @@ def crd_diff(old: Mapping[str, Mapping[str, Any]], new: Iterable[Mapping[str, An
         if not (set(va) ^ set(vb)) and sa == sb and not added and not removed:
             out.append(f"= CRD {name}: schema unchanged")
     return out
+
+
+def _tops(paths: Iterable[str]) -> list[str]:
+    """The paths not below another one of them (a removed object, not each of its fields)."""
+    ps = set(paths)
+    return sorted(p for p in ps if not any(p.startswith(q + ".") or p.startswith(q + "[") for q in ps if q != p))
 
 
 def _few(paths: list[str], n: int = 6) -> str:
@@ -596,8 +635,7 @@ def pruned_fields(new: Iterable[Mapping[str, Any]], objects: Mapping[str, list[M
         if schema is None:
             continue
         for it in items:
-            lost = sorted(p for p in used_fields({"spec": it.get("spec") or {}}) if not _kept(schema, p))
-            top = [p for p in lost if not any(p.startswith(q + ".") or p.startswith(q + "[") for q in lost if q != p)]
+            top = _tops(p for p in used_fields({"spec": it.get("spec") or {}}) if not _kept(schema, p))
             if top:
                 out.append(Blocker(CLUSTER, f"{_what(it)}: the target CRD {name} drops field"
                                             f"{'s' if len(top) > 1 else ''} {_few(top)} that it sets (the API "
