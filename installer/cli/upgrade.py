@@ -110,7 +110,7 @@ def register(sub: Any) -> None:
                         "instead of stdout")
     q.add_argument("--max-parallel", type=_positive, default=1, metavar="N",
                    help="nodes whose driver is reloaded at a time (default 1)")
-    q.add_argument("--max-unavailable", type=_max_unavailable, default="25%", metavar="N|N%",
+    q.add_argument("--max-unavailable", type=_max_unavailable, default="25%", metavar="N[%]",
                    help="GPU nodes unavailable at once, those already cordoned or NotReady included (default 25%%, "
                         "like the operator's driver.upgradePolicy.maxUnavailable)")
     quiet_arg(q, "no summary line on stderr")
