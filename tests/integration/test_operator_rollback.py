@@ -12,6 +12,7 @@ hollow nodes (test_operator_crds.py).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -99,3 +100,113 @@ def test_rollback_to_the_previous_release_and_chart(env):
 
     proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")
     assert proc.returncode == 0 and "unchanged at revision 3" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- `gpu-install upgrade plan` on the same release
+
+
+def upgrade_plan(env, inventory: Path, version: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`upgrade plan` with the site at `version` (and its chart), against the lab."""
+    write_site(env, version, chart(version))
+    return subprocess.run([str(GPU_INSTALL), "upgrade", "plan", "-s", str(env["site"]), "-i", str(inventory),
+                           "--kubeconfig", env["kubeconfig"], *extra], capture_output=True, text=True, timeout=300)
+
+
+def cordon(env, node: str, on: bool) -> None:
+    from kubernetes import client
+
+    client.CoreV1Api(api(env)).patch_node(node, {"spec": {"unschedulable": True if on else None}})
+
+
+def test_upgrade_plan_from_the_deployed_release_then_nothing_to_do(env, lab_kubernetes, tmp_path):
+    """The real v22.9.2 release, planned to v23.9.2 (--to, --chart): the component table, the hop policy's blocker
+    (v23.3 and v23.6 are skipped majors), every lab node reloading its driver, the node an admin cordoned named as a
+    blocker with its fix; after the upgrade a second plan says there is nothing to do (exit 0), the cordoned node
+    still shown as such. Each plan is timed (target: 10 s on the lab)."""
+    import time
+
+    inventory = lab_kubernetes.inventory
+    proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")  # deployed whatever ran before
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cordon(env, "node2", True)
+    try:
+        t0 = time.monotonic()
+        proc = upgrade_plan(env, inventory, "v22.9.2", "--to", "v23.9.2", "--chart", str(chart("v23.9.2")),
+                            "-o", str(tmp_path / "plan.json"))
+        seconds = time.monotonic() - t0
+        print(f"upgrade plan v22.9.2 -> v23.9.2 on the lab: {seconds:.2f} s")
+        out = proc.stdout
+        assert proc.returncode == 3, out + proc.stderr
+        assert "GPU Operator release gpu-operator (namespace gpu-op-rollback)" in out, out
+        assert re.search(r"(?m)^\s*COMPONENT\s+CURRENT\s+TARGET$", out), out
+        assert re.search(r"(?m)^\s*chart\s+gpu-operator-v22\.9\.2\s+gpu-operator-v23\.9\.2$", out), out
+        assert re.search(r"(?m)^\s*node1\s+driver-reload\s", out), out
+        assert re.search(r"(?m)^\s*node2 \(cordoned\)\s+driver-reload\s", out), out
+        assert "skips the major releases v23.3, v23.6" in out, out
+        assert "node2: the node was cordoned before the upgrade" in out and "kubectl uncordon node2" in out, out
+        assert "Rollback (helm revision" in out and "CRDs: never downgraded" in out, out
+        doc = json.loads((tmp_path / "plan.json").read_text())
+        assert doc["schema"] == "gpu-install.upgrade-plan/v1" and doc["exitCode"] == 3
+        assert doc["release"]["chart"] == "v22.9.2" and doc["targetVersion"] == "v23.9.2"
+        assert {n["name"]: n["cordoned"] for n in doc["nodes"]} == {"node1": False, "node2": True}
+        assert doc["planHash"].startswith("sha256:") and doc["planHash"] in out
+        assert seconds < 30, f"upgrade plan took {seconds:.1f} s"
+
+        proc = run(env, "v23.9.2", "install", "--no-wait", "--timeout", "120")
+        assert proc.returncode == 0 and "deployed" in proc.stdout, proc.stdout + proc.stderr
+        t0 = time.monotonic()
+        proc = upgrade_plan(env, inventory, "v23.9.2", "--format", "json")
+        seconds = time.monotonic() - t0
+        print(f"upgrade plan v23.9.2 -> v23.9.2 on the lab: {seconds:.2f} s")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["nothingToDo"] is True and doc["blockers"] == [], doc
+        assert [(n["name"], n["action"], n["cordoned"]) for n in doc["nodes"]] == [
+            ("node1", "none", False), ("node2", "none", True)]
+        proc = upgrade_plan(env, inventory, "v23.9.2")
+        assert proc.returncode == 0 and "Nothing to do: the release is at v23.9.2" in proc.stdout, proc.stdout
+        assert re.search(r"(?m)^\s*node2 \(cordoned\)\s+none\s", proc.stdout), proc.stdout
+    finally:
+        cordon(env, "node2", False)
+
+
+def test_upgrade_plan_release_side_against_the_deployed_release(env):
+    """The release side of `upgrade plan` (installer.upgrade.release) and `apply --check`'s values diff, read from
+    the real v22.9.2 release: its deployed values and CRDs against the v23.9.2 chart rendered for the lab's
+    Kubernetes; a field the real ClusterPolicy sets that the v23.9.2 CRD drops (env[].valueFrom) is a blocker."""
+    from kubernetes import client as k
+
+    from installer import kube, operator
+    from installer.config import load_site
+    from installer.plan import resolve
+    from installer.upgrade import cluster
+    from installer.upgrade.release import release_report
+
+    proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    write_site(env, "v23.9.2", chart("v23.9.2"))
+    plan = resolve(load_site(env["site"]))
+    c = api(env)
+    current, _ = cluster.read_release(plan, Path(env["kubeconfig"]), c)
+    assert current is not None and current.chart_version == "v22.9.2" and CP in current.crds
+    custom = k.CustomObjectsApi(c)
+    custom.patch_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", "cluster-policy", {"spec": {"driver": {
+        "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}}})
+    try:
+        r = release_report(plan, current, kube.server_version(c), c, chart=str(chart("v23.9.2")))
+        assert "~ driver.version: 525.60.13 -> 550.54.14 (release default)" in r.values_diff, r.values_diff
+        assert not [line for line in r.values_diff if "(site" in line], r.values_diff  # the same site file
+        cp = [line for line in r.crd_changes if line.startswith(f"~ CRD {CP}")]
+        assert any("fields added" in x and "spec.cdi" in x for x in cp), r.crd_changes
+        lost = [b for b in r.blockers if b.what.startswith("ClusterPolicy cluster-policy: the target CRD")]
+        assert len(lost) == 1 and "spec.driver.env[].valueFrom" in lost[0].what, r.blockers
+        assert any("rendered objects checked against the Kubernetes" in f for f in r.findings), r.findings
+        assert not [b for b in r.blockers if "API schema" in b.what or "not served" in b.what], r.blockers
+
+        report = operator.preview(plan, operator.prepare(plan, env["kubeconfig"], chart("v23.9.2")))
+        lines = report.lines()
+        assert any("would upgrade" in x and "values deployed → rendered" in x for x in lines), lines
+        assert "  ~ driver.version: 525.60.13 -> 550.54.14 (release default)" in lines, lines
+    finally:
+        custom.patch_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", "cluster-policy",
+                                           {"spec": {"driver": {"env": None}}})
