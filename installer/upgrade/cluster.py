@@ -79,11 +79,17 @@ def _get(client: ApiClient, path: str, query: list[tuple[str, Any]], what: str) 
     """GET path as JSON (None on 404); HTTP errors as ClusterError, an unreachable server as ClusterUnreachable."""
     from kubernetes.client.exceptions import ApiException
 
-    api: Any = client  # the client's stubs lack call_api's keyword arguments
+    api: Any = client
 
     def call() -> Any:
-        return api.call_api(path, "GET", query_params=query, header_params={"Accept": "application/json"},
-                               auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
+        method, url, headers, body, post = api.param_serialize(
+            "GET", path, query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        resp = api.call_api(method, url, header_params=headers, body=body, post_params=post)
+        resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(http_resp=resp)
+        return resp
 
     try:
         resp = kube._call(what, call, attempts=3)
@@ -103,7 +109,7 @@ def list_all(client: ApiClient, path: str, what: str, bound: int,
     """Every item of a list, page by page (limit/continue), at most `bound` items: (items, cut). None on 404."""
     items: list[dict[str, Any]] = []
     token: str | None = None
-    while True:
+    for _ in range(bound // PAGE + 2):  # a server that hands out continue tokens with short pages ends here too
         q = [*(query or []), ("limit", min(PAGE, bound - len(items)))] + ([("continue", token)] if token else [])
         doc = _get(client, path, q, what)
         if doc is None:
@@ -114,6 +120,7 @@ def list_all(client: ApiClient, path: str, what: str, bound: int,
             return items[:bound], bool(token) or len(items) > bound
         if not isinstance(token, str):
             return items, False
+    return items, True
 
 
 def read_nodes(client: ApiClient, plan: Plan) -> tuple[list[NodeState], list[str]]:

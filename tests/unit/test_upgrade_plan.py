@@ -208,3 +208,99 @@ def test_an_inventory_is_required(cli, files, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         cli("upgrade", "plan", "-s", files["site"])
     assert exc.value.code == 2 and "-i/--inventory" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- reading lists: paged and bounded
+
+
+@pytest.fixture
+def list_server(tmp_path):
+    """A real HTTP server on 127.0.0.1 answering list requests as the API server pages them (limit/continue); its
+    `pages` decides what each request gets. Returns (ApiClient through installer.kube.api_client, the requests)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    from installer import kube
+
+    seen: list[dict] = []
+    state: dict = {"endless": False, "total": 0}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            q = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
+            seen.append({**q, "auth": self.headers.get("Authorization")})
+            for word, code in (("missing", 404), ("forbidden", 403)):
+                if word in self.path:
+                    body = json.dumps({"kind": "Status", "message": f"{word} here", "code": code}).encode()
+                    self.send_response(code)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+            start = int(q.get("continue", "0"))
+            limit = int(q["limit"])
+            end = min(start + limit, state["total"])
+            items = [{"metadata": {"name": f"p{i}", "namespace": "ns"}} for i in range(start, end)]
+            more = state["endless"] or end < state["total"]
+            body = json.dumps({"kind": "PodList", "metadata": {"continue": str(end) if more else ""},
+                               "items": items}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    try:
+        yield kube.api_client(kc), seen, state
+    finally:
+        server.shutdown()
+
+
+def test_lists_are_read_page_by_page_up_to_their_bound(list_server, monkeypatch):
+    from installer.upgrade import cluster
+
+    client, seen, state = list_server
+    monkeypatch.setattr(cluster, "PAGE", 10)
+    state["total"] = 25
+    items, cut = cluster.list_all(client, "/api/v1/pods", "list pods", 100, [("fieldSelector", "spec.nodeName=a")])
+    assert [i["metadata"]["name"] for i in items] == [f"p{i}" for i in range(25)] and not cut
+    assert {q["auth"] for q in seen} == {"Bearer t"}
+    assert [(q.get("continue"), q["limit"], q["fieldSelector"]) for q in seen] == [
+        (None, "10", "spec.nodeName=a"), ("10", "10", "spec.nodeName=a"), ("20", "10", "spec.nodeName=a")]
+    seen.clear()
+    items, cut = cluster.list_all(client, "/api/v1/pods", "list pods", 15)
+    assert len(items) == 15 and cut and [q["limit"] for q in seen] == ["10", "5"]
+
+
+def test_a_server_that_never_stops_paging_is_cut(list_server, monkeypatch):
+    from installer.upgrade import cluster
+
+    client, seen, state = list_server
+    monkeypatch.setattr(cluster, "PAGE", 10)
+    state.update(total=0, endless=True)  # empty pages, a continue token every time
+    items, cut = cluster.list_all(client, "/api/v1/pods", "list pods", 30)
+    assert items == [] and cut and len(seen) == 30 // 10 + 2
+
+
+def test_a_missing_list_is_none_and_a_refused_one_is_exit_7_with_the_servers_message(list_server):
+    from installer.errors import ClusterError
+    from installer.upgrade import cluster
+
+    client, _, _ = list_server
+    assert cluster.list_all(client, "/apis/policy/v1/missing", "list PodDisruptionBudgets", 10) is None
+    with pytest.raises(ClusterError) as exc:
+        cluster.list_all(client, "/api/v1/forbidden", "list pods", 10)
+    assert exc.value.exit_code == 7 and "list pods: HTTP 403" in exc.value.message and "forbidden here" in \
+        exc.value.message and "permission" in (exc.value.hint or "")
