@@ -477,6 +477,7 @@ def schema_blockers(objects: Iterable[Mapping[str, Any]], kube_version: str) -> 
     checked = 0
     blockers: list[Blocker] = []
     unknown: list[str] = []
+    later: list[str] = []
     for obj in objs:
         api = str(obj["apiVersion"])
         if not _builtin(api):
@@ -500,6 +501,11 @@ def schema_blockers(objects: Iterable[Mapping[str, Any]], kube_version: str) -> 
                                     "off, e.g. psp.enabled: false), or a cluster that serves the API"))
         except kv.ValidationError as exc:
             path = ".".join(str(p) for p in exc.path)
+            hook = _hook_outside_upgrade(obj)
+            if hook:  # helm builds (and validates) a hook only when it fires: not on this upgrade
+                later.append(f"{what}: {path or '(object)'}: {exc.message} (Kubernetes {want[0]}.{want[1]} API "
+                             f"schema; a {hook} hook: not run by the upgrade, refused when it fires)")
+                continue
             blockers.append(Blocker(CLUSTER, f"{what}: {path or '(object)'}: {exc.message} (Kubernetes "
                                              f"{want[0]}.{want[1]} API schema)",
                                     "a target release or values that render a field this Kubernetes knows, or "
@@ -507,7 +513,19 @@ def schema_blockers(objects: Iterable[Mapping[str, Any]], kube_version: str) -> 
     findings = [f"{checked - len(unknown)} rendered objects checked against the {note}"]
     if unknown:
         findings.append(f"not checked (no schema below Kubernetes 1.25): {', '.join(sorted(set(unknown)))}")
-    return blockers, findings
+    return blockers, findings + later
+
+
+#: the helm hooks an upgrade runs (helm upgrade: pre-upgrade, post-upgrade)
+UPGRADE_HOOKS = {"pre-upgrade", "post-upgrade"}
+
+
+def _hook_outside_upgrade(obj: Mapping[str, Any]) -> str | None:
+    """The hook events of a helm hook object that `helm upgrade` does not run (post-delete, test, …); None for a
+    release object or a hook the upgrade runs."""
+    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    events = {e.strip() for e in str(ann.get("helm.sh/hook") or "").split(",") if e.strip()}
+    return None if not events or events & UPGRADE_HOOKS else ",".join(sorted(events))
 
 
 # ---------------------------------------------------------------- CRDs

@@ -122,6 +122,26 @@ def test_real_chart_rendered_for_the_cluster_version_psp_only_below_1_25():
     assert up.schema_blockers(on_124, "1.24.3")[0] == []
 
 
+@pytest.mark.helm
+def test_real_v25_10_1_chart_on_kubernetes_1_30_pod_level_resources_in_a_post_delete_hook():
+    """NFD 0.18.2 (in v25.10.1) puts `resources` on its prune Job's pod spec, a field Kubernetes 1.30 does not have
+    (pod-level resources came in 1.32): a post-delete hook, which helm validates only when it fires -- a finding for
+    the upgrade; the same object as a pre-upgrade hook is a blocker."""
+    p = plan("v25.10.1")
+    objects = up.render(chart("v25.10.1"), p.values, "gpu-operator", "gpu-operator", "v1.30.2")
+    blockers, findings = up.schema_blockers(objects, "v1.30.2")
+    assert blockers == [], blockers
+    [prune] = [f for f in findings if "node-feature-discovery-prune" in f]
+    assert prune.startswith("Job gpu-operator/gpu-operator-node-feature-discovery-prune: spec.template.spec: "
+                            "Additional properties are not allowed ('resources' was unexpected)")
+    assert "a post-delete hook" in prune
+    job = copy.deepcopy(next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].endswith("-prune")))
+    job["metadata"]["annotations"]["helm.sh/hook"] = "pre-upgrade"
+    [b] = up.schema_blockers([job], "v1.30.2")[0]
+    assert "'resources' was unexpected" in b.what
+    assert up.schema_blockers([job], "v1.34.1")[0] == []  # the 1.34 schema has pod-level resources
+
+
 def test_schema_version_picks_the_nearest_shipped_at_or_below():
     assert up.schema_version("v1.30.4")[0] == "1.30.0"
     assert up.schema_version("1.25.0")[0] == "1.25.0"
