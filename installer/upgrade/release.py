@@ -345,14 +345,13 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
         findings.append("no chart (operator.chart, GPU_INSTALL_CHART or --chart): the target's rendered objects and "
                         "CRDs are not checked")
     else:
-        from installer import helm
 
         site = plan.site
-        objects = render(ref, plan.values, site.operator.releaseName, site.operator.namespace, kube_version)
+        objects, new_crds = render_with_crds(ref, plan.values, site.operator.releaseName, site.operator.namespace,
+                                             kube_version)
         b, f = schema_blockers(objects, kube_version)
         blockers += b
         findings += f
-        new_crds = helm.chart_crds(ref, plan.values, site.operator.releaseName, site.operator.namespace)
         old_crds = current.crds if current else {}
         crd_changes += crd_diff(old_crds, new_crds)
         if client is not None:
@@ -378,6 +377,13 @@ def render(chart: str, values: Mapping[str, Any], release: str, namespace: str,
            kube_version: str) -> list[dict[str, Any]]:
     """`helm template --kube-version` of the target chart: the objects as the cluster's helm would render them (the
     GPU Operator's templates test .Capabilities.KubeVersion, e.g. its PodSecurityPolicy below 1.25)."""
+    return render_with_crds(chart, values, release, namespace, kube_version)[0]
+
+
+def render_with_crds(chart: str, values: Mapping[str, Any], release: str, namespace: str,
+                     kube_version: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """render() and the chart's CRDs (its crds/ and its enabled subcharts', installer.helm.split_crds) from one
+    `helm template --include-crds`."""
     import json
 
     import yaml
@@ -388,13 +394,19 @@ def render(chart: str, values: Mapping[str, Any], release: str, namespace: str,
 
     kmaj, kmin = _minor(kube_version)
 
-    async def run() -> list[dict[str, Any]]:
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         cmd = Command(executable=str(ensure_helm()))
         ref, version = helm.oci_version(chart)
         raw = await cmd.run(["template", release, ref, *(["--version", version] if version else []),
-                             "--kube-version", f"v{kmaj}.{kmin}.0", "--namespace", namespace, "--values", "-"],
-                            json.dumps(values).encode())
-        return [d for d in yaml.safe_load_all(raw.decode()) if isinstance(d, dict)]
+                             "--kube-version", f"v{kmaj}.{kmin}.0", "--include-crds", "--namespace", namespace,
+                             "--values", "-"], json.dumps(values).encode())
+        text = raw.decode()
+        crds = helm.split_crds(text)
+        names = {str((c.get("metadata") or {}).get("name")) for c in crds}
+        objects = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)
+                   and not (d.get("kind") == "CustomResourceDefinition"
+                            and str((d.get("metadata") or {}).get("name")) in names)]
+        return objects, crds
 
     return helm._run(run(), f"helm template {chart}", "check the chart reference and the rendered values")
 
