@@ -352,7 +352,14 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
         b, f = schema_blockers(objects, kube_version)
         blockers += b
         findings += f
-        old_crds = current.crds if current else {}
+        old_crds = dict(current.crds) if current else {}
+        if client is not None:  # the target chart's other CRDs (node-feature-discovery's) as the cluster has them
+            from installer import kube
+
+            for c in new_crds:
+                name = str((c.get("metadata") or {}).get("name"))
+                if name not in old_crds and (obj := kube._crd_raw(client, name)) is not None:
+                    old_crds[name] = obj
         crd_changes += crd_diff(old_crds, new_crds)
         if client is not None:
             blockers += pruned_fields(new_crds, custom_objects(client, old_crds))
