@@ -276,7 +276,7 @@ def _real_report():
 
 
 def test_apply_json_all_stages(cli, tmp_path, monkeypatch, staged_files):
-    from installer import pipeline, validate
+    from installer import validate
     from tests.unit.test_stages import APPLY, Stubs
 
     site, inv = staged_files
@@ -285,7 +285,6 @@ def test_apply_json_all_stages(cli, tmp_path, monkeypatch, staged_files):
     Stubs(monkeypatch, None)
     report = _real_report()
     monkeypatch.setattr(validate, "run", lambda *a, **k: report)
-    monkeypatch.setattr(pipeline, "wait_operator_ready", lambda *a, **k: None)  # the wait for the operator's pods
     out = tmp_path / "apply.json"
     rc, text, err = cli("apply", "-s", site, "-i", inv, "--skip-mirror-check", "--json", out, "-q")
     assert rc == 0, err
