@@ -32,8 +32,9 @@ ROLLBACK_CAN = ("the Helm release: back to the revision deployed now, with its c
 ROLLBACK_CANNOT = ("CRDs: never downgraded (the target's CRDs stay; fields only the target knows are kept in the "
                    "schema)",
                    "custom resources the operator or the target chart changed stay as they are",
-                   "a node's driver container or host driver is not reverted by helm: host drivers come back "
-                   "through the driver role with the previous driver.version")
+                   "host drivers (driver.mode host/runfile) are not helm's: they come back through the driver "
+                   "role with the previous driver.version (an operator-mode driver container rolls back with the "
+                   "release, reloading the driver again)")
 
 
 @dataclass(frozen=True)
