@@ -513,10 +513,10 @@ def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform:
         digest = digestfile.read_text().strip() if rc == 0 and digestfile.exists() else ""
         return _Pulled(n, img, src, rc, err, digest, private)
 
-    def record(r: _Pulled) -> None:
+    def record(r: _Pulled, layout_error: str = "") -> None:
         img, src, digest, name = r.img, r.src, r.digest, ref_name(r.img.source)
         mine = Layout(r.private)
-        msg = ""
+        msg = f"the bundle's layout, read back after the copy: {layout_error}" if layout_error else ""
         if r.base:
             based: BaseEntry = {"source": img.source, "destination": img.destination, "digest": digest}
             lock["base"].append(based)
@@ -525,7 +525,9 @@ def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform:
             shutil.rmtree(r.private, ignore_errors=True)
             write_lock(bundle, lock)
             return
-        if r.rc != 0 or not digest:
+        if msg:
+            pass
+        elif r.rc != 0 or not digest:
             msg = r.err if r.rc != 0 else "skopeo wrote no digest"
             msg += f" (read from {src})" if src != img.source and src not in msg else ""
         elif "@" in img.source and img.source.rpartition("@")[2] != digest:
@@ -553,15 +555,29 @@ def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform:
         shutil.rmtree(r.private, ignore_errors=True)
         write_lock(bundle, lock)
 
+    # Read back while other copies run, an image's closure can fail its digest check without anything being wrong:
+    # skopeo writes a manifest blob in place (not through a temporary file like layers), so a manifest that two
+    # images share (the same bytes under two names) is briefly truncated while the second copy rewrites it. Such an
+    # image is read back again once no copy is running; what still fails then is a real failure of that image.
+    deferred: list[_Pulled] = []
     with cert_dir(site.mirror.upstreamCa) as certs, ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(copy, n, img, certs) for n, img in todo]
         try:
             for fut in as_completed(futures):
-                record(fut.result())  # this thread alone writes index.json and the lock
+                r = fut.result()
+                try:
+                    record(r)  # this thread alone writes index.json and the lock
+                except LayoutError:
+                    deferred.append(r)
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
+    for r in deferred:
+        try:
+            record(r)
+        except LayoutError as exc:
+            record(r, layout_error=str(exc))
     shutil.rmtree(bundle / PARTIAL, ignore_errors=True)
     lock["images"].sort(key=lambda e: order.get(str(e.get("source")), total))
     lock["complete"] = finish and not lock["failed"]

@@ -610,3 +610,74 @@ def test_incremental_bundle_since_an_older_lock(env, cli, monkeypatch):
         assert all(f"{e['destination']} (from {e['source']}): missing" in err for e in lock["base"]), err
     finally:
         _seed(env, changed.source)
+
+
+def _seed_same(env, sources: list[str]) -> str:
+    """Push ONE STAND-IN image (the same bytes) at every source's upstream path; its digest."""
+    from installer.mirror.images import pull_from
+
+    remap = yaml.safe_load(env["site"].read_text())["mirror"]["upstream"]
+    layout = env["layouts"] / "same-bytes"
+    env["write_layout"](layout, "t", ["/bin/sh", "-c", "echo one image under many names"], busybox=LAYER)
+    digests = set()
+    for source in sources:
+        dest = pull_from(source, remap)
+        out = subprocess.run(["skopeo", "copy", "--quiet", "--dest-cert-dir", str(env["certs"]), f"oci:{layout}:t",
+                              f"docker://{dest}"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        digests.add(_raw_digest(dest, env["certs"]))
+    assert len(digests) == 1, digests
+    return digests.pop()
+
+
+def test_one_manifest_under_several_names_pulled_at_once(env, cli, monkeypatch):
+    """The same image at every path of the plan, pulled 4 at a time: the copies share one manifest blob, which skopeo
+    writes in place. An image read back while another copy rewrites that blob is read again once no copy runs:
+    played here for real by truncating the shared manifest blob on disk during the first read-back and restoring it
+    after (what the second writer does), and the pull still completes; a blob still wrong at the end fails that image
+    (exit 4, named), never the whole pull with a traceback."""
+    from installer.mirror import images as mirror_images
+
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    sources = [i.source for i in _plan_images(env)]
+    digest = _seed_same(env, sources)
+    doc = yaml.safe_load(env["site"].read_text())
+    doc["registry"]["prefix"] = "same"
+    site = env["root"] / "same-site.yaml"
+    site.write_text(yaml.safe_dump(doc))
+    real_closure = mirror_images.Layout.closure
+    reads: list[str] = []
+
+    def closure_while_rewritten(self, top, *args, **kwargs):
+        blob = self.path / "blobs" / "sha256" / top.removeprefix("sha256:")
+        reads.append(top)
+        if len(reads) > 1:
+            return real_closure(self, top, *args, **kwargs)
+        whole = blob.read_bytes()
+        blob.write_bytes(whole[: len(whole) // 2])  # mid-write: truncated, as another copy rewrites it in place
+        try:
+            return real_closure(self, top, *args, **kwargs)
+        finally:
+            blob.write_bytes(whole)
+
+    monkeypatch.setattr(mirror_images.Layout, "closure", closure_while_rewritten)
+    bundle = env["root"] / "bundle-same"
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", site, "--os", "ubuntu22.04", "-o", bundle, "-j", "4")
+    assert rc == 0, err
+    lock = json.loads((bundle / "bundle.lock.json").read_text())
+    assert lock["complete"] is True and lock["failed"] == []
+    assert sorted(e["source"] for e in lock["images"]) == sorted(sources)
+    assert {e["digest"] for e in lock["images"]} == {digest}
+    assert len(reads) == len(sources) + 1  # the image read during the rewrite was read again
+
+    # a manifest blob that stays wrong: that image fails, named, exit 4; the pull itself does not crash
+    def closure_corrupt(self, top, *args, **kwargs):
+        raise mirror_images.LayoutError(f"blob {top} does not match its digest")
+
+    monkeypatch.setattr(mirror_images.Layout, "closure", closure_corrupt)
+    bundle2 = env["root"] / "bundle-same-corrupt"
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", site, "--os", "ubuntu22.04", "-o", bundle2, "-j", "4")
+    assert rc == 4, err
+    assert "the bundle's layout, read back after the copy" in err and "does not match its digest" in err
+    assert json.loads((bundle2 / "bundle.lock.json").read_text())["complete"] is False
