@@ -61,7 +61,8 @@ class UpgradePlan:
     def nothing_to_do(self) -> bool:
         """The release is at the target with the target's values, and no node changes."""
         return (self.report.current is not None and not self.changes and not self.report.values_diff
-                and not self.report.crd_changes and all(n.action == "none" for n in self.nodes))
+                and all(c.startswith("= ") for c in self.report.crd_changes)  # "= CRD x: schema unchanged"
+                and all(n.action == "none" for n in self.nodes))
 
     @property
     def exit_code(self) -> int:

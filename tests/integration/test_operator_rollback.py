@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import need, needs_upstream
+from tests.conftest import LAB_DRIVER_OS, need, needs_upstream
 from tests.integration.test_operator_crds import (
     CP,
     EMPTY_STRINGS_FIXED,
@@ -106,8 +106,11 @@ def test_rollback_to_the_previous_release_and_chart(env):
 
 
 def upgrade_plan(env, inventory: Path, version: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    """`upgrade plan` with the site at `version` (and its chart), against the lab."""
+    """`upgrade plan` with the site at `version` (and its chart), against the lab (whose nodes' OSes the site builds
+    driver images for: driver.customImageOs, which changes no Helm value)."""
     write_site(env, version, chart(version))
+    site = yaml.safe_load(env["site"].read_text())
+    env["site"].write_text(yaml.safe_dump({**site, "driver": {"customImageOs": LAB_DRIVER_OS}}))
     return subprocess.run([str(GPU_INSTALL), "upgrade", "plan", "-s", str(env["site"]), "-i", str(inventory),
                            "--kubeconfig", env["kubeconfig"], *extra], capture_output=True, text=True, timeout=300)
 

@@ -78,6 +78,10 @@ def test_the_same_release_and_values_is_nothing_to_do():
     text = up.to_text(p)
     assert "Nothing to do: the release is at v23.9.2 with these values and no node changes." in text
     assert doc_of(p)["nothingToDo"] is True
+    same = replace(p, report=replace(p.report, crd_changes=("= CRD clusterpolicies.nvidia.com: schema unchanged",)))
+    assert same.nothing_to_do
+    moved = replace(p, report=replace(p.report, crd_changes=("~ CRD clusterpolicies.nvidia.com: field added",)))
+    assert not moved.nothing_to_do
 
 
 def test_the_next_major_reloads_the_drivers_canary_first():
