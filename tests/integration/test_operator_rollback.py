@@ -121,6 +121,48 @@ def cordon(env, node: str, on: bool) -> None:
     client.CoreV1Api(api(env)).patch_node(node, {"spec": {"unschedulable": True if on else None}})
 
 
+WORKLOADS = "upgrade-plan-workloads"
+
+
+def workloads(env) -> bool:
+    """On node1: a GPU pod (evicted) whose PodDisruptionBudget allows no disruption, and a pod that uses the GPU only
+    through runtimeClassName: nvidia (never evicted) -- bound to the node directly (spec.nodeName)."""
+    import time
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api(env))
+    try:
+        client.NodeV1Api(api(env)).create_runtime_class({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                                         "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+        made = True
+    except ApiException as exc:
+        assert exc.status == 409, exc  # there already
+        made = False
+    core.create_namespace({"metadata": {"name": WORKLOADS}})
+    deadline = time.monotonic() + 60
+    while not core.list_namespaced_service_account(WORKLOADS, field_selector="metadata.name=default").items:
+        assert time.monotonic() < deadline, f"no default service account in {WORKLOADS}"
+        time.sleep(0.5)
+
+    def pod(name: str, **spec) -> None:
+        core.create_namespaced_pod(WORKLOADS, {"metadata": {"name": name, "labels": {"app": name}}, "spec": {
+            "nodeName": "node1", "automountServiceAccountToken": False, "tolerations": [{"operator": "Exists"}],
+            **spec}})
+
+    pause = "registry.lab:5000/gpu-install-lab/pause:3.6"
+    pod("train-0", containers=[{"name": "c", "image": pause, "resources": {"limits": {"nvidia.com/gpu": "1"}}}])
+    pod("rc-only", runtimeClassName="nvidia", containers=[{"name": "c", "image": pause}])
+    from installer import kube
+
+    kube.apply_object(api(env), {  # policy/v1beta1: the lab's API server is 1.20
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "train", "namespace": WORKLOADS},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train-0"}}}})
+    return made
+
+
 def test_upgrade_plan_from_the_deployed_release_then_nothing_to_do(env, lab_kubernetes, tmp_path):
     """The real v22.9.2 release, planned to v23.9.2 (--to, --chart): the component table, the hop policy's blocker
     (v23.3 and v23.6 are skipped majors), every lab node reloading its driver, the node an admin cordoned named as a
@@ -132,6 +174,7 @@ def test_upgrade_plan_from_the_deployed_release_then_nothing_to_do(env, lab_kube
     proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")  # deployed whatever ran before
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cordon(env, "node2", True)
+    made_runtime_class = workloads(env)
     try:
         t0 = time.monotonic()
         proc = upgrade_plan(env, inventory, "v22.9.2", "--to", "v23.9.2", "--chart", str(chart("v23.9.2")),
@@ -148,6 +191,11 @@ def test_upgrade_plan_from_the_deployed_release_then_nothing_to_do(env, lab_kube
         assert "skips the major releases v23.3, v23.6" in out, out
         assert "node2: the node was cordoned before the upgrade" in out and "kubectl uncordon node2" in out, out
         assert "Rollback (helm revision" in out and "CRDs: never downgraded" in out, out
+        node1 = re.search(r"(?m)^\s*node1\s+driver-reload\s+(\S+)\s", out)
+        assert node1 and node1.group(1) == f"{WORKLOADS}/train-0", out  # rc-only is not evicted
+        assert f"node1: pod {WORKLOADS}/rc-only uses the GPU only through runtimeClassName: nvidia" in out, out
+        assert f"node1: PodDisruptionBudget {WORKLOADS}/train allows no disruption now and selects " \
+               f"{WORKLOADS}/train-0" in out, out
         doc = json.loads((tmp_path / "plan.json").read_text())
         assert doc["schema"] == "gpu-install.upgrade-plan/v1" and doc["exitCode"] == 3
         assert doc["release"]["chart"] == "v22.9.2" and doc["targetVersion"] == "v23.9.2"
@@ -171,6 +219,11 @@ def test_upgrade_plan_from_the_deployed_release_then_nothing_to_do(env, lab_kube
         assert re.search(r"(?m)^\s*node2 \(cordoned\)\s+none\s", proc.stdout), proc.stdout
     finally:
         cordon(env, "node2", False)
+        from kubernetes import client
+
+        client.CoreV1Api(api(env)).delete_namespace(WORKLOADS)
+        if made_runtime_class:
+            client.NodeV1Api(api(env)).delete_runtime_class("nvidia")
 
 
 def test_upgrade_plan_release_side_against_the_deployed_release(env):
