@@ -96,6 +96,8 @@ def register(sub: Any) -> None:
                               "batches, plan hash; exit 3 when something blocks")
     site_args(q)
     inventory_arg(q, required=True)
+    q.add_argument("--limit", help="only these GPU hosts (Ansible pattern): the nodes left out are not planned, "
+                                   "and count for --max-unavailable no more")
     kubeconfig_arg(q)
     q.add_argument("--to", metavar="VERSION",
                    help="target GPU Operator release (e.g. v23.9.2); default: the site's operator.version")

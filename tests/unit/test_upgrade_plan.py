@@ -308,3 +308,19 @@ def test_a_missing_list_is_none_and_a_refused_one_is_exit_7_with_the_servers_mes
         cluster.list_all(client, "/api/v1/forbidden", "list pods", 10)
     assert exc.value.exit_code == 7 and "list pods: HTTP 403" in exc.value.message and "forbidden here" in \
         exc.value.message and "permission" in (exc.value.hint or "")
+
+
+def test_limit_leaves_hosts_out_of_the_plan(files, tmp_path):
+    from argparse import Namespace
+
+    from installer.cli.common import resolve_plan
+
+    inv = tmp_path / "two.yml"
+    host = {"ansible_host": "127.0.0.1", "gpu_install_os": "ubuntu22.04", "gpu_install_kernel": "5.15.0-105-generic"}
+    inv.write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": {"gpu1": host, "gpu2": host}}}}}))
+    from installer.cli import build_parser
+
+    args = build_parser().parse_args(["upgrade", "plan", "-s", str(files["site"]), "-i", str(inv), "--limit", "gpu2",
+                                      "-q"])
+    assert isinstance(args, Namespace) and args.limit == "gpu2"
+    assert [n.name for n in resolve_plan(args, need_inventory=True).nodes] == ["gpu2"]
