@@ -622,12 +622,16 @@ def _few(paths: list[str], n: int = 6) -> str:
     return ", ".join(paths[:n]) + (f", … {len(paths) - n} more" if len(paths) > n else "")
 
 
+KEY_DOT = "\x00"  # a dot inside a key of a used_fields() path
+
+
 def used_fields(obj: Any, prefix: str = "") -> set[str]:
     """Every field path an object sets (list items as [])."""
     out: set[str] = set()
     if isinstance(obj, Mapping):
         for k, v in obj.items():
-            path = f"{prefix}.{k}" if prefix else str(k)
+            key = str(k).replace(".", KEY_DOT)  # a map key may hold dots (label keys): one path part all the same
+            path = f"{prefix}.{key}" if prefix else key
             out.add(path)
             out |= used_fields(v, path)
     elif isinstance(obj, list):
@@ -648,8 +652,8 @@ def _kept(schema: Mapping[str, Any] | None, path: str) -> bool:
             node = node.get("items")
             continue
         props = node.get("properties") or {}
-        if part in props:
-            node = props[part]
+        if part.replace(KEY_DOT, ".") in props:
+            node = props[part.replace(KEY_DOT, ".")]
         elif isinstance(node.get("additionalProperties"), Mapping):
             node = node["additionalProperties"]
         elif node.get("additionalProperties") is True:
@@ -675,7 +679,7 @@ def pruned_fields(new: Iterable[Mapping[str, Any]], objects: Mapping[str, list[M
             top = _tops(p for p in used_fields({"spec": it.get("spec") or {}}) if not _kept(schema, p))
             if top:
                 out.append(Blocker(CLUSTER, f"{_what(it)}: the target CRD {name} drops field"
-                                            f"{'s' if len(top) > 1 else ''} {_few(top)} that it sets (the API "
+                                            f"{'s' if len(top) > 1 else ''} {_few([t.replace(KEY_DOT, '.') for t in top])} that it sets (the API "
                                             "server prunes them: the setting is lost)",
                                    f"move the setting to what the target release names it (`gpu-install catalog "
                                    f"diff`), or remove it from the {it.get('kind')}, then plan again"))

@@ -324,3 +324,26 @@ def test_limit_leaves_hosts_out_of_the_plan(files, tmp_path):
                                       "-q"])
     assert isinstance(args, Namespace) and args.limit == "gpu2"
     assert [n.name for n in resolve_plan(args, need_inventory=True).nodes] == ["gpu2"]
+
+
+def test_map_keys_with_dots_in_a_custom_resource_are_not_reported_as_pruned():
+    """The lab's ClusterPolicy (as the v23.9.2 chart renders it) carries label keys with dots under
+    spec.daemonsets.labels, a free-form map of the CRD: kept by the API server, so no blocker; a field the schema
+    does not declare still is one, named with its dots."""
+    from installer import helm
+    from installer.tools import find_helm
+    from installer.upgrade import release
+    from tests.conftest import UPSTREAM, need
+
+    need(find_helm(), "helm not installed (scripts/bootstrap installs it)")
+    tgz = UPSTREAM.parent / "charts" / "gpu-operator-v23.9.2.tgz"
+    need(tgz.is_file(), f"real chart {tgz} not found")
+    crds = helm.chart_crds(str(tgz), target("v23.9.2").values)
+    cp = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+          "spec": {"daemonsets": {"labels": {"app.kubernetes.io/managed-by": "Helm",
+                                             "helm.sh/chart": "gpu-operator-v23.9.2"}},
+                   "driver": {"enabled": True}}}
+    assert release.pruned_fields(crds, {"clusterpolicies.nvidia.com": [cp]}) == []
+    cp["spec"]["driver"]["no.such.field"] = 1
+    [b] = release.pruned_fields(crds, {"clusterpolicies.nvidia.com": [cp]})
+    assert "drops field spec.driver.no.such.field that it sets" in b.what
