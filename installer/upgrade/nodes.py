@@ -102,7 +102,8 @@ def foreign_resources(site: Site | None) -> tuple[tuple[str, str], ...]:
     feature is named when it is the one."""
     from installer.features import gpumanager, hami, sharing
 
-    active = sharing(site).name if site is not None and sharing(site) is not None else None  # type: ignore[union-attr]
+    feature = sharing(site) if site is not None else None
+    active = feature.name if feature is not None else None
 
     def who(name: str, label: str) -> str:
         return f"{label} (this site's sharing.mode)" if active == name else label
