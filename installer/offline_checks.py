@@ -102,10 +102,13 @@ def _required_var(inv: Inventory) -> list[str]:
 
 def artifacts(plan: Plan, *, images: bool) -> None:
     """What apply's registry and package repository checks will ask for, named from the plan (exit 2 when it cannot
-    be): the operator stage's images (per node OS, and kernel for precompiled drivers), and with packages.url the
-    package roots of every node. Reads the plan only."""
+    be): the operator stage's images (per node OS, and kernel for precompiled drivers; of every GPU node, as the
+    operator is cluster-wide, whatever --limit says), and with packages.url the package roots of the nodes the run
+    is about. Reads the plan only."""
     if images:
-        _ = plan.images
+        from installer.plan import cluster_wide
+
+        _ = cluster_wide(plan).images
     if plan.role_vars.get("package_repo_enabled"):
         _ = plan.artifacts().packages
 

@@ -136,6 +136,16 @@ class Plan:
         return self.inventory
 
 
+def cluster_wide(plan: Plan) -> Plan:
+    """The plan for every GPU node of the inventory, whatever --limit says: what is cluster-wide (the operator and
+    the images it deploys -- a driver image per node OS) does not shrink to the limited hosts."""
+    if not plan.limit:
+        return plan
+    import dataclasses
+
+    return resolve(plan.site, dataclasses.replace(plan.options, limit=None))
+
+
 def resolve(site: Site, options: Options | None = None, catalog: Catalog | None = None,
             facts: Sequence[Node] | None = None) -> Plan:
     """The one place the site, the catalog and the inventory meet; raises ConfigError (exit 2) on any mismatch.

@@ -97,12 +97,9 @@ def for_apply(plan: Plan) -> int:
     site's CA and pull credentials; PreflightError (exit 3) naming each missing one. The number checked. The operator
     is cluster-wide: with --limit the images are those of every GPU node of the inventory (a driver image per node
     OS), not only the limited ones."""
-    import dataclasses
+    from installer.plan import cluster_wide
 
-    if plan.limit:
-        from installer.plan import resolve
-
-        plan = resolve(plan.site, dataclasses.replace(plan.options, limit=None))
+    plan = cluster_wide(plan)
     site = plan.site
     return require(site, from_plan(plan.artifacts(()).images), config_json=credentials(site),
                    what="the release deploys ")

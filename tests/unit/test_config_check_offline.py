@@ -251,3 +251,23 @@ def test_config_check_contacts_nothing(tmp_path):
     assert checked.returncode == 3 and "sharing.mode hami conflicts with the site:" in checked.stderr, checked.stderr
     pre = _isolated(tmp_path, "preflight", "-s", bad.site, "-i", bad.inventory, "-q")
     assert (pre.returncode, pre.stderr) == (3, checked.stderr)
+
+
+def test_limit_to_a_host_without_gpus_still_names_every_gpu_nodes_images(tmp_path):
+    """apply --limit cp1 --include-operator: the operator is cluster-wide, so the images its mirror check asks for are
+    those of every GPU node (a driver image per node OS), not of the limited hosts -- which have no GPU node and so no
+    OS to tag the driver image with (that was exit 2 before apply's own check could run)."""
+    from installer import offline_checks
+    from installer.config import load_site
+    from installer.errors import ConfigError
+    from installer.plan import Options, cluster_wide, resolve
+
+    f = Files(tmp_path, _site(), _inventory(groups=CP))
+    limited = resolve(load_site(f.site), Options(inventory=str(f.inventory), limit="cp1"))
+    assert limited.nodes == () or not limited.nodes
+    with pytest.raises(ConfigError, match="depends on the nodes' OS"):
+        _ = limited.images  # the limited plan alone cannot name the driver image
+    offline_checks.artifacts(limited, images=True)  # names them from every GPU node instead
+    whole = cluster_wide(limited)
+    assert [n.name for n in whole.nodes] == ["gpu1"]
+    assert any(i.component == "driver" and i.source.endswith("-ubuntu22.04") for i in whole.images), whole.images
