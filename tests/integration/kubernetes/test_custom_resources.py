@@ -85,13 +85,17 @@ def strict(value):
     return (type(value).__name__, value)
 
 
+NOT_SERVED_YET = ("the server could not find the requested resource", "no matches for kind")
+
+
 def create(kubectl, manifest: dict, attempts: int = 30):
     """kubectl create (server-side checks only: --validate=false), retrying while a fresh CRD's
-    endpoint is not served yet. Returns the CompletedProcess of the last try."""
+    endpoint is not served yet (the API server's 404, or kubectl's discovery not knowing the kind yet).
+    Returns the CompletedProcess of the last try."""
     proc = None
     for _ in range(attempts):
         proc = kubectl.run("create", "--validate=false", "-f", "-", input=json.dumps(manifest), check=False)
-        if proc.returncode == 0 or "the server could not find the requested resource" not in proc.stderr:
+        if proc.returncode == 0 or not any(m in proc.stderr for m in NOT_SERVED_YET):
             return proc
         time.sleep(1)
     return proc
