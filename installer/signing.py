@@ -1,5 +1,7 @@
-"""Signing what gpu-install hands across a trust boundary, and verifying it on the other side: Ed25519 keys and DSSE
-envelopes (securesystemslib's CryptoSigner, SSlibKey and dsse.Envelope, pyca/cryptography underneath).
+"""Signing what gpu-install hands across a trust boundary, and verifying it on the other side: Ed25519 or ECDSA P-256
+keys and DSSE envelopes (securesystemslib's CryptoSigner, SSlibKey and dsse.Envelope, pyca/cryptography underneath).
+The bundle lock is signed with an Ed25519 key (ED25519), the install evidence with an ECDSA P-256 key (ECDSA_P256:
+ecdsa-sha2-nistp256, the scheme cosign verifies, the signature DER-encoded); both keys are kept the same way.
 
 A key home holds one key pair, generated on first use and kept: the private key as PKCS#8 PEM (PRIVATE, mode 0600,
 created with O_CREAT|O_EXCL and linked into place whole, the home 0700) and its public half as SubjectPublicKeyInfo PEM
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, EllipticCurvePrivateKey, EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
@@ -45,11 +48,14 @@ from installer.util import atomic_write
 PRIVATE = "signing-key.pem"
 PUBLIC = "signing-key.pub.pem"
 BUNDLE_KEY_ENV = "GPU_INSTALL_BUNDLE_KEY_HOME"
+ED25519 = "ed25519"  # the bundle key
+ECDSA_P256 = "ecdsa-sha2-nistp256"  # the evidence key: ECDSA on P-256 with SHA-256 (cosign's default)
+ALGORITHMS = {ED25519: "Ed25519", ECDSA_P256: "ECDSA P-256"}
 
 MAX_ENVELOPE_BYTES = 64 << 20  # the payload is a lock or a statement: megabytes at most; base64 adds a third
-MAX_KEY_BYTES = 16 << 10  # an Ed25519 PEM is ~120 bytes
+MAX_KEY_BYTES = 16 << 10  # an Ed25519 PEM is ~120 bytes, a P-256 one ~180
 MAX_SIGNATURES = 16
-MAX_SIG_BYTES = 1024  # an Ed25519 signature is 64 bytes
+MAX_SIG_BYTES = 1024  # an Ed25519 signature is 64 bytes, a DER ECDSA P-256 one at most 72
 MAX_FIELD_CHARS = 256  # payloadType, keyid
 
 _B64 = re.compile(r"[A-Za-z0-9+/]*={0,2}|[A-Za-z0-9_-]*={0,2}")  # standard or URL-safe (DSSE allows both)
@@ -80,12 +86,32 @@ def key_home(given: Path | None = None, *, env: str = BUNDLE_KEY_ENV, name: str 
     return Path(os.environ.get(env) or state_dir() / name)
 
 
-def _spki(public: Ed25519PublicKey) -> bytes:
+PublicKey = Ed25519PublicKey | EllipticCurvePublicKey
+
+
+def _spki(public: PublicKey) -> bytes:
     return public.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
 
 
-def _sslib_key(public: Ed25519PublicKey) -> SSlibKey:
-    return SSlibKey.from_crypto(public, keyid=hashlib.sha256(_spki(public)).hexdigest(), scheme="ed25519")
+def _algorithm(key: object) -> str | None:
+    """ED25519 or ECDSA_P256 for a pyca key of one of those kinds (private or public), else None."""
+    if isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
+        return ED25519
+    if isinstance(key, EllipticCurvePrivateKey | EllipticCurvePublicKey) and isinstance(key.curve, SECP256R1):
+        return ECDSA_P256
+    return None
+
+
+def _kind(key: object) -> str:
+    if isinstance(key, EllipticCurvePrivateKey | EllipticCurvePublicKey):
+        return f"ECDSA {key.curve.name}"
+    return type(key).__name__
+
+
+def _sslib_key(public: PublicKey) -> SSlibKey:
+    scheme = _algorithm(public)
+    assert scheme is not None
+    return SSlibKey.from_crypto(public, keyid=hashlib.sha256(_spki(public)).hexdigest(), scheme=scheme)
 
 
 def fingerprint(key: Key) -> str:
@@ -122,11 +148,12 @@ def read_bounded(path: Path, limit: int, what: str, hint: str, *, private: bool 
     return data
 
 
-def load_or_create(home: Path) -> SigningKey:
-    """The key pair in home, generated the first time (Ed25519): the private key written once, mode 0600, never
-    replaced; the public PEM (re)written beside it from the private key. ConfigError naming the file when the home or
-    key cannot be used."""
-    hint = f"give a directory of your own with --key-home (or {BUNDLE_KEY_ENV}); the key is generated there once"
+def load_or_create(home: Path, algorithm: str = ED25519, *, env: str = BUNDLE_KEY_ENV) -> SigningKey:
+    """The key pair in home, generated the first time (algorithm: ED25519 or ECDSA_P256): the private key written
+    once, mode 0600, never replaced; the public PEM (re)written beside it from the private key. ConfigError naming the
+    file when the home or key cannot be used (a key of another algorithm included). env: the variable that names the
+    home, for the hint."""
+    hint = f"give a directory of your own with --key-home (or {env}); the key is generated there once"
     try:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         mode = stat.S_IMODE(os.stat(home).st_mode)
@@ -142,7 +169,7 @@ def load_or_create(home: Path) -> SigningKey:
     path = home / PRIVATE
     created = False
     if not path.exists() and not path.is_symlink():
-        signer = CryptoSigner.generate_ed25519()
+        signer = CryptoSigner.generate_ecdsa() if algorithm == ECDSA_P256 else CryptoSigner.generate_ed25519()
         tmp = home / f".{PRIVATE}.{secrets.token_hex(8)}.tmp"  # one per writer: concurrent first pulls never share it
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -165,8 +192,8 @@ def load_or_create(home: Path) -> SigningKey:
         private = load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
         raise ConfigError(f"{path}: not an unencrypted PEM (PKCS#8) private key", hint=hint) from None
-    if not isinstance(private, Ed25519PrivateKey):
-        raise ConfigError(f"{path}: not an Ed25519 key ({type(private).__name__})", hint=hint)
+    if _algorithm(private) != algorithm or not isinstance(private, Ed25519PrivateKey | EllipticCurvePrivateKey):
+        raise ConfigError(f"{path}: not an {ALGORITHMS[algorithm]} key ({_kind(private)})", hint=hint)
     public = _sslib_key(private.public_key())
     key = SigningKey(CryptoSigner(private, public), public, home, home / PUBLIC, created)
     pem = private.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()
@@ -178,15 +205,16 @@ def load_or_create(home: Path) -> SigningKey:
     return key
 
 
-def load_public_key(path: Path, hint: str) -> SSlibKey:
-    """A pinned public key: one PEM (SubjectPublicKeyInfo) Ed25519 key in a small regular file."""
+def load_public_key(path: Path, hint: str, algorithm: str = ED25519) -> SSlibKey:
+    """A pinned public key: one PEM (SubjectPublicKeyInfo) key of algorithm (ED25519, ECDSA_P256) in a small regular
+    file."""
     data = read_bounded(path, MAX_KEY_BYTES, "the public key", hint)
     try:
         public = load_pem_public_key(data)
     except (ValueError, TypeError):
         raise ConfigError(f"{path}: not a PEM public key (-----BEGIN PUBLIC KEY-----)", hint=hint) from None
-    if not isinstance(public, Ed25519PublicKey):
-        raise ConfigError(f"{path}: not an Ed25519 public key ({type(public).__name__})", hint=hint)
+    if _algorithm(public) != algorithm or not isinstance(public, Ed25519PublicKey | EllipticCurvePublicKey):
+        raise ConfigError(f"{path}: not an {ALGORITHMS[algorithm]} public key ({_kind(public)})", hint=hint)
     return _sslib_key(public)
 
 
