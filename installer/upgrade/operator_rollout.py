@@ -65,7 +65,7 @@ Progress = Callable[[str, str], None]
 
 _SECRET_ASSIGN = re.compile(
     r"(?i)((?:[\w.-]*)(?:pass(?:word|wd|phrase)?|secret|token|credential|api[_-]?key|private[_-]?key|auth)"
-    r"[\w.-]*[\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|\S+)")
+    r"[\w.-]*[\"']?\s*[=:]\s*)((?:bearer|basic)\s+\S+|\"[^\"]*\"|'[^']*'|\S+)")
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 
 
