@@ -34,6 +34,7 @@ OPERATOR_STATUS = "gpu-install.operator-status/v1"
 CATALOG_SHOW = "gpu-install.catalog-show/v1"
 CATALOG_DIFF = "gpu-install.catalog-diff/v1"
 UPGRADE_PLAN = "gpu-install.upgrade-plan/v1"
+EVIDENCE_VERIFY = "gpu-install.evidence-verify/v1"
 REDACTED = "***"
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
@@ -324,6 +325,25 @@ class UpgradePlanDoc(_Envelope):
     applyCommand: str | None
 
 
+@with_config(_STRICT)
+class EvidenceCheck(TypedDict):
+    kind: Literal["signature", "subject", "live"]
+    name: str  # the key's fingerprint, a subject (kind:name), or a live fact (image:…, node:…/driver, helm)
+    result: Literal["ok", "mismatch", "drift", "not checked"]
+    detail: str
+
+
+@with_config(_STRICT)
+class EvidenceVerifyDoc(_Envelope):
+    file: str
+    keyid: str | None  # the pinned key that verified the signature
+    predicateType: str | None
+    subjects: int
+    live: bool
+    valid: bool
+    checks: list[EvidenceCheck]
+
+
 SHAPES: dict[str, Any] = {
     PREFLIGHT: PreflightDoc,
     APPLY: ApplyDoc,
@@ -331,6 +351,7 @@ SHAPES: dict[str, Any] = {
     CATALOG_SHOW: CatalogShowDoc,
     CATALOG_DIFF: CatalogDiffDoc,
     UPGRADE_PLAN: UpgradePlanDoc,
+    EVIDENCE_VERIFY: EvidenceVerifyDoc,
 }
 
 
