@@ -34,6 +34,7 @@ OPERATOR_STATUS = "gpu-install.operator-status/v1"
 CATALOG_SHOW = "gpu-install.catalog-show/v1"
 CATALOG_DIFF = "gpu-install.catalog-diff/v1"
 UPGRADE_PLAN = "gpu-install.upgrade-plan/v1"
+UPGRADE_APPLY = "gpu-install.upgrade-apply/v1"
 EVIDENCE_VERIFY = "gpu-install.evidence-verify/v1"
 REDACTED = "***"
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -344,6 +345,51 @@ class EvidenceVerifyDoc(_Envelope):
     checks: list[EvidenceCheck]
 
 
+@with_config(_STRICT)
+class UpgradeRevision(TypedDict):
+    revision: int
+    chart: str
+
+
+@with_config(_STRICT)
+class UpgradeApplyRelease(TypedDict):
+    name: str
+    namespace: str
+    previous: UpgradeRevision | None
+    applied: UpgradeRevision | None
+
+
+@with_config(_STRICT)
+class UpgradeApplyBatch(TypedDict):
+    index: int
+    nodes: list[str]
+    canary: bool
+    status: str
+    seconds: float | None
+
+
+@with_config(_STRICT)
+class UpgradeApplyFailure(TypedDict):
+    batch: int | None
+    nodes: list[str]
+    exitCode: int
+    message: str
+
+
+@with_config(_STRICT)
+class UpgradeApplyDoc(_Envelope):
+    planFile: str
+    planHash: str | None
+    statePath: str | None
+    resumed: bool
+    nothingToDo: bool
+    targetVersion: str | None
+    release: UpgradeApplyRelease | None
+    phase: str | None
+    batches: list[UpgradeApplyBatch]
+    failure: UpgradeApplyFailure | None
+
+
 SHAPES: dict[str, Any] = {
     PREFLIGHT: PreflightDoc,
     APPLY: ApplyDoc,
@@ -351,6 +397,7 @@ SHAPES: dict[str, Any] = {
     CATALOG_SHOW: CatalogShowDoc,
     CATALOG_DIFF: CatalogDiffDoc,
     UPGRADE_PLAN: UpgradePlanDoc,
+    UPGRADE_APPLY: UpgradeApplyDoc,
     EVIDENCE_VERIFY: EvidenceVerifyDoc,
 }
 

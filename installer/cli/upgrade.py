@@ -1,6 +1,11 @@
 """`gpu-install upgrade plan`: read-only, from the running GPU Operator release and GPU nodes to the target release
 (installer/upgrade). Exit 0: nothing blocks; 3: blockers (each named with its fix); 5: the cluster cannot be
-reached; 7: the API server or helm answered with an error."""
+reached; 7: the API server or helm answered with an error.
+
+`gpu-install upgrade apply --plan FILE --yes [--resume]`: that plan applied batch by batch (installer.upgrade.apply).
+Exit 0: done (or nothing to do); 2: bad flags or plan file, no --yes; 3: a stale plan, blockers, images missing from
+the mirror, an unfinished run recorded; 4: a node step failed (drain, driver role, reboot); 5: unreachable; 6: a
+batch's validation failed; 7: helm or the API server failed."""
 
 from __future__ import annotations
 
@@ -88,6 +93,74 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return up.exit_code
 
 
+def _apply_doc(rec: Any, outcome: Any, state: Any, path: Any) -> None:
+    """The gpu-install.upgrade-apply/v1 fields from the state file's record (docs/json.md)."""
+    if state is None:
+        return
+    rel = {"name": state.releaseName, "namespace": state.releaseNamespace,
+           "previous": None if state.previous is None else {"revision": state.previous.revision,
+                                                             "chart": state.previous.chart},
+           "applied": None if state.applied is None else {"revision": state.applied.revision,
+                                                           "chart": state.applied.chart}}
+    secs = outcome.seconds if outcome is not None else {}
+    rec.doc.update(statePath=str(path), phase=state.phase, release=rel, targetVersion=state.targetVersion,
+                   batches=[{"index": b.index, "nodes": list(b.nodes), "canary": b.canary, "status": b.status,
+                             "seconds": secs.get(b.index)} for b in state.batches],
+                   failure=None if state.failure is None else {
+                       "batch": state.failure.batch, "nodes": list(state.failure.nodes),
+                       "exitCode": state.failure.exitCode, "message": state.failure.message})
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from installer import jsonout
+    from installer.cli.common import display
+    from installer.errors import ConfigError
+    from installer.upgrade import apply as upgrade_apply
+
+    with jsonout.json_document(args.json, jsonout.UPGRADE_APPLY, "upgrade apply") as rec:
+        rec.doc.update(planFile=args.plan, planHash=None, statePath=None, resumed=bool(args.resume),
+                       nothingToDo=False, targetVersion=None, release=None, phase=None, batches=[], failure=None)
+        if not args.yes:
+            raise ConfigError("upgrade apply changes the cluster (helm upgrade, cordons, drains, driver reloads): "
+                              "confirm with --yes",
+                              hint=f"review the plan first (gpu-install upgrade plan), then: gpu-install upgrade "
+                                   f"apply -s {args.site} -i {args.inventory} --plan {args.plan} --yes")
+        plan = resolve_plan(args, need_inventory=True)
+        rec.secrets += jsonout.secret_values(plan)
+        disp = display(args)
+        say = disp.note
+        seen: dict[str, Any] = {}
+
+        def on_state(state: Any, path: Any) -> None:
+            seen.update(state=state, path=path)
+
+        opts = upgrade_apply.Options(
+            plan_file=args.plan, resume=args.resume, kubeconfig=args.kubeconfig, chart=args.chart,
+            state_file=args.state, operator_timeout=args.operator_timeout, drain_timeout=args.drain_timeout,
+            node_timeout=args.node_timeout, batch_timeout=args.batch_timeout,
+            validate_timeout=args.validate_timeout, mirror_check=not args.skip_mirror_check)
+        outcome = None
+        try:
+            outcome = upgrade_apply.run(plan, opts, site=args.site, inventory=args.inventory, say=say, display=disp,
+                                        on_state=on_state)
+        finally:
+            disp.close()
+            _apply_doc(rec, outcome, seen.get("state"), seen.get("path"))
+        rec.doc.update(planHash=outcome.plan_hash, nothingToDo=outcome.nothing_to_do, resumed=outcome.resumed)
+        if outcome.state is not None:
+            _apply_doc(rec, outcome, outcome.state, outcome.state_path)
+        rec.doc["exitCode"] = outcome.exit_code
+    if outcome.nothing_to_do:
+        print("upgrade apply: nothing to do (the release is at the target and no node changes)")
+    else:
+        state = outcome.state
+        assert state is not None
+        print(f"upgrade apply ok: {state.targetVersion}, release revision "
+              f"{state.applied.revision if state.applied else '-'}, {len(state.batches)} batch(es) done "
+              f"({outcome.message}); state {outcome.state_path}")
+    return outcome.exit_code
+
+
 def register(sub: Any) -> None:
     usub = group(sub, "upgrade", "move the running GPU Operator release (and the nodes' drivers) to the next one",
                  "upgrade_command")
@@ -117,3 +190,42 @@ def register(sub: Any) -> None:
                         "like the operator's driver.upgradePolicy.maxUnavailable)")
     quiet_arg(q, "no summary line on stderr")
     q.set_defaults(func=cmd_plan)
+
+    from installer.cli.common import seconds
+
+    a = command(usub, "apply", "apply an upgrade plan (upgrade plan -o FILE): refuse it when stale, mirror check, "
+                               "CRDs, helm upgrade, then the nodes batch by batch (canary first), validated between; "
+                               "--resume continues a stopped run")
+    site_args(a)
+    inventory_arg(a, required=True)
+    a.add_argument("--plan", required=True, metavar="FILE",
+                   help="the plan `upgrade plan -o FILE` wrote; refused when the cluster no longer matches its hash")
+    a.add_argument("--yes", action="store_true", help="confirm; without it nothing changes (exit 2)")
+    a.add_argument("--resume", action="store_true",
+                   help="continue the run recorded in the state file for this plan (after a failure was fixed, or "
+                        "the command was stopped): finished batches are not run again")
+    a.add_argument("--limit", help="the same --limit the plan was made with (Ansible pattern)")
+    kubeconfig_arg(a)
+    a.add_argument("--chart", default=os.environ.get(ENV_CHART),
+                   help=f"the target's chart, as given to upgrade plan; env {ENV_CHART}; default: operator.chart")
+    a.add_argument("--state", metavar="FILE",
+                   help="the state file (default $GPU_INSTALL_STATE/upgrade/NAMESPACE.RELEASE.json, "
+                        "~/.local/state/gpu-install/upgrade/ by default)")
+    a.add_argument("--operator-timeout", type=seconds, default=300.0, metavar="SECONDS",
+                   help="helm upgrade's wait (default 300)")
+    a.add_argument("--drain-timeout", type=seconds, default=300.0, metavar="SECONDS",
+                   help="host modes: evictions a PodDisruptionBudget refuses are retried this long per node "
+                        "(default 300)")
+    a.add_argument("--node-timeout", type=seconds, default=900.0, metavar="SECONDS",
+                   help="host modes: a rebooted node back Ready (default 900)")
+    a.add_argument("--batch-timeout", type=seconds, default=1800.0, metavar="SECONDS",
+                   help="operator modes: a batch's nodes reach upgrade-done (default 1800)")
+    a.add_argument("--validate-timeout", type=seconds, default=300.0, metavar="SECONDS",
+                   help="a batch's validation (its smoke pods) (default 300)")
+    a.add_argument("--skip-mirror-check", action="store_true",
+                   help="do not check that registry.host holds the target's images first")
+    a.add_argument("--json", metavar="FILE",
+                   help="also write the outcome as JSON (schema gpu-install.upgrade-apply/v1, docs/json.md), also "
+                        "when it fails")
+    quiet_arg(a)
+    a.set_defaults(func=cmd_apply)
