@@ -139,10 +139,38 @@ def _staged(args: argparse.Namespace, command_name: str) -> int:
         tail = "; ".join(f"{s.name} {s.outcome}" for s in summary.stages)
         print(f"{command_name} ok{' (check mode)' if run.check else ''}: "
               f"nodes changed={summary.nodes_changed}; {tail}")
+    if ok and getattr(args, "evidence", None):
+        _evidence(args, plan, summary)
     return 0
 
 
+def _evidence(args: argparse.Namespace, plan: Any, summary: Any) -> None:
+    """apply --evidence FILE: after the validate stage, its report beside FILE (FILE-validate.json) and the signed
+    evidence of what now runs (gpu-install evidence create, docs/evidence.md)."""
+    import json
+    from pathlib import Path
+
+    from installer.cli.evidence import write_evidence
+    from installer.util import atomic_write
+
+    reports = []
+    if summary.report is not None:
+        target = Path(args.evidence).expanduser()
+        report = target.with_name(target.stem + "-validate.json")
+        atomic_write(report, json.dumps(summary.report.to_json(), indent=2) + "\n")
+        reports.append(str(report))
+    write_evidence(plan, args, args.evidence, reports)
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
+    if getattr(args, "evidence", None):  # checked before anything runs (exit 2)
+        from installer.errors import ConfigError
+        from installer.jsonout import check_target
+
+        if args.check:
+            raise ConfigError("--evidence records what runs after an apply: not with --check",
+                              hint="leave out --evidence, or --check")
+        check_target(args.evidence)
     return _staged(args, "apply")
 
 
@@ -211,6 +239,12 @@ def register(sub: Any) -> None:
     p.add_argument("--junit", metavar="FILE", help="also write the validate stage's report as JUnit XML (one testcase "
                                                    "per node x check, as `gpu-install validate --junit`), also when "
                                                    "it fails; nothing when the stage did not run")
+    p.add_argument("--evidence", metavar="FILE",
+                   help="after a successful apply (its validate stage passed), write signed install evidence to FILE "
+                        "(as `gpu-install evidence create`, with the validate report as FILE-validate.json)")
+    from installer.cli.evidence import evidence_args
+
+    evidence_args(p)
     p.set_defaults(func=cmd_apply)
 
     p = command(sub, "uninstall", "reverse apply: Helm release, runtime configs minus our keys (needs --yes)")

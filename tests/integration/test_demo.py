@@ -251,8 +251,83 @@ def test_demo_ends_validated(demo):
     log = kubectl(where, "-n", "gpu-operator", "logs", "deployment/gpu-operator")
     assert "STAND-IN gpu-operator: NOT NVIDIA's operator" in log and "state ready" in log, log[-3000:]
     timings = (where / "timings.txt").read_text()
-    assert len(timings.splitlines()) == 8 and "8/8 gpu-install apply again" in timings, timings
+    assert len(timings.splitlines()) == 9 and "8/8 gpu-install apply again" in timings, timings
+    assert timings.splitlines()[-1].split(None, 1)[1].startswith("evidence"), timings
     print("demo wall time per step:\n" + timings, flush=True)
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding, as the DSSE spec writes it."""
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+
+
+def test_demo_ends_with_signed_evidence(demo):
+    """The demo's evidence.json: its DSSE signature verifies independently (PAE computed here, evidence.pub.pem with
+    pyca/cryptography, ECDSA P-256 / SHA-256), its subjects hold the bundle lock by its sha256 and every image
+    running in gpu-operator by the digest the kubelet reports; `evidence verify --live` passed in the demo, and fails
+    (exit 6, the image named) once a container with another image runs in the namespace; passes again without it."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    where, proc, env = demo
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    env_doc = json.loads((where / "evidence.json").read_text())
+    assert env_doc["payloadType"] == "application/vnd.in-toto+json"
+    payload = base64.b64decode(env_doc["payload"])
+    public = load_pem_public_key((where / "evidence.pub.pem").read_bytes())
+    assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp256r1"
+    public.verify(base64.b64decode(env_doc["signatures"][0]["sig"]), pae(env_doc["payloadType"], payload),
+                  ec.ECDSA(hashes.SHA256()))
+    st = json.loads(payload)
+    assert st["predicateType"] == "https://gpu-install.dev/evidence/v1" and st["predicate"]["ticket"] == "DEMO-1"
+    subjects = {s["name"]: s["digest"]["sha256"] for s in st["subject"]}
+    lock = (where / "bundle" / "bundle.lock.json").read_bytes()
+    assert subjects["bundle-lock:bundle.lock.json"] == hashlib.sha256(lock).hexdigest()
+    assert subjects["validate-report:validate-2.json"] == hashlib.sha256((where / "validate-2.json").read_bytes()).hexdigest()
+    assert any(n.startswith("chart:gpu-operator") for n in subjects), sorted(subjects)
+    pods = json.loads(kubectl(where, "-n", "gpu-operator", "get", "pods", "-o", "json"))["items"]
+    running = {(c["image"], c["imageID"].rpartition("sha256:")[2]) for p in pods
+               for c in p["status"].get("containerStatuses") or [] if "running" in (c.get("state") or {})}
+    assert running and {(f"image:{i}", d) for i, d in running} <= set(subjects.items()), (running, subjects)
+    nodes = {n["name"]: n for n in st["predicate"]["nodes"]}
+    assert set(nodes) == set(NODES) and all(n["reached"] and n["driver"] == "535.54.03" for n in nodes.values()), nodes
+    assert all(g["uuid"].startswith("GPU-") for n in nodes.values() for g in n["gpus"]), nodes
+    assert st["predicate"]["helm"]["revision"] == 1 and st["predicate"]["validate"][0]["result"] in ("PASSED", "WARNED")
+    verdict = json.loads((where / "evidence-verify.json").read_text())
+    assert verdict["valid"] and verdict["live"] and verdict["exitCode"] == 0, verdict
+    assert {c["kind"] for c in verdict["checks"] if c["result"] == "ok"} == {"signature", "subject", "live"}, verdict
+    md = (where / "evidence.md").read_text()
+    assert md.startswith("# Install evidence: GPU Operator v23.9.2") and hashlib.sha256(lock).hexdigest() in md, md
+
+    # another image running in the operator's namespace after the evidence was made: drift, named
+    status = json.loads((where / "lab-status.json").read_text())
+    lock_doc = json.loads(lock)
+    recorded = {i for i, _ in running}
+    other = next(e["destination"] for e in lock_doc["images"] if e["destination"] not in recorded
+                 and not any(w in e["source"] for w in ("cuda", "validator", "gpu-operator:")))  # busybox placeholders
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "evidence-drift", "namespace": "gpu-operator"},
+           "spec": {"nodeName": "node1", "containers": [{"name": "c", "image": other, "command": ["sleep", "3600"]}],
+                    "terminationGracePeriodSeconds": 0}}
+    manifest = where / "evidence-drift.json"
+    manifest.write_text(json.dumps(pod))
+    kubectl(where, "apply", "-f", str(manifest))
+    kubectl(where, "-n", "gpu-operator", "wait", "--for=condition=Ready", "pod/evidence-drift", "--timeout=120s")
+    base = [str(GI), "evidence", "verify", str(where / "evidence.json"), "--key", str(where / "evidence.pub.pem"),
+            "-s", str(where / "site.yaml"), "-i", status["inventory"], "--kubeconfig",
+            status["kubernetes"]["kubeconfig"], "--live", "-q"]
+    try:
+        t0 = time.monotonic()
+        bad = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300)
+        print(f"BENCHMARK evidence verify --live (2 lab nodes): {time.monotonic() - t0:.1f}s", flush=True)
+        assert bad.returncode == 6, bad.stdout + bad.stderr
+        assert f"DRIFT     live      image:{other}: runs with sha256:" in bad.stdout, bad.stdout
+        assert "no such image" in bad.stdout and f"image:{other}" in bad.stderr, bad.stdout + bad.stderr
+    finally:
+        kubectl(where, "-n", "gpu-operator", "delete", "pod", "evidence-drift", "--wait=true", "--timeout=120s")
+    good = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stdout + good.stderr
 
 
 def test_demo_apply_twice_then_uninstall(demo, tmp_path):
