@@ -55,9 +55,6 @@ Progress = Callable[[str], None]
 PLAN_SCHEMA = "gpu-install.upgrade-plan/v1"
 MAX_PLAN_BYTES = 32 << 20
 HOST_MODES = ("host", "runfile")
-#: GFD's driver version labels (the nodes' own driver in host modes): full, else major.minor.rev
-DRIVER_LABEL_FULL = "nvidia.com/cuda.driver-version.full"
-DRIVER_LABEL_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev")
 
 
 @dataclass(frozen=True)
@@ -201,18 +198,10 @@ def stale(path: str, doc: Mapping[str, Any], up: UpgradePlan) -> PreflightError:
 # ---------------------------------------------------------------- the state file
 
 
-def driver_version_of(labels: Mapping[str, str]) -> str | None:
-    """The node's driver version as GPU Feature Discovery labels it, None when it does not."""
-    if labels.get(DRIVER_LABEL_FULL):
-        return labels[DRIVER_LABEL_FULL]
-    parts = [labels.get(k) for k in DRIVER_LABEL_PARTS]
-    if parts[0] and parts[1]:
-        return ".".join(p for p in parts if p)
-    return None
-
-
 def new_state(plan: Plan, up: UpgradePlan, cluster: ClusterState, doc: Mapping[str, Any], site: str,
               inventory: str | None) -> st.State:
+    from installer.upgrade.nodes import node_driver_version
+
     cur = up.report.current
     mode = plan.site.driver.mode
     labels = {n.name: n.labels for n in cluster.nodes}
@@ -222,7 +211,7 @@ def new_state(plan: Plan, up: UpgradePlan, cluster: ClusterState, doc: Mapping[s
         deployed_driver = driver_row.current.split(" ", 1)[1]
     nodes = {}
     for n in up.nodes:
-        version = driver_version_of(labels.get(n.name, {})) if mode in HOST_MODES else deployed_driver
+        version = node_driver_version(labels.get(n.name, {})) if mode in HOST_MODES else deployed_driver
         nodes[n.name] = st.NodeRecord(version, n.cordoned)
     batches = [st.BatchRecord(b.index, list(b.nodes), b.canary) for b in up.batches]
     op = plan.site.operator

@@ -271,10 +271,41 @@ def plan_node(state: NodeState, action: NodeAction, pdbs: Sequence[Mapping[str, 
     return NodePlan(name, action, tuple(evicts), tuple(blockers), state.unschedulable, state.ready, upgrade_state)
 
 
+#: GPU Feature Discovery's driver version labels: the full version, else major.minor.rev
+DRIVER_LABEL_FULL = "nvidia.com/cuda.driver-version.full"
+DRIVER_LABEL_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev")
+
+
+def node_driver_version(labels: Mapping[str, str]) -> str | None:
+    """The driver version a node runs, as GPU Feature Discovery labels it; None when it does not."""
+    if labels.get(DRIVER_LABEL_FULL):
+        return labels[DRIVER_LABEL_FULL]
+    parts = [labels.get(k) for k in DRIVER_LABEL_PARTS]
+    if parts[0] and parts[1]:
+        return ".".join(p for p in parts if p)
+    return None
+
+
+def host_driver_action(state: NodeState, action: NodeAction, site: Site | None,
+                       target: str | None) -> NodeAction:
+    """driver.mode host|runfile: the nodes' own driver does not follow the release, so a node whose driver (GFD's
+    labels) is not the site's driver version (driver.version, a runfile's version; a branch such as 535 matches its
+    releases) reloads it even when the release's driver side does not change. Unknown versions change nothing."""
+    if site is None or site.driver.mode not in ("host", "runfile") or action in DRIVER_ACTIONS or not target:
+        return action
+    have = node_driver_version(state.labels)
+    if have is None or have == target or have.startswith(f"{target}."):
+        return action
+    return "host-reboot" if site.driver.rebootPolicy in ("always", "if-needed") else "driver-reload"
+
+
 def plan_nodes(states: Sequence[NodeState], action: NodeAction, pdbs: Sequence[Mapping[str, Any]],
-               operator_namespace: str, site: Site | None = None) -> list[NodePlan]:
+               operator_namespace: str, site: Site | None = None,
+               host_driver: str | None = None) -> list[NodePlan]:
+    """host_driver: the host driver version the site installs (role variable nvidia_driver_package_version)."""
     foreign = foreign_resources(site)
-    return [plan_node(s, action, pdbs, operator_namespace, foreign) for s in states]
+    return [plan_node(s, host_driver_action(s, action, site, host_driver), pdbs, operator_namespace, foreign)
+            for s in states]
 
 
 # ---------------------------------------------------------------- batches

@@ -119,7 +119,9 @@ def build(plan: Plan, state: ClusterState, client: Any, *, site: str, inventory:
     t0 = time.monotonic() if started is None else started
     report = release_report(plan, state.release, state.kube_version, client, chart=chart)
     action = node_side.node_action(report, plan.site)
-    nodes = node_side.plan_nodes(state.nodes, action, state.pdbs, plan.site.operator.namespace, plan.site)
+    host_driver = plan.role_vars.get("nvidia_driver_package_version")
+    nodes = node_side.plan_nodes(state.nodes, action, state.pdbs, plan.site.operator.namespace, plan.site,
+                                 str(host_driver) if host_driver else None)
     bts, batch_blockers = node_side.batches(nodes, max_parallel, max_unavailable)
     blockers = (*release_blockers(state, plan), *report.blockers, *(b for n in nodes for b in n.blockers),
                 *batch_blockers)
@@ -185,8 +187,8 @@ def to_text(up: UpgradePlan, plan_file: str | None = None) -> str:
     elif up.blockers:
         lines += [f"{len(up.blockers)} blocker(s): fix them and plan again (exit {EXIT_PREFLIGHT})."]
     else:
-        lines += ["Next (writes the plan with -o, then applies it; `upgrade apply` comes in a later release of "
-                  "gpu-install: until then follow docs/upgrade.md):", f"  {apply_command(up, plan_file)}"]
+        lines += ["Next (with the plan written by -o; apply re-reads the cluster and refuses the plan once it is "
+                  "stale):", f"  {apply_command(up, plan_file)}"]
     return "\n".join(lines) + "\n"
 
 

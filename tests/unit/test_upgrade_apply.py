@@ -60,8 +60,9 @@ class Cluster:
     """The cluster as cluster.read returns it, changed by the fakes as the real steps would change it."""
 
     def __init__(self, deployed: str = "v23.9.2", *, revision: int = 4, cordoned: tuple[str, ...] = (),
-                 driver_labels: dict[str, str] | None = None):
-        self.values = target(deployed).values  # deployed in operator mode; the target moves the driver to the host
+                 driver_labels: dict[str, str] | None = None, driver: dict | None = None):
+        # deployed in operator mode unless driver says otherwise (the host-mode targets move the driver to the host)
+        self.values = target(deployed, **({"driver": driver} if driver else {})).values
         self.chart, self.revision, self.status = deployed, revision, "deployed"
         self.cordoned = set(cordoned)
         self.labels = {n: {"nvidia.com/cuda.driver-version.full": v} for n, v in (driver_labels or {}).items()}
@@ -272,6 +273,33 @@ def test_a_plan_with_nothing_to_do_is_exit_0_and_writes_no_state(tmp_path, monke
 
 
 # ---------------------------------------------------------------- host mode: batches, failure, resume
+
+
+def test_a_host_driver_version_change_reloads_the_nodes_whose_driver_gfd_reports_older():
+    """Host to host: the release's driver side does not change (driver.enabled false both times); the nodes' own
+    driver, as GPU Feature Discovery labels it, against the site's driver.version decides."""
+    old = {"nvidia.com/cuda.driver.major": "535", "nvidia.com/cuda.driver.minor": "216", "nvidia.com/cuda.driver.rev":
+           "03"}
+    labels = {"gpu-a": old, "gpu-b": {"nvidia.com/cuda.driver-version.full": "535.216.03"},
+              "gpu-c": {"nvidia.com/cuda.driver-version.full": "550.54.15"}}
+    cluster = Cluster(driver={"mode": "host", "version": "535.216.03"})
+    cluster.labels = labels
+    p = up.build(target("v23.9.2", driver={**HOST, "version": "550.54.15"}), cluster.state(), None, site="s",
+                 inventory="i", max_unavailable="100%")
+    assert [(n.name, n.action) for n in p.nodes] == [("gpu-a", "host-reboot"), ("gpu-b", "host-reboot"),
+                                                     ("gpu-c", "none")]
+    assert [b.nodes for b in p.batches] == [("gpu-a",), ("gpu-b",)] and p.blockers == ()
+    # a branch matches its releases; a node GFD has not labelled is not guessed at
+    cluster.labels = {"gpu-a": old}
+    p = up.build(target("v23.9.2", driver={"mode": "host", "version": "535"}), cluster.state(), None, site="s",
+                 inventory="i")
+    assert [n.action for n in p.nodes] == ["none"] * 3 and p.batches == ()
+    # rebootPolicy never: the driver is reloaded after a drain of the GPU pods only
+    p = up.build(target("v23.9.2", driver={"mode": "host", "version": "550.54.15", "rebootPolicy": "never"}),
+                 Cluster(driver={"mode": "host"}, driver_labels={"gpu-b": "535.216.03"}).state(), None, site="s",
+                 inventory="i")
+    assert [n.action for n in p.nodes] == ["none", "driver-reload", "none"]
+    assert p.nodes[1].evicts == ("ml/job-gpu-b",)
 
 
 def test_host_mode_runs_helm_then_the_canary_then_the_batches_each_validated(tmp_path, monkeypatch):

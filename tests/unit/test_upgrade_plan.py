@@ -96,7 +96,7 @@ def test_the_next_major_reloads_the_drivers_canary_first():
     assert "gpu-operator-v23.6.2" in text and "gpu-operator-v23.9.2" in text
     assert "1 (canary): gpu-a" in text and "2: gpu-b, gpu-c" in text
     assert "gpu-install upgrade apply -s site.yaml -i hosts.yml --plan plan.json --yes" in text
-    assert "comes in a later release" in text
+    assert "apply re-reads the cluster and refuses the plan once it is stale" in text
     assert f"Plan hash: {p.plan_hash}" in text and "cannot undo: CRDs: never downgraded" in text
     doc = doc_of(p)
     assert doc["applyCommand"] == "gpu-install upgrade apply -s site.yaml -i hosts.yml --plan plan.json --yes"
