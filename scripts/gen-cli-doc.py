@@ -36,6 +36,11 @@ ENVIRONMENT = {
                                    "with (generated there on first use and kept; its public half `signing-key.pub.pem` is "
                                    "what the air-gapped side pins in `mirror.trustedKeys`; default "
                                    "`<state root>/bundle-signing`; `--key-home` overrides it)",
+    "GPU_INSTALL_EVIDENCE_KEY_HOME": "directory of the evidence key (ECDSA P-256) that `evidence create` and `apply "
+                                     "--evidence` sign install evidence with (generated there on first use and kept; "
+                                     "its public half `signing-key.pub.pem`, exported beside each evidence file, is "
+                                     "what verifiers pin; default `<state root>/evidence-signing`; `--key-home` "
+                                     "overrides it)",
     "GPU_INSTALL_API_TIMEOUT": "seconds every Kubernetes API request may take: `CONNECT,READ` (or one number for both; "
                                "default `10,30`); a request with no answer is exit 5 naming the API server",
     "GPU_INSTALL_HELM_TIMEOUT": "seconds a helm command that waits for nothing (status, template, show chart) may run "

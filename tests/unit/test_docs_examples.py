@@ -46,8 +46,9 @@ SKIP_RULES: list[tuple[str, re.Pattern[str], str]] = [
      "usage notation ([optional], A|B, …, <placeholder>, UPPERCASE placeholder): a synopsis, not a command"),
     ("contacts nodes", re.compile(r"^gpu-install (preflight|apply|mig (label|plan|apply))\b|^gpu-install uninstall .*--yes\b"),
      "connects to the inventory's nodes over SSH (and to the API server); `uninstall` without --yes only previews"),
-    ("contacts the cluster", re.compile(r"^gpu-install (operator (install|status|uninstall)|validate|upgrade (plan|apply|rollback))\b"),
-     "talks to the Kubernetes API server (validate also to the nodes; upgrade reads the release, nodes and pods)"),
+    ("contacts the cluster", re.compile(r"^gpu-install (operator (install|status|uninstall)|validate|upgrade (plan|apply|rollback)|evidence (create|verify))\b"),
+     "talks to the Kubernetes API server (validate also to the nodes; upgrade reads the release, nodes and pods; "
+     "evidence create reads the cluster and the nodes, evidence verify checks what create wrote there)"),
     ("contacts registries", re.compile(r"^gpu-install mirror (pull|push|sync|verify)\b"),
      "copies from or checks registries and chart/package repositories (covered by tests/integration/test_mirror_*)"),
     ("builds a lab", re.compile(r"^(sudo )?gpu-install lab\b"),
