@@ -280,3 +280,21 @@ def test_the_key_is_ecdsa_p256_kept_private_and_reused(tmp_path):
     assert oct(os.stat(home / signing.PRIVATE).st_mode & 0o777) == "0o600"
     again = sign.load_key(str(home))
     assert not again.created and again.fingerprint == first.fingerprint
+
+
+def test_apply_evidence_is_refused_up_front_with_check_or_an_unwritable_path(tmp_path, capsys):
+    base = ["apply", "-s", str(SITE), "-i", str(HOSTS), "-q"]
+    assert main([*base, "--check", "--evidence", str(tmp_path / "e.json")]) == 2
+    assert "not with --check" in capsys.readouterr().err
+    assert main([*base, "--evidence", str(tmp_path / "missing" / "e.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_create_refuses_a_missing_bundle_before_the_cluster_is_asked(tmp_path, plan):
+    from installer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--bundle .*: not a directory"):
+        evidence.create(plan, str(SITE), tmp_path / "e.json", kubeconfig=tmp_path / "no-kubeconfig",
+                        bundle=tmp_path / "no-bundle", key_home=str(tmp_path / "k"))
+    assert not (tmp_path / "k").exists() and not (tmp_path / "e.json").exists()
