@@ -56,7 +56,10 @@ def pod_body(t: Target, namespace: str, run: str, smi_image: str, vector_image: 
         "terminationGracePeriodSeconds": 0,
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [t.node]}]}]}}},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        # a cordoned node is validated too (`upgrade apply` validates a batch before it uncordons it): the cordon's
+        # taint is tolerated, as DaemonSet pods tolerate it
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}],
         "initContainers": [{"name": "nvidia-smi", "image": smi_image, "command": ["nvidia-smi", "-L"],
                             "env": env, "resources": {"limits": limits}}],
         "containers": [{"name": "vectoradd", "image": vector_image, "command": ["sh", "-c", "vectorAdd"],

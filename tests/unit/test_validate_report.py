@@ -168,6 +168,9 @@ def test_smoke_pod_body():
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
     assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["runtimeClassName"] == "nvidia"
     assert body["metadata"]["labels"][smoke.RUN_LABEL] == "abc"
+    # a cordoned node (upgrade apply validates a batch before uncordoning it) still runs the smoke pod
+    assert {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"} in \
+        spec["tolerations"]
     assert CLUSTER == "(cluster)"
 
 
