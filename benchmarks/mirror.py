@@ -3,18 +3,24 @@
 set of one release, ours (`images.sync`, N at a time) against a serial `skopeo copy` loop of the same list in the same
 run; a no-op re-sync; a bundle (`images.pull`) against the sum of its unique blobs.
 
-    .venv/bin/python benchmarks/mirror.py [--mb 300] [--jobs 4]
+    .venv/bin/python benchmarks/mirror.py [--mb 300] [--jobs 4] [--throttle 8]
 
 The images are STAND-INs generated here at the exact paths and tags of a site's Plan.images (driver and toolkit from the
 operator, sandbox workloads, GDS and GDRCopy on, two node OSes: 17 images): uncompressed tar layers of random bytes (they do not compress away), three base layers shared the way CUDA /
 distroless bases are, plus one or two layers of each image's own; total about --mb MB. Three Debian docker-registry
 processes on loopback with a throwaway CA: "upstream" (seeded), and one destination for each contender, so that
 neither can mount blobs the other pushed. Needs skopeo, docker-registry and the [lab] extra (the test CA).
+
+Both contenders read the upstream through a STAND-IN of a CDN edge (ThrottledProxy): a TCP proxy on loopback that
+limits each connection's download to --throttle MB/s (as nvcr.io's and most CDNs' per-connection limits do; TLS
+passes through it untouched). Without it loopback is limited only by CPU, and copying more images at once cannot
+help; with it, concurrency matters as it does against a real upstream. --throttle 0: no proxy (plain loopback).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import io
 import json
@@ -25,6 +31,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,10 +77,71 @@ def write_image(out: Path, layers: list[bytes]) -> dict[str, int]:
     return sizes
 
 
+class ThrottledProxy:
+    """STAND-IN for a CDN edge in front of the upstream registry: a loopback TCP proxy (asyncio, in a thread) that
+    limits each connection's bytes towards the client to `rate` bytes/s with a token bucket (burst 256 KiB); the
+    client's bytes to the registry pass unlimited. One limit per TCP connection, none on their number."""
+
+    BURST = 256 * 1024
+
+    def __init__(self, target: str, rate: float):
+        host, port = target.rsplit(":", 1)
+        self.target, self.rate = (host, int(port)), rate
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.connections = 0
+
+    def start(self) -> str:
+        """Listen on a free loopback port; returns "127.0.0.1:PORT"."""
+        self.thread.start()
+        coro = asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.server = asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def stop(self) -> None:
+        async def close() -> None:
+            self.server.close()
+            await self.server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rate: float) -> None:
+        allowance, last = float(self.BURST), self.loop.time()
+        try:
+            while data := await reader.read(64 * 1024):
+                if rate:
+                    now = self.loop.time()
+                    allowance = min(float(self.BURST), allowance + (now - last) * rate) - len(data)
+                    last = now
+                    if allowance < 0:
+                        await asyncio.sleep(-allowance / rate)
+                writer.write(data)
+                await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+        except (ConnectionError, OSError):
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(self._pipe(reader, up_writer, 0), self._pipe(up_reader, writer, self.rate))
+        for w in (up_writer, writer):
+            w.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=300, help="about this many MB of unique blobs in all (default 300)")
     ap.add_argument("--jobs", type=int, default=4, help="ours: images at a time (default 4)")
+    ap.add_argument("--throttle", type=float, default=8.0,
+                    help="the STAND-IN CDN's limit per TCP connection, MB/s (default 8; 0: no proxy)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     for tool in ("skopeo", "docker-registry"):
@@ -91,6 +159,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="gpu-install-bench-mirror-"))
     procs = []
+    proxy: ThrottledProxy | None = None
     try:
         ca, _ = ensure_ca(work / "pki", cn="gpu-install mirror bench CA")
         cert, key = issue_server_cert(work / "pki", "registry", ["127.0.0.1"], ["localhost"])
@@ -102,10 +171,15 @@ def main() -> int:
             proc, addr = serve(work, name, cert, key)
             procs.append(proc)
             regs[name] = addr
+        # what the contenders pull from: the upstream behind the STAND-IN CDN (seeding goes to the registry itself)
+        upstream = regs["upstream"]
+        if args.throttle > 0:
+            proxy = ThrottledProxy(regs["upstream"], args.throttle * 1_000_000)
+            upstream = proxy.start()
         site = {"operator": {"version": "v24.9.2"}, "registry": {"host": regs["ours"], "prefix": "mirror", "ca": str(ca)},
                 "driver": {"mode": "operator"}, "toolkit": {"mode": "operator"},
                 "sandboxWorkloads": {"enabled": True}, "components": {"gds": {"enabled": True}, "gdrcopy": {"enabled": True}},
-                "mirror": {"upstream": {"nvcr.io": f"{regs['upstream']}/nv", "registry.k8s.io": f"{regs['upstream']}/k8s"},
+                "mirror": {"upstream": {"nvcr.io": f"{upstream}/nv", "registry.k8s.io": f"{upstream}/k8s"},
                            "upstreamCa": str(ca)}}
         site_file = work / "site.yaml"
         site_file.write_text(yaml.safe_dump(site))
@@ -131,7 +205,8 @@ def main() -> int:
 
         def seed(a: tuple[Path, str]) -> None:
             subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-cert-dir", str(certs),
-                            f"oci:{a[0]}:t", f"docker://{a[1]}"], check=True, capture_output=True)
+                            f"oci:{a[0]}:t", f"docker://{a[1].replace(upstream, regs['upstream'], 1)}"],
+                           check=True, capture_output=True)
 
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(seed, zip(layouts, sources, strict=True)))
@@ -164,6 +239,11 @@ def main() -> int:
         whole = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
         want = sum(unique.values())
 
+        if proxy is not None:
+            print(f"upstream: STAND-IN CDN, {args.throttle:g} MB/s per TCP connection "
+                  f"({proxy.connections} connections in all)")
+        else:
+            print("upstream: plain loopback (no per-connection limit)")
         print(f"registry -> registry, serial skopeo copy loop: {serial:6.2f}s")
         print(f"registry -> registry, ours (sync, --jobs {args.jobs}): {ours:6.2f}s   speed-up {serial / ours:.2f}x")
         print(f"no-op re-sync of {n} images:               {noop:6.2f}s")
@@ -172,6 +252,8 @@ def main() -> int:
               f"{want / 1e6:.1f} MB: {100 * (whole - want) / want:+.2f}%")
         print(f"cores: {os.cpu_count()}")
     finally:
+        if proxy is not None:
+            proxy.stop()
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
