@@ -116,6 +116,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from installer.cli.common import display
     from installer.errors import ConfigError
     from installer.upgrade import apply as upgrade_apply
+    from installer.validate import parse_only
 
     with jsonout.json_document(args.json, jsonout.UPGRADE_APPLY, "upgrade apply") as rec:
         rec.doc.update(planFile=args.plan, planHash=None, statePath=None, resumed=bool(args.resume),
@@ -136,9 +137,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
         opts = upgrade_apply.Options(
             plan_file=args.plan, resume=args.resume, kubeconfig=args.kubeconfig, chart=args.chart,
-            state_file=args.state, operator_timeout=args.operator_timeout, drain_timeout=args.drain_timeout,
+            state_file=args.state, operator_timeout=args.operator_timeout, wait=not args.no_wait,
+            drain_timeout=args.drain_timeout,
             node_timeout=args.node_timeout, batch_timeout=args.batch_timeout,
-            validate_timeout=args.validate_timeout, mirror_check=not args.skip_mirror_check)
+            validate_timeout=args.validate_timeout, validate_layers=parse_only(args.validate_only),
+            mirror_check=not args.skip_mirror_check)
         outcome = None
         try:
             outcome = upgrade_apply.run(plan, opts, site=args.site, inventory=args.inventory, say=say, display=disp,
@@ -213,6 +216,8 @@ def register(sub: Any) -> None:
                         "~/.local/state/gpu-install/upgrade/ by default)")
     a.add_argument("--operator-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="helm upgrade's wait (default 300)")
+    a.add_argument("--no-wait", action="store_true",
+                   help="helm upgrade does not wait for the operator's workloads")
     a.add_argument("--drain-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="host modes: evictions a PodDisruptionBudget refuses are retried this long per node "
                         "(default 300)")
@@ -222,6 +227,8 @@ def register(sub: Any) -> None:
                    help="operator modes: a batch's nodes reach upgrade-done (default 1800)")
     a.add_argument("--validate-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="a batch's validation (its smoke pods) (default 300)")
+    a.add_argument("--validate-only", metavar="LAYERS", default="node,runtime,smoke",
+                   help="the layers each batch is validated with (as validate --only; default node,runtime,smoke)")
     a.add_argument("--skip-mirror-check", action="store_true",
                    help="do not check that registry.host holds the target's images first")
     a.add_argument("--json", metavar="FILE",

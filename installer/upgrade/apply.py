@@ -70,6 +70,7 @@ class Options:
     node_timeout: float = 900.0  # a node back Ready after its reboot
     batch_timeout: float = 1800.0  # operator mode: a batch's nodes reach upgrade-done
     validate_timeout: float = 300.0
+    validate_layers: tuple[str, ...] = ("node", "runtime", "smoke")  # a batch's validation (validate --only)
     mirror_check: bool = True
 
 
@@ -436,7 +437,8 @@ def _host_batch(plan: Plan, opts: Options, rec: st.State, b: st.BatchRecord, cli
 
     reboot = plan.site.driver.rebootPolicy in ("always", "if-needed")
     batch = HostBatch(plan, client, kubeconfig, drain_timeout=opts.drain_timeout, node_timeout=opts.node_timeout,
-                      validate_timeout=opts.validate_timeout, say=say, display=display, step=step)
+                      validate_timeout=opts.validate_timeout, say=say, display=display, step=step,
+                      layers=opts.validate_layers)
     boot_ids: dict[str, str | None] = {n: rec.nodes[n].bootIdBefore for n in b.nodes
                                        if n in rec.nodes and rec.nodes[n].bootIdBefore is not None}
 

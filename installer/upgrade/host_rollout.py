@@ -99,7 +99,7 @@ class HostBatch:
 
     def __init__(self, plan: Plan, client: Any, kubeconfig: str, *, drain_timeout: float, node_timeout: float,
                  validate_timeout: float, say: Progress, display: Display | None = None,
-                 step: Callable[[str | None, str], None] | None = None):
+                 step: Callable[[str | None, str], None] | None = None, layers: Sequence[str] = LAYERS):
         from kubernetes import client as k
 
         from installer.mig_rollout import Rollout
@@ -107,7 +107,7 @@ class HostBatch:
         self.plan, self.client, self.kubeconfig = plan, client, kubeconfig
         self.core = k.CoreV1Api(client)
         self.drain_timeout, self.node_timeout, self.validate_timeout = drain_timeout, node_timeout, validate_timeout
-        self.say, self.display = say, display
+        self.say, self.display, self.layers = say, display, tuple(layers)
         self.step = step or (lambda node, what: None)
         self.hosts = {n.node_name: n.name for n in plan.nodes}
         self._rollout: Callable[[bool], Rollout] = lambda drain_all: Rollout(
@@ -150,8 +150,8 @@ class HostBatch:
         from installer import validate
 
         hosts = [self.hosts.get(n, n) for n in nodes]
-        self.say(f"validate {', '.join(nodes)}: {', '.join(LAYERS)}")
-        report = validate.run(batch_plan(self.plan, hosts), self.kubeconfig, LAYERS, timeout=self.validate_timeout,
+        self.say(f"validate {', '.join(nodes)}: {', '.join(self.layers)}")
+        report = validate.run(batch_plan(self.plan, hosts), self.kubeconfig, self.layers, timeout=self.validate_timeout,
                               progress=self.say, client=self.client)
         failed = [c for c in report.checks if c.status in ("fail", "unreachable")]
         for c in failed:
