@@ -103,7 +103,7 @@ def _apply_doc(rec: Any, outcome: Any, state: Any, path: Any) -> None:
            "applied": None if state.applied is None else {"revision": state.applied.revision,
                                                            "chart": state.applied.chart}}
     secs = outcome.seconds if outcome is not None else {}
-    rec.doc.update(statePath=str(path), phase=state.phase, release=rel, targetVersion=state.targetVersion,
+    rec.doc.update(planHash=state.planHash, statePath=str(path), phase=state.phase, release=rel, targetVersion=state.targetVersion,
                    batches=[{"index": b.index, "nodes": list(b.nodes), "canary": b.canary, "status": b.status,
                              "seconds": secs.get(b.index)} for b in state.batches],
                    failure=None if state.failure is None else {

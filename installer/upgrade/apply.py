@@ -243,6 +243,9 @@ def check_resume(rec: st.State, plan: Plan, cluster: ClusterState, path: Path) -
         if (rel.revision > rec.previous.revision and rel.chart_version == rec.targetVersion
                 and cluster.release_status == "deployed" and st.values_hash(rel.values) == rec.targetValuesHash):
             rec.applied = st.Revision(rel.revision, rel.chart_version)  # the run's helm upgrade finished
+        elif (rel.revision > rec.previous.revision and rel.chart_version == rec.targetVersion
+              and cluster.release_status != "deployed" and rec.phase == "upgrading"):
+            pass  # the run's own helm upgrade failed (or was stopped) on the way: it runs again
         else:
             problems.append(f"the Helm release is at revision {rel.revision} ({rel.chart_version}), neither the "
                             f"run's starting revision {rec.previous.revision} nor its upgrade")

@@ -549,3 +549,27 @@ def test_the_cli_needs_yes(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["exitCode"] == 2 and doc["error"]["type"] == "ConfigError"
     jsonschema.Draft202012Validator(jsonout.json_schema(jsonout.UPGRADE_APPLY)).validate(doc)
+
+
+def test_resume_reruns_helm_after_its_own_failed_upgrade(tmp_path, monkeypatch):
+    """helm upgrade failed mid-way (a new revision, status failed): --resume runs it again instead of calling the
+    plan stale."""
+    from installer.errors import ClusterError
+
+    rig = Rig(tmp_path, monkeypatch)
+    rig.write_plan()
+
+    def failing_helm(plan, opts, rec, kubeconfig, say):
+        rig.cluster.revision += 1
+        rig.cluster.status = "failed"
+        raise ClusterError("helm upgrade --install gpu-operator failed: timed out waiting for the condition")
+
+    monkeypatch.setattr(ua, "_helm", failing_helm)
+    with pytest.raises(ClusterError):
+        rig.run()
+    rec = rig.saved()
+    assert rec.phase == "upgrading" and rec.failure is not None and rec.failure.exitCode == 7
+    monkeypatch.setattr(ua, "_helm", rig._helm)
+    rig.run(resume=True)
+    assert rig.steps("helm") == ["v23.9.2"] and rig.saved().applied == st.Revision(6, "v23.9.2")
+    assert rig.saved().phase == "done"
