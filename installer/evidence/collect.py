@@ -223,11 +223,14 @@ def running_images(core: Any, namespace: str) -> tuple[list[RunningImage], list[
             if cs.state is None or cs.state.running is None:
                 continue
             where = f"{pod.metadata.name}/{cs.name}"
+            # the image as the pod names it: the kubelet's .image is the runtime's name for that digest, which is
+            # another tag when several share the digest (an image pushed under two names reads as the first one)
+            image = next((c.image for c in pod.spec.containers or [] if c.name == cs.name), None) or cs.image
             digest = image_digest(cs.image_id or "")
             if digest is None:
-                missing.append(f"{where} ({cs.image}: imageID {cs.image_id or 'empty'!s})")
+                missing.append(f"{where} ({image}: imageID {cs.image_id or 'empty'!s})")
                 continue
-            pods_, nodes_ = by.setdefault((cs.image, digest), (set(), set()))
+            pods_, nodes_ = by.setdefault((image, digest), (set(), set()))
             pods_.add(where)
             nodes_.add(pod.spec.node_name or "")
     return [RunningImage(img, d, tuple(sorted(p)), tuple(sorted(n))) for (img, d), (p, n) in sorted(by.items())], missing

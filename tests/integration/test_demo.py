@@ -288,7 +288,8 @@ def test_demo_ends_with_signed_evidence(demo):
     assert subjects["validate-report:validate-2.json"] == hashlib.sha256((where / "validate-2.json").read_bytes()).hexdigest()
     assert any(n.startswith("chart:gpu-operator") for n in subjects), sorted(subjects)
     pods = json.loads(kubectl(where, "-n", "gpu-operator", "get", "pods", "-o", "json"))["items"]
-    running = {(c["image"], c["imageID"].rpartition("sha256:")[2]) for p in pods
+    spec = {(p["metadata"]["name"], c["name"]): c["image"] for p in pods for c in p["spec"]["containers"]}
+    running = {(spec[p["metadata"]["name"], c["name"]], c["imageID"].rpartition("sha256:")[2]) for p in pods
                for c in p["status"].get("containerStatuses") or [] if "running" in (c.get("state") or {})}
     assert running and {(f"image:{i}", d) for i, d in running} <= set(subjects.items()), (running, subjects)
     nodes = {n["name"]: n for n in st["predicate"]["nodes"]}

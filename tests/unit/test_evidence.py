@@ -298,3 +298,40 @@ def test_create_refuses_a_missing_bundle_before_the_cluster_is_asked(tmp_path, p
         evidence.create(plan, str(SITE), tmp_path / "e.json", kubeconfig=tmp_path / "no-kubeconfig",
                         bundle=tmp_path / "no-bundle", key_home=str(tmp_path / "k"))
     assert not (tmp_path / "k").exists() and not (tmp_path / "e.json").exists()
+
+
+def test_running_images_are_named_by_the_pod_spec_and_digested_by_the_kubelet():
+    """Two tags of one digest (the demo's placeholders): the kubelet's .image names whichever tag the runtime
+    found first; the evidence keeps the pod's own image, so a pod started with another tag is told apart."""
+    from kubernetes.client import (
+        V1Container,
+        V1ContainerState,
+        V1ContainerStateRunning,
+        V1ContainerStatus,
+        V1ObjectMeta,
+        V1Pod,
+        V1PodList,
+        V1PodSpec,
+        V1PodStatus,
+    )
+
+    d = "4" * 64
+
+    def pod(name: str, image: str, reported: str, image_id: str, phase: str = "Running") -> V1Pod:
+        return V1Pod(metadata=V1ObjectMeta(name=name), spec=V1PodSpec(node_name="node1", containers=[
+            V1Container(name="c", image=image)]), status=V1PodStatus(phase=phase, container_statuses=[V1ContainerStatus(
+                name="c", image=reported, image_id=image_id, ready=True, restart_count=0,
+                state=V1ContainerState(running=V1ContainerStateRunning()))]))
+
+    class Core:
+        def list_namespaced_pod(self, namespace: str) -> V1PodList:
+            return V1PodList(items=[
+                pod("nfd", "reg/nfd:v1", "reg/nfd:v1", f"reg/nfd@sha256:{d}"),
+                pod("drift", "reg/dcgm:v3", "reg/nfd:v1", f"reg/nfd@sha256:{d}"),
+                pod("local", "reg/x:v1", "reg/x:v1", ""),
+                pod("done", "reg/y:v1", "reg/y:v1", f"reg/y@sha256:{d}", phase="Succeeded")])
+
+    images, missing = collect.running_images(Core(), "gpu-operator")
+    assert [(i.image, i.digest, i.pods) for i in images] == [("reg/dcgm:v3", d, ("drift/c",)),
+                                                             ("reg/nfd:v1", d, ("nfd/c",))]
+    assert missing == ["local/c (reg/x:v1: imageID empty)"]
