@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer import content, platforms
+from installer.catalog import has_path
 from installer.errors import ConfigError
 from installer.facts import Node, with_next_kernels
 
@@ -301,9 +302,9 @@ def _image_needs(plan: Plan, comp: ResolvedComponent, img: Image) -> list[Need]:
         switch = spec.enabled_path
         if not switch:
             out.append(Need(name, f"always deployed by {plan.release.version}"))
-        elif _has(site.values, switch):
+        elif has_path(site.values, switch):
             out.append(Need(name, f"values.{switch}=true"))
-        elif _has(plan.values, switch):
+        elif has_path(plan.values, switch):
             out.append(Need(name, f"{switch}=true (rendered from the site)"))
         else:
             out.append(Need(name, f"{switch}=true (chart default of {plan.release.version})"))
@@ -331,17 +332,6 @@ def _image_needs(plan: Plan, comp: ResolvedComponent, img: Image) -> list[Need]:
         out.append(Need(name, _node_setting(plan, hosts, precompiled=site.driver.mode == "precompiled"
                                             and name == "driver", tag=tag)))
     return out
-
-
-def _has(tree: Mapping[str, Any], path: str) -> bool:
-    from installer.catalog import split_path
-
-    node: Any = tree
-    for part in split_path(path):
-        if not isinstance(node, Mapping) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def _node_setting(plan: Plan, nodes: Sequence[Node], precompiled: bool = False, tag: str = "") -> str:

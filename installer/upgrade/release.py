@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from installer.catalog import Catalog, Component, Release, join_path, parse_release, release_name, split_path
+from installer.catalog import Catalog, Component, Release, join_path, lookup, parse_release, release_name, split_path
 from installer.errors import ConfigError, GpuInstallError
 from installer.upgrade.model import Blocker, Change, CurrentRelease, ReleaseReport
 
@@ -102,26 +102,17 @@ def kube_blockers(target: str, kube_version: str, releases: list[str], catalog_d
 # ---------------------------------------------------------------- components
 
 
-def _get(tree: Mapping[str, Any], path: str) -> Any:
-    node: Any = tree
-    for part in split_path(path):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _image(values: Mapping[str, Any], spec: Component) -> str | None:
     """The image a component runs with these values: the values' repository/image/version (tag for NFD), else the
     release's pins."""
     from installer.catalog import image_ref
 
     base = spec.values_path
-    repo = _get(values, f"{base}.repository") or spec.repository
+    repo = lookup(values, f"{base}.repository") or spec.repository
     if spec.is_nfd:
-        image, version = None, _get(values, f"{base}.tag") or spec.version
+        image, version = None, lookup(values, f"{base}.tag") or spec.version
     else:
-        image, version = _get(values, f"{base}.image") or spec.image, _get(values, f"{base}.version") or spec.version
+        image, version = lookup(values, f"{base}.image") or spec.image, lookup(values, f"{base}.version") or spec.version
     if not repo or not version:
         return None
     return image_ref(str(repo), str(image) if image else None, str(version))
@@ -141,7 +132,7 @@ def driver_state(values: Mapping[str, Any], release: Release) -> tuple[str, str 
     if effective(dict(values), release, "driver.enabled") is False:
         return "host", None
     comp = release.components.get("driver")
-    version = _get(values, "driver.version") or (comp.version if comp else None)
+    version = lookup(values, "driver.version") or (comp.version if comp else None)
     mode = "precompiled" if effective(dict(values), release, "driver.usePrecompiled") else "operator"
     return mode, None if version is None else str(version)
 
@@ -153,7 +144,7 @@ def toolkit_state(values: Mapping[str, Any], release: Release) -> str | None:
     if effective(dict(values), release, "toolkit.enabled") is False:
         return None
     comp = release.components.get("toolkit")
-    v = _get(values, "toolkit.version") or (comp.version if comp else None)
+    v = lookup(values, "toolkit.version") or (comp.version if comp else None)
     return None if v is None else str(v)
 
 
