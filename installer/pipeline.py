@@ -316,8 +316,14 @@ def removal_plan(plan: Plan, op: OperatorOptions, skipped: str | None = None,
     if groups.get("kube_control_plane"):
         out.append("on the kube_control_plane hosts: gpu-install's flags and mount out of the kube-scheduler "
                    "static-pod manifest and its scheduler policy/config files, if an apply put them there; backup kept")
-    out.append(f"{on} MIG mode off on the GPUs gpu-install turned it on for (its record "
-               "/var/lib/gpu-install/mig_mode.json; mig.dynamic nos), their MIG instances destroyed first")
+    # only mig.dynamic nos turns MIG mode on; the record also covers an earlier apply with nos on a site now without
+    from installer.features import nos
+
+    mig_record = "/var/lib/gpu-install/mig_mode.json"
+    out.append(f"{on} MIG mode off on the GPUs gpu-install turned it on for (mig.dynamic nos; its record {mig_record}),"
+               " their MIG instances destroyed first" if nos.FEATURE.requested(site) else
+               f"{on} MIG mode off only where an earlier apply with mig.dynamic nos turned it on (its record "
+               f"{mig_record}; this site does not use nos: usually nothing)")
     keep = keep_packages
     out.append(f"{on} the NVIDIA container toolkit and driver " + (
         "packages stay installed (keep packages); the files gpu-install wrote go" if keep else

@@ -257,4 +257,5 @@ def register(sub: Any) -> None:
     p.add_argument("--tags", help="only these roles' removal (e.g. docker_runtime)")
     p.add_argument("--skip-tags", dest="skip_tags", help="skip these roles' removal")
     _operator_args(p, install=False)
+    json_arg(p, "gpu-install.apply/v1", "the stage table and the per-host results")
     p.set_defaults(func=cmd_uninstall)

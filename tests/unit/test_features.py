@@ -157,3 +157,15 @@ def test_the_mode_pattern_finds_what_it_is_for():
     for line in ('if site.sharing.mode == "hami":', "if 'nos' != x:", 'if mode in ("gpumanager", "hami"):'):
         assert MODE_TEST.search(line), line
     assert not MODE_TEST.search('name = "gpumanager"') and not MODE_TEST.search("from installer.features import nos")
+
+
+@pytest.mark.parametrize("doc, says", [
+    (NOS, "(mig.dynamic nos; its record /var/lib/gpu-install/mig_mode.json)"),
+    ({}, "only where an earlier apply with mig.dynamic nos turned it on"),
+])
+def test_uninstall_preview_names_mig_mode_off_as_nos_work_only_on_a_nos_site(doc, says):
+    from installer.pipeline import OperatorOptions, removal_plan
+
+    lines = [x for x in removal_plan(plan_of(site(**doc), [Node("gpu1", "ubuntu", "22.04")]), OperatorOptions())
+             if "MIG mode off" in x]
+    assert len(lines) == 1 and says in lines[0], lines

@@ -327,6 +327,30 @@ def test_apply_json_when_the_operator_stage_fails_keeps_the_table_and_hides_the_
     assert doc["validate"] is None
 
 
+def test_uninstall_json_has_uninstalls_stages_and_without_yes_no_stage(cli, tmp_path, monkeypatch, staged_files):
+    """uninstall --json: the apply/v1 document with uninstall's stages in uninstall's order; without --yes it says
+    exit 2 and has no stage (nothing ran)."""
+    from tests.unit.test_stages import UNINSTALL, Stubs
+
+    site, inv = staged_files
+    monkeypatch.setenv("JSON_TEST_USER", "robot")
+    monkeypatch.setenv("JSON_TEST_PASSWORD", "s3cr3t-pa55word")
+    stubs = Stubs(monkeypatch, None)
+    out = tmp_path / "uninstall.json"
+    rc, _, err = cli("uninstall", "-s", site, "-i", inv, "--json", out, "-q")
+    assert rc == 2, err
+    doc = load(out, jsonout.APPLY)
+    assert (doc["command"], doc["exitCode"], doc["stages"], doc["validate"]) == ("uninstall", 2, [], None)
+    assert "--yes" in (doc["error"]["hint"] or "") and stubs.calls == []
+    rc, text, err = cli("uninstall", "-s", site, "-i", inv, "--yes", "--json", out, "-q")
+    assert rc == 0, err
+    doc = load(out, jsonout.APPLY)
+    assert (doc["command"], doc["exitCode"], doc["error"], doc["checkMode"]) == ("uninstall", 0, None, False)
+    assert [s["name"] for s in doc["stages"]] == UNINSTALL
+    assert "failed" not in {s["outcome"] for s in doc["stages"]} and doc["nodesChanged"] == 2
+    assert "s3cr3t-pa55word" not in out.read_text()
+
+
 def test_apply_json_with_an_unreachable_node(cli, tmp_path, write_site, site_data, unreachable_inventory):
     """Real ansible-playbook against a closed SSH port: the preflight stage fails (exit 5), every later stage is
     `not run`, and the host's result and failure are in the document."""
