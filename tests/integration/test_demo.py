@@ -252,7 +252,7 @@ def test_demo_ends_validated(demo):
     assert "STAND-IN gpu-operator: NOT NVIDIA's operator" in log and "state ready" in log, log[-3000:]
     timings = (where / "timings.txt").read_text()
     assert len(timings.splitlines()) == 9 and "8/8 gpu-install apply again" in timings, timings
-    assert timings.splitlines()[-1].split(None, 1)[1].startswith("evidence"), timings
+    assert timings.splitlines()[-1].split(None, 1)[1].startswith("evidence verify --live"), timings
     print("demo wall time per step:\n" + timings, flush=True)
 
 
@@ -285,7 +285,11 @@ def test_demo_ends_with_signed_evidence(demo):
     subjects = {s["name"]: s["digest"]["sha256"] for s in st["subject"]}
     lock = (where / "bundle" / "bundle.lock.json").read_bytes()
     assert subjects["bundle-lock:bundle.lock.json"] == hashlib.sha256(lock).hexdigest()
-    assert subjects["validate-report:validate-2.json"] == hashlib.sha256((where / "validate-2.json").read_bytes()).hexdigest()
+    # apply --evidence: its validate stage's report beside the evidence, the one apply-2.json holds
+    report = (where / "evidence-validate.json").read_bytes()
+    assert json.loads(report) == json.loads((where / "validate-2.json").read_text())
+    assert subjects["validate-report:evidence-validate.json"] == hashlib.sha256(report).hexdigest()
+    assert "wrote " + str(where / "evidence.json") in (where / "apply-2.txt").read_text()
     assert any(n.startswith("chart:gpu-operator") for n in subjects), sorted(subjects)
     pods = json.loads(kubectl(where, "-n", "gpu-operator", "get", "pods", "-o", "json"))["items"]
     spec = {(p["metadata"]["name"], c["name"]): c["image"] for p in pods for c in p["spec"]["containers"]}
@@ -299,6 +303,8 @@ def test_demo_ends_with_signed_evidence(demo):
     verdict = json.loads((where / "evidence-verify.json").read_text())
     assert verdict["valid"] and verdict["live"] and verdict["exitCode"] == 0, verdict
     assert {c["kind"] for c in verdict["checks"] if c["result"] == "ok"} == {"signature", "subject", "live"}, verdict
+    checked = {c["name"] for c in verdict["checks"] if c["result"] == "ok"}
+    assert {"bundle-lock:bundle.lock.json", "validate-report:evidence-validate.json", "helm"} <= checked, verdict
     md = (where / "evidence.md").read_text()
     assert md.startswith("# Install evidence: GPU Operator v23.9.2") and hashlib.sha256(lock).hexdigest() in md, md
 
