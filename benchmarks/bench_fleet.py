@@ -74,6 +74,7 @@ class Fleet:
         self.mounts: list[Path] = []
         self.links: list[str] = []
         self.netns: list[str] = []
+        self.cgroup = ""  # every host's processes, for their CPU time (cpuacct)
 
     def up(self, count: int) -> None:
         from gpu_install_lab import net, nodes, proc
@@ -93,7 +94,7 @@ class Fleet:
                "ssh_pubkey": pubkey, "ca_pem": (self.lab_dir / "pki" / "ca.crt").read_text(),
                "registry": s["registry"], "repo_url": s["repo_url"], "trust_ca": True}
 
-        def make(host: dict[str, Any]) -> None:
+        def make(host: dict[str, Any], cgroup: list[Path]) -> None:
             self.netns.append(host["netns"])
             self.links.append(host["veth"])
             net.ensure_node_link(host["netns"], host["veth"], s["bridge"], f"{host['ip']}/{prefix}")
@@ -112,15 +113,28 @@ class Fleet:
                       f"exec chroot {r} /usr/sbin/sshd -D -e")
             argv = ["ip", "netns", "exec", host["netns"], "unshare", "--mount", "--pid", "--uts", "--ipc", "--fork",
                     "--kill-child", "--propagation", "private", "sh", "-c", script]
-            self.procs[host["name"]] = proc.spawn(argv, d / "sshd.log")
+            self.procs[host["name"]] = proc.spawn(argv, d / "sshd.log", preexec_fn=lambda: nodes.cgroup_enter(cgroup))
 
+        self.cgroup = f"{nodes.CGROUP_PARENT}/{self.lid}-fleet"
+        paths = nodes.cgroup_create(self.cgroup, controllers=True)
         with ThreadPoolExecutor(4) as pool:
-            list(pool.map(make, self.hosts.values()))
+            list(pool.map(lambda h: make(h, paths), self.hosts.values()))
         (self.dir / "known_hosts").write_text("".join(
             f"{h['ip']},{n} {' '.join(h['host_key'].split()[:2])}\n" for n, h in self.hosts.items()))
         for name, host in self.hosts.items():
             rec = self.procs[name]
             nodes.wait_ssh(host["ip"], timeout=60, proc_alive=lambda rec=rec: proc.alive(rec))
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by every process of every host (sshd, sudo, the modules Ansible runs there)."""
+        from gpu_install_lab import nodes
+
+        for root in nodes.cgroup_roots(controllers=True):
+            usage = root / self.cgroup / "cpuacct.usage"
+            if usage.exists():
+                return int(usage.read_text()) / 1e9
+        stat = Path("/sys/fs/cgroup", self.cgroup, "cpu.stat")  # cgroup v2
+        return int(stat.read_text().split("usage_usec ")[1].split()[0]) / 1e6 if stat.exists() else float("nan")
 
     def inventory(self, path: Path, names: list[str]) -> Path:
         from gpu_install_lab import inventory
@@ -165,6 +179,11 @@ class Fleet:
                 net.delete_netns(ns)
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"netns {ns}: {exc}")
+        if self.cgroup:
+            try:
+                nodes.cgroup_remove(self.cgroup)
+            except OSError as exc:
+                errors.append(f"cgroup {self.cgroup}: {exc}")
         return errors
 
 
@@ -178,6 +197,11 @@ def leftovers(work: Path, fleet: Fleet | None) -> list[str]:
     out += [f"link {n}" for n in sorted(names) if Path("/sys/class/net", n).exists()]
     with open("/proc/self/mountinfo") as fh:
         out += [f"mount {ln.split()[4]}" for ln in fh if ln.split()[4].startswith(str(work) + "/")]
+    if fleet is not None and fleet.cgroup:
+        from gpu_install_lab import nodes
+
+        out += [f"cgroup {root / fleet.cgroup}" for root in nodes.cgroup_roots(controllers=True)
+                if (root / fleet.cgroup).exists()]
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             root = os.readlink(f"/proc/{pid}/root")
@@ -257,6 +281,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=1, help="runs per case (the median is printed; default 1)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]")
     ap.add_argument("--only", default=",".join(CASES), help=f"cases to time (default {','.join(CASES)})")
+    ap.add_argument("--no-converge", action="store_true",
+                    help="no untimed first apply over the fleet (the timed applies assert changed=0 themselves)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench_fleet needs root (network namespaces, overlay mounts)")
@@ -294,7 +320,7 @@ def main() -> int:
         inv1 = fleet.inventory(work / "fleet-1.yml", names[:1])
         invn = fleet.inventory(work / "fleet-n.yml", names)
         sizes = [(inv1, names[:1])] + ([(invn, names)] if len(names) > 1 else [])
-        if len(names) > 1:  # (one host: its timed apply below is the converge, changed=0 asserted there too)
+        if len(names) > 1 and not args.no_converge:  # else the timed applies below assert changed=0 on their own
             t2 = time.perf_counter()
             conv = bench_apply.apply_once(site, invn, state, env, None)  # also warms Ansible's SSH connections
             moved = {h: c for h, c in conv["changed"].items() if c}
@@ -306,7 +332,7 @@ def main() -> int:
         print(f"\n{len(names)} hosts vs 1, n={args.n}, ansible.cfg forks={bench_apply.forks_cfg()}, "
               f"{os.cpu_count()} CPUs\n")
         print(f"{'variant':14} {'case':10} {'hosts':>5} {'wall s':>7} {'peak PSS MB':>11} {'max RSS MB':>10} "
-              f"{'cpu s':>6} {'forks':>5}")
+              f"{'cpu s':>6} {'hosts cpu s':>11} {'forks':>5}")
         ratios: list[str] = []
         for vname, overrides in variants.items():
             venv = {**env, **overrides}
@@ -316,11 +342,16 @@ def main() -> int:
                 walls: dict[int, float] = {}
                 for inv, hosts in sizes:
                     ips = tuple(fleet.hosts[h]["ip"] for h in hosts)
-                    rs = [run_case(case, inv, site, state, venv, work, hosts, ips) for _ in range(args.n)]
+                    rs = []
+                    for _ in range(args.n):
+                        before = fleet.cpu_seconds()
+                        rs.append(run_case(case, inv, site, state, venv, work, hosts, ips))
+                        rs[-1]["hosts_cpu"] = fleet.cpu_seconds() - before
                     med = statistics.median(r["wall"] for r in rs)
                     walls[len(hosts)] = med
                     print(f"{vname:14} {case:10} {len(hosts):>5} {med:>7.2f} {max(r['pss_mb'] for r in rs):>11.0f} "
                           f"{max(r['maxrss_mb'] for r in rs):>10.0f} {statistics.median(r['cpu'] for r in rs):>6.1f} "
+                          f"{statistics.median(r['hosts_cpu'] for r in rs):>11.1f} "
                           f"{max(r.get('forks', 0) for r in rs):>5}", flush=True)
                 if case == "apply" and vname == "default":
                     top = sorted(rs[-1]["tasks"].items(), key=lambda kv: -kv[1])[:5]

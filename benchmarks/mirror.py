@@ -90,6 +90,7 @@ class ThrottledProxy:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.connections = 0
+        self.bytes_down = 0  # towards the clients, all connections
 
     def start(self) -> str:
         """Listen on a free loopback port; returns "127.0.0.1:PORT"."""
@@ -101,6 +102,10 @@ class ThrottledProxy:
     def stop(self) -> None:
         async def close() -> None:
             self.server.close()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in others:
+                t.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
             await self.server.wait_closed()
 
         asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
@@ -119,6 +124,8 @@ class ThrottledProxy:
                         await asyncio.sleep(-allowance / rate)
                 writer.write(data)
                 await writer.drain()
+                if rate:
+                    self.bytes_down += len(data)
             if writer.can_write_eof():
                 writer.write_eof()
         except (ConnectionError, OSError):
@@ -214,6 +221,7 @@ def main() -> int:
               f"(generated and seeded in {time.perf_counter() - t0:.1f}s)")
 
         # serial skopeo copy loop into its own registry
+        down0 = proxy.bytes_down if proxy else 0
         t = time.perf_counter()
         for img, src in zip(imgs, sources, strict=True):
             dest = img.destination.replace(regs["ours"], regs["serial"], 1)
@@ -221,10 +229,12 @@ def main() -> int:
                             "--override-arch", "amd64", "--src-cert-dir", str(certs), "--dest-cert-dir", str(certs),
                             f"docker://{src}", f"docker://{dest}"], check=True, capture_output=True)
         serial = time.perf_counter() - t
+        down1 = proxy.bytes_down if proxy else 0
 
         t = time.perf_counter()
         done = images.sync(plan, imgs, config_json=None, jobs=args.jobs)
         ours = time.perf_counter() - t
+        down2 = proxy.bytes_down if proxy else 0
         assert len(done.copied) == n, done
         t = time.perf_counter()
         again = images.sync(plan, imgs, config_json=None, jobs=args.jobs)
@@ -241,7 +251,9 @@ def main() -> int:
 
         if proxy is not None:
             print(f"upstream: STAND-IN CDN, {args.throttle:g} MB/s per TCP connection "
-                  f"({proxy.connections} connections in all)")
+                  f"({proxy.connections} connections in all); bytes it served: serial loop "
+                  f"{(down1 - down0) / 1e6:.1f} MB, ours {(down2 - down1) / 1e6:.1f} MB "
+                  f"(unique blobs {sum(unique.values()) / 1e6:.1f} MB)")
         else:
             print("upstream: plain loopback (no per-connection limit)")
         print(f"registry -> registry, serial skopeo copy loop: {serial:6.2f}s")
