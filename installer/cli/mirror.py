@@ -4,7 +4,7 @@ plan; pull copies the plan's images into a bundle (OCI layout + lock), push copi
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from installer.cli.common import (
     command,
@@ -210,6 +210,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         charts.pull(plan, artifacts.charts, artifacts.files, out, say=say(args) or (lambda m: None))
     except charts.ChartFailures as exc:
         failures.append(exc)
+    except OSError as exc:
+        _no_space(exc, out)
     if artifacts.packages and args.skip_packages:
         packages.record_skipped(artifacts.packages, out)
         if not args.quiet:
@@ -224,7 +226,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
                           since=Path(args.since) if args.since else None)
         except packages.PackageFailures as exc:
             failures.append(exc)
-    lock = bundle.finish(out, key)
+    try:
+        lock = bundle.finish(out, key)
+    except OSError as exc:
+        _no_space(exc, out)
     if not args.quiet:
         import sys
 
@@ -241,6 +246,18 @@ def cmd_pull(args: argparse.Namespace) -> int:
                  f"{sum(1 for p in lock.get('packages') or [] if not p.get('key'))} OS package(s))", outcome,
                  args.quiet, report)
     return 0
+
+
+def _no_space(exc: OSError, out: Path) -> NoReturn:
+    """exc again, unless the disk under the bundle is full: then DiskFull (exit 8) naming the path and what is free."""
+    import errno
+    from pathlib import Path
+
+    from installer.mirror.common import disk_full
+
+    if exc.errno == errno.ENOSPC:
+        raise disk_full(Path(exc.filename) if exc.filename else out, None) from None
+    raise exc
 
 
 def cmd_push(args: argparse.Namespace) -> int:

@@ -59,6 +59,25 @@ class PackageFailures(HostFailures):
     """An OS's closure could not be resolved, or a package could not be fetched or checked (each named); exit 4."""
 
 
+class DiskFull(EnvironmentProblem):
+    """The file system under the bundle is full (skopeo's or our own write: ENOSPC). Exit code 8."""
+
+
+NO_SPACE = re.compile(r"no space left on device", re.IGNORECASE)
+
+
+def disk_full(path: Path, need: int | None, what: str = "the images not pulled yet") -> DiskFull:
+    """DiskFull naming path, the bytes free on its file system and, when known, the bytes what still needs."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    needs = f"; {what} need {need} bytes more ({need / 2**20:.1f} MiB)" if need else ""
+    return DiskFull(f"{path}: no space left on device ({free} bytes free there{needs})",
+                    hint="free space on that file system (or pull to a directory on a larger one with -o) and run "
+                         "pull again: what the bundle already holds is kept and not copied again")
+
+
 class Failure(TypedDict):
     """What a kind's pull could not bring: the reference and why (the lock's "failed" list, with the kind)."""
 
@@ -241,14 +260,40 @@ def skopeo() -> str:
     return path
 
 
+# Go's crypto/x509 on a certificate out of its dates: "current time <now> is after <notAfter>" (expired) or "is
+# before <notBefore>" (not valid yet: this machine's clock is behind, or the certificate was issued ahead of time)
+_CERT_DATES = re.compile(r"x509: certificate has expired or is not yet valid: current time (\S+) is (after|before) "
+                         r"(\S+)")
+_TLS_HOST = re.compile(r'(?:pinging container registry |https://)([^/\s:"]+(?::\d+)?)')
+
+
+def cert_dates_problem(text: str) -> str | None:
+    """What a TLS failure over a certificate's dates means, naming the registry host, the certificate's date and this
+    machine's time, and the fix; None for any other message."""
+    m = _CERT_DATES.search(text)
+    if m is None:
+        return None
+    now, side, date = m.groups()
+    h = _TLS_HOST.search(text)
+    host = h.group(1) if h else "the registry"
+    if side == "after":
+        return (f"the certificate of {host} expired on {date} (this machine's time is {now}): renew the registry's "
+                "certificate; if it has not expired, this machine's clock is ahead: set it right (NTP)")
+    return (f"the certificate of {host} is valid only from {date} and this machine's time is {now}: this machine's "
+            "clock is behind (set it right: NTP, e.g. chronyc makestep) or the certificate was issued with a start "
+            "date in the future (reissue it)")
+
+
 def skopeo_message(stderr: str, secrets: Sequence[str]) -> str:
-    """skopeo's own message, without its log prefix (time="…" level=fatal msg="…")."""
+    """skopeo's own message, without its log prefix (time="…" level=fatal msg="…"); a certificate out of its dates
+    explained (cert_dates_problem)."""
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     text = lines[-1] if lines else "(no message)"
     m = re.search(r'msg="((?:[^"\\]|\\.)*)"', text)
     if m:
         text = m.group(1).replace('\\"', '"')
-    return redact(text, secrets)[:2000]
+    dates = cert_dates_problem(text)
+    return redact(f"{dates} ({text})" if dates else text, secrets)[:2000]
 
 
 def run_skopeo(argv: list[str], secrets: Sequence[str] = (), timeout: float = SKOPEO_TIMEOUT) -> tuple[int, str, str]:

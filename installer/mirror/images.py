@@ -10,14 +10,17 @@ A re-run skips what the lock and the layout already hold; a failed image is name
 the bundle marked incomplete, which push refuses. `jobs` images are copied at a time (one skopeo process each); each
 pull writes its own index.json (skopeo's oci: destination does not lock it) next to the shared blob store, and one
 thread merges the entries and writes the lock, after each image: a pull killed mid-way keeps every finished image
-and every complete blob, and the next run copies neither again.
+and every complete blob, and the next run copies neither again. A full disk (skopeo's write or ours) ends the pull
+with DiskFull (exit 8) naming the bundle, the bytes free and the bytes the images not pulled yet need (their upstream
+manifests' blob sizes less the blobs the bundle holds); the lock on disk is the last one written whole.
 
 push: the lock (signed, installer.mirror.bundle) is untrusted input all the same: every entry is checked against the
 site first (check_images: the source an image of the site's plan, the destination the one the site computes for it;
 the layout inside the bundle; every blob a regular file matching its digest, manifests bounded and hashed before they
 are parsed), then every image goes from the layout to its recomputed destination in registry.host, digests preserved
 and checked after the copy (`skopeo inspect --raw`); an image whose destination already has the lock's digest is
-skipped. Credentials come from registry.pullSecret (env vars or docker config file) through a temporary
+skipped; once the registry stops answering (connection refused, no route), the images not started yet are named as
+not tried instead of each retrying against it. Credentials come from registry.pullSecret (env vars or docker config file) through a temporary
 0600 authfile, never on a command line; the site CA (registry.ca) through a temporary cert dir.
 
 skopeo 1.9 reads only OCI-typed manifests back from an OCI layout; push therefore hands skopeo each image as a
@@ -27,6 +30,7 @@ skopeo 1.9 reads only OCI-typed manifests back from an OCI layout; push therefor
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -45,17 +49,19 @@ from installer.mirror.bundle import IMAGE, SCHEMA, bundle_for_push, catalog_reco
 from installer.mirror.common import ALL_PLATFORMS as ALL_PLATFORMS
 from installer.mirror.common import DEFAULT_JOBS as DEFAULT_JOBS
 from installer.mirror.common import DEFAULT_PLATFORM as DEFAULT_PLATFORM
-from installer.mirror.common import TransferFailures as TransferFailures
-from installer.mirror.common import authfile as authfile
 from installer.mirror.common import (
+    NO_SPACE,
     cert_dir,
     copy_argv,
+    disk_full,
     inside_bundle,
     manifest_digest,
     raw_manifest,
     read_since,
     run_skopeo,
 )
+from installer.mirror.common import TransferFailures as TransferFailures
+from installer.mirror.common import authfile as authfile
 from installer.mirror.common import secrets_of as secrets_of
 from installer.mirror.lock import DIGEST, LAYOUT, BaseEntry, FailedImage, ImageEntry
 from installer.mirror.lock import check_images as check_images
@@ -73,6 +79,8 @@ INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docke
 REF_NAME = "org.opencontainers.image.ref.name"
 MAX_JSON = 4 << 20  # bytes: the largest manifest, index or index.json a layout may hold (real ones: a few KiB)
 MAX_DEPTH = 8  # indexes nested in indexes: real images have 1 or 2 levels
+# skopeo's message when the registry does not answer at all (Go's net errors): push tries no further image after one
+UNREACHABLE = re.compile(r"connection refused|no route to host|no such host|network is unreachable")
 
 
 @dataclass(frozen=True)
@@ -560,28 +568,42 @@ def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform:
     # images share (the same bytes under two names) is briefly truncated while the second copy rewrites it. Such an
     # image is read back again once no copy is running; what still fails then is a real failure of that image.
     deferred: list[_Pulled] = []
-    with cert_dir(site.mirror.upstreamCa) as certs, ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(copy, n, img, certs) for n, img in todo]
-        try:
-            for fut in as_completed(futures):
-                r = fut.result()
-                try:
-                    record(r)  # this thread alone writes index.json and the lock
-                except LayoutError:
-                    deferred.append(r)
-        except BaseException:
-            for f in futures:
-                f.cancel()
+
+    def not_pulled() -> list[ImageArtifact]:
+        have = {str(e.get("source")) for e in lock["images"]} | {str(e.get("source")) for e in lock.get("base") or []}
+        return [img for img in images if img.source not in have]
+
+    try:
+        with cert_dir(site.mirror.upstreamCa) as certs, ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(copy, n, img, certs) for n, img in todo]
+            try:
+                for fut in as_completed(futures):
+                    r = fut.result()
+                    try:
+                        record(r)  # this thread alone writes index.json and the lock
+                    except LayoutError:
+                        deferred.append(r)
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+        for r in deferred:
+            try:
+                record(r)
+            except LayoutError as exc:
+                record(r, layout_error=str(exc))
+        shutil.rmtree(bundle / PARTIAL, ignore_errors=True)
+        lock["images"].sort(key=lambda e: order.get(str(e.get("source")), total))
+        lock["complete"] = finish and not lock["failed"]
+        write_lock(bundle, lock)
+    except OSError as exc:  # our own write (index.json, the lock) found the disk full: the lock on disk is the last
+        if exc.errno != errno.ENOSPC:  # one written whole (atomic writes), and the next run resumes from it
             raise
-    for r in deferred:
-        try:
-            record(r)
-        except LayoutError as exc:
-            record(r, layout_error=str(exc))
-    shutil.rmtree(bundle / PARTIAL, ignore_errors=True)
-    lock["images"].sort(key=lambda e: order.get(str(e.get("source")), total))
-    lock["complete"] = finish and not lock["failed"]
-    write_lock(bundle, lock)
+        shutil.rmtree(bundle / PARTIAL, ignore_errors=True)
+        raise disk_full(bundle, space_needed(layout, not_pulled(), upstream, platform, site.mirror.upstreamCa)) \
+            from None
+    if any(NO_SPACE.search(m) for m in outcome.failed.values()):  # skopeo's writes found the disk full
+        raise disk_full(bundle, space_needed(layout, not_pulled(), upstream, platform, site.mirror.upstreamCa))
     if outcome.failed:
         raise TransferFailures(
             f"{len(outcome.failed)} of {total} images could not be pulled; the bundle is incomplete (push refuses "
@@ -592,6 +614,58 @@ def pull(plan: Plan, images: Sequence[ImageArtifact], bundle: Path, *, platform:
     return outcome
 
 
+
+
+def _repository(ref: str) -> str:
+    """ref without its tag or digest: what ref@sha256:… reads another manifest of."""
+    name = ref.partition("@")[0]
+    head, slash, last = name.rpartition("/")
+    return f"{head}{slash}{last.partition(':')[0]}"
+
+
+def space_needed(layout: Layout, images: Sequence[ImageArtifact], upstream: Mapping[str, str], platform: str,
+                 ca: Path | None) -> int | None:
+    """The bytes the blobs of images (for platform) that layout does not hold yet take, read from their upstream
+    manifests (sizes as the manifests give them); None when a manifest cannot be read."""
+    need: dict[str, int] = {}
+    with cert_dir(ca) as certs:
+
+        def walk(src: str, raw: bytes, depth: int) -> bool:
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                return False
+            need["sha256:" + hashlib.sha256(raw).hexdigest()] = len(raw)
+            if not isinstance(doc, dict) or depth > MAX_DEPTH:
+                return False
+            if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+                chosen, _ = platform_digest(raw, platform)
+                for m in doc.get("manifests") or []:
+                    d = m.get("digest") if isinstance(m, dict) else None
+                    if not isinstance(d, str) or (platform != ALL_PLATFORMS and d != chosen):
+                        continue
+                    child, _ = raw_manifest(f"{_repository(src)}@{d}", cert=certs)
+                    if child is None or not walk(src, child, depth + 1):
+                        return False
+                return True
+            for d in [doc.get("config"), *(doc.get("layers") or [])]:
+                if isinstance(d, dict) and isinstance(d.get("digest"), str) and isinstance(d.get("size"), int):
+                    need[d["digest"]] = d["size"]
+            return True
+
+        for img in images:
+            src = pull_from(img.source, upstream)
+            raw, _ = raw_manifest(src, cert=certs)
+            if raw is None or not walk(src, raw, 0):
+                return None
+    total = 0
+    for digest, size in need.items():
+        try:
+            present = layout.blob(digest).is_file()
+        except LayoutError:
+            present = False
+        total += 0 if present else size
+    return total
 
 
 # ---------------------------------------------------------------- push
@@ -637,9 +711,16 @@ def push(site: Site, bundle: Path, *, config_json: bytes | None, progress: Progr
                 + "\n".join(f.line() for f in missing),
                 hint="push the bundle that lock belongs to first (or pull a full bundle, without --since)")
 
+    down: list[str] = []  # the first message saying the registry does not answer at all (connection refused, …)
+
     def one(n: int, e: ImageEntry, certs: str | None, auth: str | None) -> tuple[str, str, str]:
-        """(outcome kind, destination, message) of one image."""
+        """(outcome kind, destination, message) of one image. Once the registry stopped answering, an image not
+        started yet is not tried (each try would retry and fail the same way): named as not copied, with why."""
         digest, dest = str(e["digest"]), str(e["destination"])
+        if down:
+            msg = f"not tried: {reg.host} stopped answering ({down[0]})"
+            progress(Event("failed", n, total, dest, msg))
+            return "failed", dest, msg
         have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
         if have == digest:
             progress(Event("skipped", n, total, dest, digest))
@@ -649,6 +730,8 @@ def push(site: Site, bundle: Path, *, config_json: bytes | None, progress: Progr
             rc, _, err = run_skopeo(copy_argv(f"dir:{d}", f"docker://{dest}", platform=whole, dest_certs=certs,
                                               dest_auth=auth, dest_tls=tls), secrets)
         if rc != 0:
+            if UNREACHABLE.search(err):
+                down.append(err)
             progress(Event("failed", n, total, dest, err))
             return "failed", dest, err
         got, err = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
