@@ -331,3 +331,75 @@ def plan_release(chart_ref: str | Path, release_name: str, namespace: str, value
         return ReleasePlan("upgrade" if todo else "unchanged", name, await _state(rev))
 
     return _run(run(), f"helm status {release_name}", "check the chart, the kubeconfig and the API server")
+
+
+# ---------------------------------------------------------------- history and rollback (gpu-install upgrade rollback)
+
+
+def _command(kubeconfig: Path | None) -> Any:
+    """pyhelm3's Command (the helm CLI calls, as client() makes them) for what its Client does not offer."""
+    import logging
+
+    from pyhelm3.command import Command
+
+    from installer.tools import ensure_helm
+
+    logging.getLogger("pyhelm3").setLevel(logging.ERROR)
+    return Command(executable=str(ensure_helm()), kubeconfig=kubeconfig)
+
+
+@dataclass
+class HistoryEntry:
+    revision: int
+    status: str  # deployed, superseded, failed, ...
+    chart: str  # name-version
+    description: str
+
+
+def release_history(release_name: str, namespace: str, kubeconfig: Path | None,
+                    max_revisions: int = 256) -> list[HistoryEntry] | None:
+    """Read-only: `helm history` of a release, oldest first (at most max_revisions), or None when there is none.
+    helm's JSON is read as untrusted: an entry without a whole revision number is left out."""
+    from pyhelm3 import errors as herr
+
+    async def run() -> list[HistoryEntry] | None:
+        try:
+            raw = await _command(kubeconfig).history(release_name, max_revisions=max_revisions, namespace=namespace)
+        except herr.ReleaseNotFoundError:
+            return None
+        out = []
+        for h in raw if isinstance(raw, list) else []:
+            rev = h.get("revision") if isinstance(h, dict) else None
+            if isinstance(rev, int) and not isinstance(rev, bool):
+                out.append(HistoryEntry(rev, str(h.get("status") or ""), str(h.get("chart") or ""),
+                                        str(h.get("description") or "")))
+        return sorted(out, key=lambda e: e.revision)
+
+    return _run(run(), f"helm history {release_name}", "check the kubeconfig and the API server")
+
+
+def revision_values(release_name: str, namespace: str, revision: int, kubeconfig: Path | None) -> dict[str, Any]:
+    """Read-only: the values a revision of the release was installed with (`helm get values --revision`)."""
+
+    async def run() -> dict[str, Any]:
+        values = await _command(kubeconfig).get_values(release_name, namespace=namespace, revision=revision)
+        return dict(values) if isinstance(values, dict) else {}
+
+    return _run(run(), f"helm get values {release_name} --revision {revision}",
+                "check the kubeconfig, the API server and the revision (helm history)")
+
+
+def rollback(release_name: str, namespace: str, revision: int, kubeconfig: Path | None, timeout: float = 300,
+             wait: bool = True) -> ReleaseState:
+    """`helm rollback RELEASE REVISION` (with --wait --wait-for-jobs when wait): a new revision with that revision's
+    chart and values. Helm never touches CRDs on a rollback."""
+
+    async def run() -> ReleaseState:
+        c = client(kubeconfig)
+        await _command(kubeconfig).rollback(release_name, revision, namespace=namespace, timeout=_timeout(timeout), wait=wait)
+        return await _state(await c.get_current_revision(release_name, namespace=namespace), changed=True)
+
+    hint = ("the release's workloads did not become ready in time: check their pods (image pulls, pull Secret); the "
+            "rollback revision is recorded by helm (helm history), re-running is safe" if wait else
+            "see helm's message; re-running is safe")
+    return _run(run(), f"helm rollback {release_name} {revision}", hint, timeout + 120)

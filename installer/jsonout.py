@@ -35,6 +35,7 @@ CATALOG_SHOW = "gpu-install.catalog-show/v1"
 CATALOG_DIFF = "gpu-install.catalog-diff/v1"
 UPGRADE_PLAN = "gpu-install.upgrade-plan/v1"
 UPGRADE_APPLY = "gpu-install.upgrade-apply/v1"
+UPGRADE_ROLLBACK = "gpu-install.upgrade-rollback/v1"
 EVIDENCE_VERIFY = "gpu-install.evidence-verify/v1"
 REDACTED = "***"
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -390,6 +391,39 @@ class UpgradeApplyDoc(_Envelope):
     failure: UpgradeApplyFailure | None
 
 
+@with_config(_STRICT)
+class UpgradeRollbackRelease(TypedDict):
+    name: str
+    namespace: str
+    fromRevision: int
+    fromChart: str
+    toRevision: int
+    toChart: str
+    why: str
+    newRevision: int | None
+
+
+@with_config(_STRICT)
+class UpgradeRollbackNode(TypedDict):
+    name: str
+    batch: int
+    now: str | None
+    to: str | None
+    action: str
+
+
+@with_config(_STRICT)
+class UpgradeRollbackDoc(_Envelope):
+    applied: bool
+    release: UpgradeRollbackRelease | None
+    valuesDiff: list[str]
+    cannotUndo: list[str]
+    driverMode: str | None
+    nodes: list[UpgradeRollbackNode]
+    statePath: str | None
+    archivedState: str | None
+
+
 SHAPES: dict[str, Any] = {
     PREFLIGHT: PreflightDoc,
     APPLY: ApplyDoc,
@@ -398,6 +432,7 @@ SHAPES: dict[str, Any] = {
     CATALOG_DIFF: CatalogDiffDoc,
     UPGRADE_PLAN: UpgradePlanDoc,
     UPGRADE_APPLY: UpgradeApplyDoc,
+    UPGRADE_ROLLBACK: UpgradeRollbackDoc,
     EVIDENCE_VERIFY: EvidenceVerifyDoc,
 }
 

@@ -164,6 +164,50 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from installer import jsonout
+    from installer.cli.common import display
+    from installer.upgrade import rollback
+    from installer.upgrade.plan import ROLLBACK_CANNOT
+    from installer.validate import parse_only
+
+    with jsonout.json_document(args.json, jsonout.UPGRADE_ROLLBACK, "upgrade rollback") as rec:
+        rec.doc.update(applied=False, release=None, valuesDiff=[], cannotUndo=list(ROLLBACK_CANNOT), driverMode=None,
+                       nodes=[], statePath=None, archivedState=None)
+        plan = resolve_plan(args, need_inventory=True)
+        rec.secrets += jsonout.secret_values(plan)
+        rec.doc["driverMode"] = plan.site.driver.mode
+        disp = display(args)
+        opts = rollback.Options(to_revision=args.to_revision, yes=args.yes, kubeconfig=args.kubeconfig,
+                                state_file=args.state, timeout=args.operator_timeout, wait=not args.no_wait,
+                                drain_timeout=args.drain_timeout, node_timeout=args.node_timeout,
+                                validate_timeout=args.validate_timeout, validate_layers=parse_only(args.validate_only))
+        try:
+            out = rollback.run(plan, opts, say=disp.note, display=disp)
+        finally:
+            disp.close()
+        pv = out.preview
+        rec.doc.update(applied=out.applied, valuesDiff=pv.values_diff, statePath=str(pv.state_path),
+                       archivedState=str(out.archived) if out.archived else None,
+                       release={"name": pv.release, "namespace": pv.namespace, "fromRevision": pv.current.revision,
+                                "fromChart": pv.current.chart, "toRevision": pv.target.revision,
+                                "toChart": pv.target.chart, "why": pv.why, "newRevision": out.revision if out.applied
+                                else None},
+                       nodes=[{"name": n.name, "batch": n.batch, "now": n.now, "to": n.to, "action": n.action}
+                              for n in pv.nodes])
+        rec.doc["exitCode"] = 0
+    print("\n".join(pv.lines()))
+    if not out.applied:
+        print(f"preview only, nothing changed: run again with --yes to roll back (gpu-install upgrade rollback -s "
+              f"{args.site} -i {args.inventory}" + (f" --to-revision {args.to_revision}" if args.to_revision else "")
+              + " --yes)")
+    else:
+        print(f"upgrade rollback ok: release {pv.release} at revision {out.revision} ({pv.target.chart})"
+              + (f", driver back on {', '.join(out.nodes_back)}" if out.nodes_back else "")
+              + "; CRDs stay as they are (never downgraded)")
+    return 0
+
+
 def register(sub: Any) -> None:
     usub = group(sub, "upgrade", "move the running GPU Operator release (and the nodes' drivers) to the next one",
                  "upgrade_command")
@@ -236,3 +280,32 @@ def register(sub: Any) -> None:
                         "when it fails")
     quiet_arg(a)
     a.set_defaults(func=cmd_apply)
+
+    r = command(usub, "rollback", "back to the Helm revision before the upgrade (its chart and values; CRDs are never "
+                                  "downgraded), host drivers back to their recorded version batch by batch; without "
+                                  "--yes a preview")
+    site_args(r)
+    inventory_arg(r, required=True)
+    kubeconfig_arg(r)
+    r.add_argument("--to-revision", type=_positive, metavar="N",
+                   help="the Helm revision to go back to (helm history); default: the one before the recorded "
+                        "upgrade run, else the previous revision")
+    r.add_argument("--yes", action="store_true", help="roll back; without it a preview of what it would do (exit 0)")
+    r.add_argument("--state", metavar="FILE", help="the upgrade state file (as upgrade apply --state)")
+    r.add_argument("--operator-timeout", type=seconds, default=300.0, metavar="SECONDS",
+                   help="helm rollback's wait (default 300)")
+    r.add_argument("--no-wait", action="store_true", help="helm rollback does not wait for the operator's workloads")
+    r.add_argument("--drain-timeout", type=seconds, default=300.0, metavar="SECONDS",
+                   help="host modes: evictions a PodDisruptionBudget refuses are retried this long per node "
+                        "(default 300)")
+    r.add_argument("--node-timeout", type=seconds, default=900.0, metavar="SECONDS",
+                   help="host modes: a rebooted node back Ready (default 900)")
+    r.add_argument("--validate-timeout", type=seconds, default=300.0, metavar="SECONDS",
+                   help="host modes: a batch's validation (default 300)")
+    r.add_argument("--validate-only", metavar="LAYERS", default="node,runtime,smoke",
+                   help="host modes: the layers each batch is validated with (default node,runtime,smoke)")
+    r.add_argument("--json", metavar="FILE",
+                   help="also write the outcome as JSON (schema gpu-install.upgrade-rollback/v1, docs/json.md), also "
+                        "when it fails")
+    quiet_arg(r)
+    r.set_defaults(func=cmd_rollback)
