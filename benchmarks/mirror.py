@@ -3,7 +3,7 @@
 set of one release, ours (`images.sync`, N at a time) against a serial `skopeo copy` loop of the same list in the same
 run; a no-op re-sync; a bundle (`images.pull`) against the sum of its unique blobs.
 
-    .venv/bin/python benchmarks/mirror.py [--mb 300] [--jobs 4] [--throttle 8]
+    .venv/bin/python benchmarks/mirror.py [--mb 300] [--jobs 4] [--throttle 8] [--images N]
 
 The images are STAND-INs generated here at the exact paths and tags of a site's Plan.images (driver and toolkit from the
 operator, sandbox workloads, GDS and GDRCopy on, two node OSes: 17 images): uncompressed tar layers of random bytes (they do not compress away), three base layers shared the way CUDA /
@@ -147,6 +147,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=300, help="about this many MB of unique blobs in all (default 300)")
     ap.add_argument("--jobs", type=int, default=4, help="ours: images at a time (default 4)")
+    ap.add_argument("--images", type=int, default=0, help="only the first N images of the release (default: all 17)")
     ap.add_argument("--throttle", type=float, default=8.0,
                     help="the STAND-IN CDN's limit per TCP connection, MB/s (default 8; 0: no proxy)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -192,6 +193,8 @@ def main() -> int:
         site_file.write_text(yaml.safe_dump(site))
         plan = resolve(load_site(site_file), Options(os_tags=("ubuntu22.04", "rhel8.10")))
         imgs = list(plan.artifacts(()).images)
+        if args.images > 0:
+            imgs = imgs[:args.images]
         n = len(imgs)
 
         # generate: three shared bases (about 45% of the bytes) and each image's own layers

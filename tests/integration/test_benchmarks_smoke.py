@@ -22,7 +22,7 @@ BENCH = ROOT / "benchmarks"
 # benchmark -> (smallest-size arguments, needs root and the lab, a line its output must have, timeout s)
 SMOKE: dict[str, tuple[list[str], bool, str, int]] = {
     "bench_cli.py": (["-n", "1"], False, "render", 120),
-    "mirror.py": (["--mb", "4", "--throttle", "4"], False, "speed-up", 300),
+    "mirror.py": (["--images", "3", "--mb", "2", "--throttle", "4"], False, "speed-up", 300),
     "bench_apply.py": (["--nodes", "1", "-n", "1"], True, "no-op re-apply", 600),
     "bench_fleet.py": (["--hosts", "1"], True, "torn down: no fleet netns", 600),
     "bench_validate.py": (["--hollow", "1", "--ssh-nodes", "1", "-n", "1"], True, "node+runtime layers: 1", 600),
