@@ -5,7 +5,12 @@ reached; 7: the API server or helm answered with an error.
 `gpu-install upgrade apply --plan FILE --yes [--resume]`: that plan applied batch by batch (installer.upgrade.apply).
 Exit 0: done (or nothing to do); 2: bad flags or plan file, no --yes; 3: a stale plan, blockers, images missing from
 the mirror, an unfinished run recorded; 4: a node step failed (drain, driver role, reboot); 5: unreachable; 6: a
-batch's validation failed; 7: helm or the API server failed."""
+batch's validation failed; 7: helm or the API server failed.
+
+`gpu-install upgrade rollback [--to-revision N] [--yes]`: helm rollback to the revision before the upgrade (CRDs never
+downgraded), host drivers back to their recorded version batch by batch (installer.upgrade.rollback); without --yes a
+preview. Exit 0: done or previewed; 2: a bad --to-revision; 3: no release or nothing to roll back to; 4/5/6: a host
+batch; 7: helm or the API server failed."""
 
 from __future__ import annotations
 
