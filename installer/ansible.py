@@ -160,6 +160,36 @@ def _message(res: dict[str, Any]) -> str:
     return message(res)
 
 
+@contextmanager
+def _deferred_signals() -> Iterator[Callable[[], bool]]:
+    """SIGINT and SIGTERM while a playbook runs: noted -- ansible-runner, polling the callback this yields, stops
+    ansible-playbook -- and delivered again once the run has stopped, to the handlers that were there before (Ctrl-C:
+    KeyboardInterrupt, exit 130 'cancelled'). Without a callback of ours, ansible-runner installs its own handlers for
+    both signals and never puts the old ones back: the run ended as 'canceled' (an internal error) and every later
+    Ctrl-C of the process was ignored. Outside the main thread (no signal handlers there): nothing to note."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    got: list[int] = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum: int, _frame: object) -> None:
+        got.append(signum)
+
+    for s in previous:
+        signal.signal(s, note)
+    try:
+        yield lambda: bool(got)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if got:
+            signal.raise_signal(got[0])
+
+
 def run_playbook(
     playbook: str | os.PathLike[str],
     inventory: str | os.PathLike[str],
@@ -245,22 +275,24 @@ def run_playbook(
             else:
                 display.start_run(pb.name)
         try:
-            runner = ansible_runner.run(
-                private_data_dir=str(private),
-                project_dir=str(content.root()),
-                playbook=str(pb),
-                inventory=str(inv.resolve()),
-                extravars=extravars,
-                envvars=envvars,
-                limit=limit,
-                tags=tags,
-                skip_tags=skip_tags,
-                cmdline=cmdline or None,
-                event_handler=on_event,
-                quiet=True,
-                ident="run",
-                timeout=max(1, int(run_limit)),  # the run is stopped (its process group terminated) when it passes
-            )
+            with _deferred_signals() as cancelled:
+                runner = ansible_runner.run(
+                    private_data_dir=str(private),
+                    project_dir=str(content.root()),
+                    playbook=str(pb),
+                    inventory=str(inv.resolve()),
+                    extravars=extravars,
+                    envvars=envvars,
+                    limit=limit,
+                    tags=tags,
+                    skip_tags=skip_tags,
+                    cmdline=cmdline or None,
+                    event_handler=on_event,
+                    quiet=True,
+                    ident="run",
+                    cancel_callback=cancelled,
+                    timeout=max(1, int(run_limit)),  # the run is stopped (its process group terminated) when it passes
+                )
         finally:
             if display is not None:
                 display.finish_run()
