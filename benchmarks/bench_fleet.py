@@ -2,6 +2,7 @@
 """apply (no-op), preflight and validate on 1 host vs a fleet of N hosts (figures, not a pass/fail test). Root.
 
     .venv/bin/python benchmarks/bench_fleet.py [--hosts 100] [-n 1] [--variant NAME:VAR=VALUE,...] [--only CASES]
+                                               [--no-converge]
 
 The fleet: N lightweight hosts that Ansible and validate's SSH reach the way they reach real nodes. Each host is an
 sshd (the node rootfs's own OpenSSH, as the lab user with sudo) in its own network namespace on the lab bridge, in a
@@ -15,14 +16,16 @@ private mount and PID namespace, chrooted into an overlay whose lower layers are
      writes for its nodes -- hostname, SSH host key, authorized keys), `unshare --mount --pid --uts --fork
      --kill-child` + proc/sys/dev/run mounts + `chroot ... sshd -D -e`. No systemd: a play that would restart a
      service fails here, which is what proves the re-applies found nothing to change;
-  3. one `apply` over the whole fleet (the converge: it must leave every host as it found it, changed=0), then,
+  3. one `apply` over the whole fleet (the converge: it must leave every host as it found it, changed=0;
+     --no-converge skips it), then,
      per variant, 1 host and N hosts in the same run: `apply --skip-operator` (preflight.yml + site.yml; changed=0
      asserted per host from the job events), `preflight`, and `validate --only node,runtime` (the check count
      asserted to scale with the hosts).
 
 Printed per case: the median wall time of -n runs, the controller's peak memory (summed PSS of gpu-install,
 ansible-playbook, its forks and ssh processes, including Ansible's persistent SSH masters to the fleet's hosts),
-its CPU seconds, and the ratio N/1 last. Variants re-run the cases with ansible.cfg overrides from the environment:
+its CPU seconds, the hosts' CPU seconds (every host's processes share one cgroup: on this machine they use the
+controller's cores, on a real fleet their own), and the ratio N/1 last. Figures: docs/performance.md. Variants re-run the cases with ansible.cfg overrides from the environment:
     --variant forks5:ANSIBLE_FORKS=5 --variant free:ANSIBLE_STRATEGY=free
 The fleet and the lab are torn down at the end and checked: no network namespace, sshd, mount or veth left.
 """
