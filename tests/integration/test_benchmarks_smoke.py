@@ -26,7 +26,9 @@ SMOKE: dict[str, tuple[list[str], bool, str, int]] = {
     "bench_apply.py": (["--nodes", "1", "-n", "1"], True, "no-op re-apply", 600),
     "bench_fleet.py": (["--hosts", "1"], True, "torn down: no fleet netns", 600),
     "bench_validate.py": (["--hollow", "1", "--ssh-nodes", "1", "-n", "1"], True, "node+runtime layers: 1", 600),
+    "bench_upgrade_plan.py": (["--nodes", "2", "-n", "1"], True, "upgrade plan v22.9.2 -> v23.9.2", 600),
 }
+KUBE = {"bench_validate.py", "bench_upgrade_plan.py"}  # they need the lab control plane's binaries
 
 
 def benchmarks() -> list[str]:
@@ -50,7 +52,7 @@ def test_benchmark_runs(name: str, tmp_path: Path) -> None:
     if name == "mirror.py":
         for tool in ("skopeo", "docker-registry"):
             need(shutil.which(tool), f"{tool} missing (scripts/apt-packages.txt)")
-    if name == "bench_validate.py":
+    if name in KUBE:
         from tests.integration.conftest import _skip_or_fail
 
         try:
