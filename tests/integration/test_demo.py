@@ -20,7 +20,10 @@ the STAND-IN operator through the API server) Ready on both nodes; the second ap
 pre-apply containerd config byte for byte, removes the drop-in, the registry CA files, the release (and with its
 ClusterPolicy the DaemonSet), and the toolkit package that apply installed (containerd, there before, stays); with an
 image deleted from the lab registry apply stops at its mirror check (exit 3), and `mirror push` of the same bundle
-puts back only that one. The demo's wall time is printed as a BENCHMARK line (target 180 s).
+puts back only that one. The demo ends with signed evidence (the second apply's --evidence, then evidence verify
+--live): its envelope verified here without gpu-install, its subjects against the lock and the running pods, and
+another image started in the operator's namespace is drift (exit 6, named). The demo's wall time is printed as a
+BENCHMARK line (target 180 s).
 """
 
 from __future__ import annotations
