@@ -467,6 +467,8 @@ def _operator_batch(opts: Options, b: st.BatchRecord, client: Any, say: Progress
         ro.release_batch(client, list(b.nodes), timeout=opts.batch_timeout,
                          progress=lambda node, what: say(f"{node}: {what}"))
     except ro.BatchFailed as exc:
+        if isinstance(exc, GpuInstallError):  # the node's events and driver pod log are in it: as it is (exit 4)
+            raise
         node = getattr(exc, "node", exc.args[0] if exc.args else "?")
         detail = getattr(exc, "detail", exc.args[1] if len(exc.args) > 1 else str(exc))
         raise HostFailures(f"batch {b.index}: the operator's driver upgrade failed on {node}: {detail}; the "

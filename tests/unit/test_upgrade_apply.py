@@ -468,10 +468,10 @@ def test_a_pre_cordoned_node_stays_cordoned(monkeypatch):
 class FakeOperatorRollout(types.ModuleType):
     """installer.upgrade.operator_rollout's contract: hold_all, release_batch, lift_all, BatchFailed."""
 
-    class BatchFailed(Exception):
+    class BatchFailed(HostFailures):  # as the module's: exit 4, the node's detail in the message
         def __init__(self, node: str, detail: str):
-            super().__init__(node, detail)
             self.node, self.detail = node, detail
+            super().__init__(f"{node}: the operator's driver upgrade failed\n{detail}")
 
     def __init__(self, log: list, fail: dict):
         super().__init__("installer.upgrade.operator_rollout")
@@ -512,7 +512,9 @@ def test_operator_mode_upgrade_failed_stops_with_exit_4_naming_the_node(tmp_path
                         FakeOperatorRollout(rig.log, {"gpu-a": "upgrade-failed: Could not unload NVIDIA driver"}))
     with pytest.raises(HostFailures) as err:
         rig.run()
-    assert "failed on gpu-a: upgrade-failed: Could not unload NVIDIA driver" in err.value.message
+    assert err.value.exit_code == 4
+    assert "gpu-a: the operator's driver upgrade failed\nupgrade-failed: Could not unload NVIDIA driver" in \
+        err.value.message
     assert [e[0] for e in rig.log] == ["hold_all", "helm", "release_batch"]  # no lift, batch 2 never released
     assert rig.saved().phase == "failed" and [b.status for b in rig.saved().batches] == ["failed", "pending"]
 
