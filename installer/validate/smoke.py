@@ -139,7 +139,8 @@ def verdict(t: Target, pod: Any, core: Any, namespace: str, now: float) -> Check
             msg = cond.message or ""
             fix = ("every GPU of the node is in use, or none is advertised (cluster layer: gpu-allocatable)"
                    if "Insufficient" in msg else
-                   "the node has a taint the smoke pod does not tolerate, or is cordoned" if "taint" in msg else
+                   "the node has a taint the smoke pod does not tolerate (it tolerates nvidia.com/gpu and a cordon)"
+                   if "taint" in msg else
                    "see the scheduler's message")
             return check(False, f"not schedulable on {t.node}: {msg}", fix)
     else:
