@@ -184,7 +184,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         rec.doc["driverMode"] = plan.site.driver.mode
         disp = display(args)
         opts = rollback.Options(to_revision=args.to_revision, yes=args.yes, kubeconfig=args.kubeconfig,
-                                state_file=args.state, timeout=args.operator_timeout, wait=not args.no_wait,
+                                state_file=args.state, chart=args.chart, timeout=args.operator_timeout, wait=not args.no_wait,
                                 drain_timeout=args.drain_timeout, node_timeout=args.node_timeout,
                                 validate_timeout=args.validate_timeout, validate_layers=parse_only(args.validate_only))
         try:
@@ -297,6 +297,9 @@ def register(sub: Any) -> None:
                         "upgrade run, else the previous revision")
     r.add_argument("--yes", action="store_true", help="roll back; without it a preview of what it would do (exit 0)")
     r.add_argument("--state", metavar="FILE", help="the upgrade state file (as upgrade apply --state)")
+    r.add_argument("--chart", default=os.environ.get(ENV_CHART),
+                   help="the chart of the revision rolled back to: used only where helm rollback refuses a resource "
+                        "the current revision does not manage (then helm upgrade with it and that revision's values)")
     r.add_argument("--operator-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="helm rollback's wait (default 300)")
     r.add_argument("--no-wait", action="store_true", help="helm rollback does not wait for the operator's workloads")

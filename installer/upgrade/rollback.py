@@ -28,6 +28,7 @@ to roll back to; ClusterError (7) helm or the API server; the host batches' own 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,13 @@ class Options:
     node_timeout: float = 900.0
     validate_timeout: float = 300.0
     validate_layers: tuple[str, ...] = ("node", "runtime", "smoke")
+    chart: str | None = None  # the target revision's chart: helm upgrade when helm rollback cannot (see _helm_back)
+
+
+#: helm rollback's refusal of a resource the target revision renders that exists in the cluster but is not in the
+#: current revision's manifest (helm upgrade adopts such a resource by its meta.helm.sh annotations; rollback does not):
+#: v22.9's NFD subchart rendered its NodeFeatureRule CRD from a template, later ones carry it in crds/
+NOT_IN_CURRENT = re.compile(r'no (\w+) with the name "([^"]+)" found')
 
 
 @dataclass
@@ -253,7 +261,7 @@ class Outcome:
 
 def run(plan: Plan, opts: Options, say: Progress, display: Display | None = None) -> Outcome:
     """Preview, and with opts.yes the rollback itself (see the module's docstring)."""
-    from installer import helm, kube
+    from installer import kube
 
     pv = preview(plan, opts, say)
     if not opts.yes:
@@ -261,9 +269,7 @@ def run(plan: Plan, opts: Options, say: Progress, display: Display | None = None
     kubeconfig = kube.resolve_kubeconfig(opts.kubeconfig)
     out = Outcome(pv, applied=True, revision=pv.current.revision)
     if not pv.helm_done:
-        say(f"helm rollback {pv.release} {pv.target.revision} (namespace {pv.namespace})")
-        state = helm.rollback(pv.release, pv.namespace, pv.target.revision, kubeconfig, timeout=opts.timeout,
-                              wait=opts.wait)
+        state = _helm_back(plan, opts, pv, kubeconfig, say)
         say(f"release {pv.release}: revision {state.revision} {state.status} ({state.chart})")
         out.revision = state.revision
     client = kube.api_client(kubeconfig)
@@ -279,6 +285,46 @@ def run(plan: Plan, opts: Options, say: Progress, display: Display | None = None
         pv.state_path.replace(out.archived)
         say(f"state file kept as {out.archived}")
     return out
+
+
+def _helm_back(plan: Plan, opts: Options, pv: Preview, kubeconfig: Path, say: Progress) -> Any:
+    """helm rollback to the target revision. Where helm refuses it for a resource the target renders that is in the
+    cluster but not in the current revision (NOT_IN_CURRENT), and opts.chart is the target revision's chart: `helm
+    upgrade --skip-crds` with that chart and exactly the target revision's values (helm's upgrade adopts the
+    resource); without such a chart the refusal is said with that fix."""
+    from installer import helm
+    from installer.errors import ClusterError
+
+    say(f"helm rollback {pv.release} {pv.target.revision} (namespace {pv.namespace})")
+    try:
+        return helm.rollback(pv.release, pv.namespace, pv.target.revision, kubeconfig, timeout=opts.timeout,
+                             wait=opts.wait)
+    except ClusterError as exc:
+        found = NOT_IN_CURRENT.search(exc.message)
+        if found is None:
+            raise
+        what = f"{found.group(1)} {found.group(2)}"
+        if not opts.chart:
+            raise ClusterError(
+                f"{exc.message} -- revision {pv.target.revision} renders {what}, which is in the cluster but not in "
+                f"revision {pv.current.revision}'s manifest: helm rollback does not adopt it (helm upgrade does)",
+                hint=f"give the chart of revision {pv.target.revision} ({pv.target.chart}) with --chart: the "
+                     "rollback then runs as helm upgrade with that chart and exactly that revision's values; helm "
+                     "recorded the refused try as a failed revision, so name the revision with --to-revision "
+                     f"{pv.target.revision}") from None
+    from installer import operator
+
+    ref = operator.check_chart_ref(opts.chart)
+    meta = operator.chart_metadata(ref) or {}
+    name = f"{meta.get('name')}-{meta.get('version')}"
+    if meta and name != pv.target.chart:
+        raise ConfigError(f"--chart {opts.chart} is {name}, not revision {pv.target.revision}'s {pv.target.chart}",
+                          hint=f"give the {pv.target.chart} chart (the previous bundle's charts/)")
+    values = helm.revision_values(pv.release, pv.namespace, pv.target.revision, kubeconfig)
+    say(f"helm rollback refused ({what} is not in revision {pv.current.revision}'s manifest): helm upgrade "
+        f"{pv.release} with {opts.chart} and revision {pv.target.revision}'s values")
+    return helm.install_or_upgrade(ref, pv.release, pv.namespace, values, kubeconfig, timeout=opts.timeout,
+                                   wait=opts.wait)
 
 
 def _host_batches(plan: Plan, opts: Options, pv: Preview, client: Any, kubeconfig: str, say: Progress,
