@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -121,10 +122,13 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench_validate needs root (the lab)")
     work = Path(tempfile.mkdtemp(prefix="bench-validate-"))
-    if args.hollow:
-        cluster_case(work, args.hollow, args.n)
-    if args.ssh_nodes:
-        ssh_case(work, args.ssh_nodes, args.n)
+    try:
+        if args.hollow:
+            cluster_case(work, args.hollow, args.n)
+        if args.ssh_nodes:
+            ssh_case(work, args.ssh_nodes, args.n)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the labs are down by now (each case's finally)
     return 0
 
 
