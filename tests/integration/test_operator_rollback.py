@@ -266,3 +266,74 @@ def test_upgrade_plan_release_side_against_the_deployed_release(env):
     finally:
         custom.patch_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", "cluster-policy",
                                            {"spec": {"driver": {"env": None}}})
+
+
+# ---------------------------------------------------------------- `gpu-install upgrade rollback` of a real-chart upgrade
+
+
+def upgrade_rollback(env, inventory: Path, state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    write_site(env, "v23.9.2", chart("v23.9.2"))
+    site = yaml.safe_load(env["site"].read_text())
+    env["site"].write_text(yaml.safe_dump({**site, "driver": {"customImageOs": LAB_DRIVER_OS}}))
+    return subprocess.run([str(GPU_INSTALL), "upgrade", "rollback", "-s", str(env["site"]), "-i", str(inventory),
+                           "--kubeconfig", env["kubeconfig"], "--state", str(state), *extra], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_upgrade_rollback_of_a_real_chart_upgrade(env, lab_kubernetes, tmp_path):
+    """v22.9.2 then v23.9.2 (real charts): `upgrade rollback` without --yes previews (the revisions, the values that
+    go back, the CRD caveat) and changes nothing; with --yes helm rolls back to the v22.9.2 revision: a new revision
+    with v22.9.2's chart and exactly its values, while the CRDs stay v23.9.2's (never downgraded). A revision helm
+    does not have is refused (exit 2)."""
+    from installer import helm
+
+    inventory, state = lab_kubernetes.inventory, tmp_path / "none.json"
+    kubeconfig = Path(env["kubeconfig"])
+    proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    before = helm.release_values("gpu-operator", NS, kubeconfig)
+    assert before is not None and before[0].chart == "gpu-operator-v22.9.2"
+    old_rev, old_values = before[0].revision, before[1]
+    proc = run(env, "v23.9.2", "install", "--no-wait", "--timeout", "120")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    up = helm.release_values("gpu-operator", NS, kubeconfig)
+    assert up is not None and up[0].chart == "gpu-operator-v23.9.2" and up[1] != old_values
+    new_rev = up[0].revision
+    assert cp_schema_has_cdi(env)
+
+    proc = upgrade_rollback(env, inventory, state, "--to-revision", "999")
+    assert proc.returncode == 2 and "--to-revision 999: the release has no such revision" in proc.stderr, proc.stderr
+
+    proc = upgrade_rollback(env, inventory, state)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert f"revision {new_rev} (gpu-operator-v23.9.2, deployed) -> helm rollback to revision {old_rev} " \
+           f"(gpu-operator-v22.9.2) [the previous revision]" in out, out
+    assert "~ driver.version: 550.54.14 -> 525.60.13" in out, out
+    assert "cannot undo: CRDs: never downgraded" in out and "preview only, nothing changed" in out, out
+    assert helm.release_state("gpu-operator", NS, kubeconfig).revision == new_rev  # type: ignore[union-attr]
+
+    # helm rollback itself refuses this hop: v22.9.2's NFD rendered its NodeFeatureRule CRD from a template, v23.9.2
+    # carries it in crds/ (applied by gpu-install, kept): in the cluster, not in revision 2's manifest
+    proc = upgrade_rollback(env, inventory, state, "--yes", "--no-wait")
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert 'no CustomResourceDefinition with the name "nodefeaturerules.nfd.k8s-sigs.io" found' in proc.stderr
+    assert "helm rollback does not adopt it" in proc.stderr and "--chart" in proc.stderr, proc.stderr
+
+    # with revision 1's chart: helm upgrade with that chart and exactly revision 1's values
+    doc_path = tmp_path / "rollback.json"
+    proc = upgrade_rollback(env, inventory, state, "--yes", "--no-wait", "--to-revision", str(old_rev), "--chart",
+                            str(chart("v22.9.2")), "--json", str(doc_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = helm.release_values("gpu-operator", NS, kubeconfig)
+    assert after is not None
+    assert (after[0].chart, after[0].status) == ("gpu-operator-v22.9.2", "deployed") and after[0].revision > new_rev
+    assert after[1] == old_values  # the previous revision's values, exactly
+    assert f"upgrade rollback ok: release gpu-operator at revision {after[0].revision} (gpu-operator-v22.9.2)" \
+        in proc.stdout
+    assert cp_schema_has_cdi(env)  # the CRDs stay v23.9.2's: never downgraded
+    doc = json.loads(doc_path.read_text())
+    assert doc["schema"] == "gpu-install.upgrade-rollback/v1" and doc["exitCode"] == 0 and doc["applied"] is True
+    assert doc["release"]["toRevision"] == old_rev and doc["release"]["newRevision"] == after[0].revision
+    assert doc["nodes"] == [] and doc["driverMode"] == "operator"
+    print("rollback JSON:", json.dumps(doc))
