@@ -16,6 +16,7 @@ import queue
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -170,8 +171,17 @@ class Node:
 
 
 @pytest.fixture
-def node(tools: Path, tmp_path: Path) -> Iterator[Node]:
-    n = Node(tools, tmp_path)
+def short_tmp() -> Iterator[Path]:
+    """A temp dir with a short path: a unix socket's path must fit in 108 bytes, and pytest's tmp_path (longer under
+    pytest-xdist, which adds popen-gwN/) plus device-plugins/<plugin>.sock may not."""
+    d = Path(tempfile.mkdtemp(prefix="gi-dp-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def node(tools: Path, short_tmp: Path) -> Iterator[Node]:
+    n = Node(tools, short_tmp)
     yield n
     n.stop()
 
@@ -336,8 +346,9 @@ def test_sigterm_removes_the_endpoints(node: Node) -> None:
     assert "endpoints removed, exiting" in node.log_path.read_text()
 
 
-def test_registration_is_retried_until_a_kubelet_answers(tools: Path, tmp_path: Path) -> None:
+def test_registration_is_retried_until_a_kubelet_answers(tools: Path, short_tmp: Path) -> None:
     """Started before the kubelet (or while it restarts): waits, then registers."""
+    tmp_path = short_tmp
     sock_dir = tmp_path / "device-plugins"
     sock_dir.mkdir()
     cfg = tmp_path / "gpus.yaml"

@@ -58,6 +58,6 @@ def test_every_extra_dependency_is_imported_where_it_is_for():
     for extra, reqs in extras.items():
         used = set().union(*(imported_top_level(p) for p in homes.get(extra, []) if p.is_dir()))
         # commands CI runs, stubs mypy reads, pytest plugins (loaded through their entry point)
-        tools = {"ansible-lint", "ruff", "mypy", "types-PyYAML", "pytest-timeout"}
+        tools = {"ansible-lint", "ruff", "mypy", "types-PyYAML", "pytest-timeout", "pytest-xdist"}
         unused = {d: m for d, m in declared(reqs).items() if d not in tools and not m & used}
         assert not unused, f"[{extra}] declares {sorted(unused)} but nothing under {homes.get(extra)} imports them"
