@@ -146,3 +146,32 @@ def test_sigint_during_apply(fl):
     _ok(apply(site))
     _ok(apply(site))
     assert all(apply.site_stats()[n]["changed"] == 0 for n in NODES)
+
+
+def test_ssh_cut_mid_play(fl):
+    """node2's link goes down once the site playbook's tasks run on the nodes (SSH to it cut mid-run): the same
+    contract as a stopped node -- exit 5 naming node2 in the message and the stage table, node1 finishes; with the
+    link back, the re-run changes only node2."""
+    handle, the_lab, apply, site = fl
+    _undo(handle)
+    veth = the_lab.state().nodes["node2"]["veth"]
+    try:
+        rc, out, err = _run_until(apply, site, _on_a_node,
+                                  lambda _p: subprocess.run(["ip", "link", "set", veth, "down"], check=True))
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    text = out + err
+    assert rc == 5, text[-4000:]
+    assert "Traceback" not in text and "internal error" not in text
+    assert "unreachable: node2" in err and "node1" not in err.split("error:")[-1].split("hint:")[0], err[-3000:]
+    assert re.search(r"^.*nodes\s.*FAILED.*unreachable: node2", text, re.M), text[-3000:]
+    stats = apply.site_stats()
+    assert stats["node1"]["dark"] == 0 and stats["node1"]["failures"] == 0 and stats["node1"]["changed"] >= 1, stats
+    _whole_configs(handle, "node1")
+    deadline = time.monotonic() + 30
+    while root(handle, "node2", "true", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "node2 did not answer again"
+    _whole_configs(handle, "node2")
+    _ok(apply(site))
+    stats = apply.site_stats()
+    assert stats["node1"]["changed"] == 0 and stats["node2"]["changed"] >= 1, stats
