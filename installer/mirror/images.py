@@ -39,10 +39,10 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from installer.errors import ConfigError, PreflightError
 from installer.mirror.bundle import IMAGE, SCHEMA, bundle_for_push, catalog_record, load_for_update, write_lock
@@ -780,39 +780,58 @@ def layer_digests(raw: bytes) -> frozenset[str]:
     return frozenset(str(d["digest"]) for d in layers or [] if isinstance(d, dict) and d.get("digest"))
 
 
-class BlobTurns:
-    """Lets one copy at a time bring a layer that several images share: a copy whose layers another copy in flight
-    is bringing waits for that one to end, then finds them at the destination (skopeo skips or mounts a blob the
-    registry already has) instead of uploading the same bytes concurrently. A copy that holds its turn never waits,
-    so no two copies wait on each other."""
+@dataclass(frozen=True)
+class _Copy:
+    """An image sync must copy: its number, the image, where from and to, the digest it must get, its layers."""
 
-    def __init__(self) -> None:
-        import threading
+    n: int
+    img: ImageArtifact
+    src: str
+    dest: str
+    want: str | None
+    layers: frozenset[str]
 
-        self._lock = threading.Lock()
-        self._owner: dict[str, threading.Event] = {}
 
-    @contextlib.contextmanager
-    def turn(self, layers: frozenset[str]) -> Iterator[None]:
-        import threading
+def _layers(src: str, raw: bytes | None, want: str | None, cert: str | None) -> frozenset[str]:
+    """The layers the copy of src brings: those of its manifest, or of the platform's instance (want) when src is a
+    list/index (one more manifest read); none when a manifest cannot be read (the copy then takes no turn)."""
+    if raw is None or want is None:
+        return frozenset()
+    layers = layer_digests(raw)
+    if layers or "sha256:" + hashlib.sha256(raw).hexdigest() == want:
+        return layers
+    instance, _ = raw_manifest(f"{_repository(src)}@{want}", cert=cert)
+    return layer_digests(instance) if instance is not None else frozenset()
 
-        mine = threading.Event()
-        while True:
-            with self._lock:
-                busy = next((self._owner[d] for d in layers if d in self._owner), None)
-                if busy is None:
-                    for d in layers:
-                        self._owner[d] = mine
-                    break
-            busy.wait()
-        try:
-            yield
-        finally:
-            with self._lock:
-                for d in layers:
-                    if self._owner.get(d) is mine:
-                        del self._owner[d]
-            mine.set()
+
+K = TypeVar("K")
+R = TypeVar("R")
+
+
+def take_turns(pool: ThreadPoolExecutor, jobs: int, tasks: Sequence[tuple[K, frozenset[str]]],
+               run: Callable[[K], R]) -> dict[K, R]:
+    """Runs run(key) for every task on pool, at most jobs at once, never two at once that share a layer: a copy
+    whose layers a running copy is bringing waits for it (then finds them at the destination: skopeo skips a blob the
+    registry has) while copies with other layers take the free slots, so a shared layer crosses the upstream link
+    once. Tasks start in their order as far as their layers let them. Returns key -> run's result."""
+    pending = list(tasks)
+    running: dict[Future[R], tuple[K, frozenset[str]]] = {}
+    out: dict[K, R] = {}
+    while pending or running:
+        busy: set[str] = set().union(*(layers for _, layers in running.values()))
+        for task in list(pending):
+            if len(running) >= jobs:
+                break
+            if task[1] & busy:
+                continue
+            pending.remove(task)
+            running[pool.submit(run, task[0])] = task
+            busy |= task[1]
+        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for f in finished:
+            key, _ = running.pop(f)
+            out[key] = f.result()
+    return out
 
 
 def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | None, platform: str = DEFAULT_PLATFORM,
@@ -821,7 +840,9 @@ def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | No
     mirror.upstreamCa, as pull reads it) straight to its destination in registry.host (credentials and CA as push),
     digests preserved (the digest skopeo wrote must be the upstream's). An image whose destination already has the
     upstream's digest (for platform) is skipped after one manifest read on each side, so a re-sync of a mirrored
-    release copies nothing; an image not at its destination yet is copied without reading upstream first.
+    release copies nothing. The upstream manifest is read for every image (for a list, also the platform's instance):
+    its layers let copies that share one take turns (BlobTurns), so a shared layer crosses the upstream link once
+    instead of once per concurrent copy -- what -j buys on an upstream that limits each connection.
     Raises TransferFailures (exit 4) naming every image that failed, after trying all of them."""
     jobs = _jobs(jobs)
     site = plan.site
@@ -831,16 +852,15 @@ def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | No
     tls = not reg.insecure
     total = len(images)
     outcome = Outcome()
-    turns = BlobTurns()
 
-    def one(n: int, img: ImageArtifact, up: str | None, certs: str | None, auth: str | None) -> tuple[str, str]:
+    def one(n: int, img: ImageArtifact, up: str | None, certs: str | None,
+            auth: str | None) -> tuple[str, str] | _Copy:
+        """The image's verdict without a copy (failed, skipped), or the copy it needs with the layers it brings."""
         src, dest = pull_from(img.source, upstream), img.destination
         have, _ = manifest_digest(dest, cert=certs, auth=auth, tls_verify=tls, secrets=secrets)
-        raw: bytes | None = None
-        want: str | None = None
+        raw, err = raw_manifest(src, cert=up)
+        want, why = platform_digest(raw, platform) if raw is not None else (None, err)
         if have is not None or "@" in img.source:  # the upstream digest decides (a fresh destination: the copy does)
-            raw, err = raw_manifest(src, cert=up)
-            want, why = platform_digest(raw, platform) if raw is not None else (None, err)
             if want is None:
                 msg = why + (f" (read from {src})" if src != img.source and src not in why else "")
                 progress(Event("failed", n, total, img.source, msg))
@@ -854,8 +874,7 @@ def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | No
             if have == want:
                 progress(Event("skipped", n, total, dest, want))
                 return "skipped", ""
-        with turns.turn(layer_digests(raw) if raw is not None else frozenset()):
-            return copy(n, img, src, dest, want, up, certs, auth)
+        return _Copy(n, img, src, dest, want, _layers(src, raw, want, up))
 
     def copy(n: int, img: ImageArtifact, src: str, dest: str, want: str | None, up: str | None, certs: str | None,
              auth: str | None) -> tuple[str, str]:
@@ -879,7 +898,11 @@ def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | No
 
     with cert_dir(site.mirror.upstreamCa) as up, cert_dir(reg.ca) as certs, authfile(config_json) as auth, \
             ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda a: one(a[0], a[1], up, certs, auth), enumerate(images, 1)))
+        checked = list(pool.map(lambda a: one(a[0], a[1], up, certs, auth), enumerate(images, 1)))
+        todo = {c.n: c for c in checked if isinstance(c, _Copy)}
+        copied = take_turns(pool, jobs, [(n, c.layers) for n, c in todo.items()],
+                            lambda n: copy(n, todo[n].img, todo[n].src, todo[n].dest, todo[n].want, up, certs, auth))
+    results = [copied[c.n] if isinstance(c, _Copy) else c for c in checked]
     done = [(kind, img.source, img.source, msg) for img, (kind, msg) in zip(images, results, strict=True)]
     return _tally(outcome, done,
                   f"{total} images could not be synced to {reg.host}",

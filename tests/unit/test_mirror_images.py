@@ -188,31 +188,37 @@ def test_platform_digest_picks_the_instance_sync_copies():
     assert m.platform_digest(single, "linux/arm64") == ("sha256:" + hashlib.sha256(single).hexdigest(), "")
 
 
-def test_blob_turns_let_one_copy_bring_a_shared_layer():
-    """Two copies sharing a layer run one after the other; a copy with other layers runs alongside."""
+def test_take_turns_never_runs_two_copies_of_one_layer_and_fills_free_slots_meanwhile():
+    """a and b share a layer, c has its own: with 3 slots a and c start at once, b waits for a to end (its slot
+    stays free meanwhile instead of blocking on a), and every result comes back under its key. a ends only after c
+    started, so the order shows c ran alongside a."""
     import threading
-    import time
+    from concurrent.futures import ThreadPoolExecutor
 
-    turns = m.BlobTurns()
     log: list[str] = []
+    c_started = threading.Event()
 
-    def copy(name: str, layers: frozenset[str]) -> None:
-        with turns.turn(layers):
-            log.append(f"{name}+")
-            time.sleep(0.05)
-            log.append(f"{name}-")
+    def run(key: str) -> str:
+        log.append(f"{key}+")
+        if key == "c":
+            c_started.set()
+        if key == "a":
+            assert c_started.wait(5), "c did not start while a ran"
+        log.append(f"{key}-")
+        return key.upper()
 
-    a = threading.Thread(target=copy, args=("a", frozenset({"base", "x"})))
-    a.start()
-    time.sleep(0.01)
-    b = threading.Thread(target=copy, args=("b", frozenset({"base", "y"})))
-    c = threading.Thread(target=copy, args=("c", frozenset({"z"})))
-    b.start()
-    c.start()
-    for t in (a, b, c):
-        t.join(5)
+    tasks = [("a", frozenset({"base", "x"})), ("b", frozenset({"base", "y"})), ("c", frozenset({"z"}))]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        out = m.take_turns(pool, 3, tasks, run)
+    assert out == {"a": "A", "b": "B", "c": "C"}
     assert log.index("b+") > log.index("a-")  # b waited for the copy bringing the shared layer
     assert log.index("c+") < log.index("a-")  # c did not wait
+    # one slot: strictly one after another, in order
+    log.clear()
+    c_started.set()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert m.take_turns(pool, 1, tasks, run) == {"a": "A", "b": "B", "c": "C"}
+    assert log == ["a+", "a-", "b+", "b-", "c+", "c-"]
     assert m.layer_digests(b'{"layers": [{"digest": "sha256:1"}], "config": {"digest": "sha256:2"}}') == {"sha256:1"}
 
 
