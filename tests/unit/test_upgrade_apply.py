@@ -11,7 +11,6 @@ installer.upgrade.operator_rollout contract (hold_all, release_batch, lift_all, 
 
 from __future__ import annotations
 
-import copy
 import json
 import stat
 import sys
@@ -22,31 +21,16 @@ import jsonschema
 import pytest
 
 from installer import jsonout
-from installer.config import parse_site
 from installer.errors import ConfigError, HostFailures, PreflightError, ValidationFindings
-from installer.facts import Node
 from installer.upgrade import apply as ua
 from installer.upgrade import host_rollout
 from installer.upgrade import plan as up
 from installer.upgrade import state as st
 from installer.upgrade.cluster import ClusterState, NodeState
 from installer.upgrade.model import CurrentRelease
-from tests.conftest import BASE_SITE, plan_of
+from tests.unit.test_upgrade_plan import NODES, no_chart, target  # noqa: F401 - no_chart: an autouse fixture
 
-NODES = ("gpu-a", "gpu-b", "gpu-c")
 HOST = {"mode": "host", "rebootPolicy": "if-needed"}
-
-
-@pytest.fixture(autouse=True)
-def no_chart(monkeypatch):
-    monkeypatch.delenv("GPU_INSTALL_CHART", raising=False)
-
-
-def target(version: str = "v23.9.2", **extra):
-    data = copy.deepcopy(BASE_SITE)
-    data["operator"]["version"] = version
-    data.update(extra)
-    return plan_of(parse_site(data), nodes=[Node(n, "ubuntu", "22.04", "5.15.0-105-generic") for n in NODES])
 
 
 def gpu_pod(name: str, node: str) -> dict:
