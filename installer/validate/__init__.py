@@ -105,7 +105,8 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
         timeout: float = 300.0, node_timeout: float = 30.0, progress: Callable[[str], None] | None = None,
         client: Any = None, operator_wait: float = 0.0) -> Report:
     """The report of the layers asked. operator_wait: with the cluster layer, first give every ClusterPolicy up to
-    that many seconds to report ready (apply's validate stage, right after the operator's install)."""
+    that many seconds to report ready, and with the mig layer each node with a MIG layout as long for mig-manager's
+    verdict (apply's validate stage, right after the operator's install and the mig stage's labels)."""
     from kubernetes import client as k
 
     from installer import features, kube
@@ -156,6 +157,9 @@ def run(plan: Plan, kubeconfig: str | None, layers: Sequence[str] = AVAILABLE, *
             if progress:
                 progress(f"mig: {len(plan.mig)} node(s) with a MIG layout")
             dynamic = features.mig_checks(plan, objs, facts)  # a feature that makes the layouts checks its own
+            if dynamic is None and operator_wait > 0 and plan.mig:  # apply: the mig stage has just set the labels
+                objs = mig.wait_states(lambda: kube._call("list the nodes", lambda: core.list_node().items),
+                                       [a.node for a in plan.mig], operator_wait, progress)
             report.add(*(dynamic if dynamic is not None else
                          mig.checks([(a.node, a.config) for a in plan.mig], plan.site.mig.strategy, objs)))
         if "metrics" in layers:

@@ -18,7 +18,8 @@ A pod using a MIG device is the smoke layer's job: on a node that advertises onl
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from installer.mig import _PRODUCT_SUFFIX, LABEL, PRODUCT_LABEL
@@ -71,6 +72,31 @@ def _profiles(model_name: str) -> dict[str, int]:
         if m["model"] == model_name:
             return {str(k): int(v) for k, v in (m.get("profiles") or {}).items()}
     return {}
+
+
+SETTLED = ("success", "failed")  # mig-manager's verdicts; pending / rebooting / no label yet: still to come
+
+
+def wait_states(list_nodes: Callable[[], Sequence[Any]], nodes: Sequence[str], timeout: float,
+                progress: Callable[[str], None] | None = None, interval: float = 1.0) -> dict[str, Any]:
+    """Right after apply's mig stage labelled the nodes: wait up to timeout seconds until mig-manager gave each of
+    nodes its verdict (STATE success or failed; a node the cluster does not have is not waited for). Returns the Node
+    objects as last listed, for the checks to judge (a node still without a verdict then fails its check)."""
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        objs = {n.metadata.name: n for n in list_nodes()}
+        waiting = [f"{n} ({(objs[n].metadata.labels or {}).get(STATE) or 'no state yet'})" for n in nodes
+                   if n in objs and (objs[n].metadata.labels or {}).get(STATE) not in SETTLED]
+        if not waiting or time.monotonic() >= deadline:
+            if said and progress:
+                progress("mig: " + (f"still no verdict of mig-manager on {', '.join(waiting)}" if waiting else
+                                    "mig-manager's verdict on every node"))
+            return objs
+        if not said and progress:
+            progress(f"mig: waiting up to {timeout:.0f}s for mig-manager's verdict ({STATE}) on {', '.join(waiting)}")
+        said = True
+        time.sleep(interval)
 
 
 def node_checks(node: str, config: str, strategy: str, labels: Mapping[str, str],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kubernetes.client import V1Node, V1NodeStatus, V1ObjectMeta
 
+from installer.validate import mig
 from installer.validate.mig import checks, node_checks, per_gpu
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -111,3 +112,36 @@ def test_nos_nodes_need_their_label_and_mig_mode_on_every_gpu():
     assert got[("n2", "mig.nos-label")] == ("fail", "no nos.nebuly.com/gpu-partitioning label")
     assert got[("n2", "mig.mode")] == ("fail", "MIG mode off on GPU 1")
     assert got[("n3", "mig.nos-label")][0] == "skip" and ("n3", "mig.mode") not in got
+
+
+def test_wait_states_waits_for_mig_managers_verdict_then_returns_the_nodes_as_last_listed():
+    """apply's validate stage right after its mig stage labelled the nodes: no state yet, then pending, then a verdict
+    (success on n1, failed on n2) ends the wait; a node the cluster lacks is not waited for; the progress says so."""
+    from types import SimpleNamespace
+
+    states = iter([{}, {"n1": "pending"}, {"n1": "success", "n2": "pending"}, {"n1": "success", "n2": "failed"}])
+    calls = []
+
+    def list_nodes():
+        now = next(states)
+        calls.append(now)
+        return [SimpleNamespace(metadata=SimpleNamespace(name=n, labels={mig.STATE: now[n]} if n in now else {}))
+                for n in ("n1", "n2")]
+
+    said: list[str] = []
+    objs = mig.wait_states(list_nodes, ["n1", "n2", "gone"], 60, said.append, interval=0)
+    assert len(calls) == 4 and {n: o.metadata.labels[mig.STATE] for n, o in objs.items()} == {"n1": "success",
+                                                                                             "n2": "failed"}
+    assert said[0].startswith("mig: waiting up to 60s") and "n1 (no state yet)" in said[0] and "gone" not in said[0]
+    assert said[-1] == "mig: mig-manager's verdict on every node"
+
+
+def test_wait_states_gives_up_at_its_deadline_and_the_check_then_fails():
+    from types import SimpleNamespace
+
+    node = SimpleNamespace(metadata=SimpleNamespace(name="n1", labels={mig.LABEL: "all-disabled"}))
+    said: list[str] = []
+    objs = mig.wait_states(lambda: [node], ["n1"], 0, said.append, interval=0)
+    assert objs == {"n1": node} and said == []  # past the deadline at once: no wait, nothing said
+    found = {c.check: c for c in mig.node_checks("n1", "all-disabled", "single", node.metadata.labels, {})}
+    assert found["mig.config-state"].status == "fail"
