@@ -31,6 +31,17 @@ from installer.cli.common import (
 )
 
 
+def _host_batch_args(p: argparse.ArgumentParser) -> None:
+    """The host-mode batch timeouts upgrade apply and upgrade rollback share (one batch runner)."""
+    from installer.cli.common import seconds
+
+    p.add_argument("--drain-timeout", type=seconds, default=300.0, metavar="SECONDS",
+                   help="host modes: evictions a PodDisruptionBudget refuses are retried this long per node "
+                        "(default 300)")
+    p.add_argument("--node-timeout", type=seconds, default=900.0, metavar="SECONDS",
+                   help="host modes: a rebooted node back Ready (default 900)")
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -267,11 +278,7 @@ def register(sub: Any) -> None:
                    help="helm upgrade's wait (default 300)")
     a.add_argument("--no-wait", action="store_true",
                    help="helm upgrade does not wait for the operator's workloads")
-    a.add_argument("--drain-timeout", type=seconds, default=300.0, metavar="SECONDS",
-                   help="host modes: evictions a PodDisruptionBudget refuses are retried this long per node "
-                        "(default 300)")
-    a.add_argument("--node-timeout", type=seconds, default=900.0, metavar="SECONDS",
-                   help="host modes: a rebooted node back Ready (default 900)")
+    _host_batch_args(a)
     a.add_argument("--batch-timeout", type=seconds, default=1800.0, metavar="SECONDS",
                    help="operator modes: a batch's nodes reach upgrade-done (default 1800)")
     a.add_argument("--validate-timeout", type=seconds, default=300.0, metavar="SECONDS",
@@ -303,11 +310,7 @@ def register(sub: Any) -> None:
     r.add_argument("--operator-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="helm rollback's wait (default 300)")
     r.add_argument("--no-wait", action="store_true", help="helm rollback does not wait for the operator's workloads")
-    r.add_argument("--drain-timeout", type=seconds, default=300.0, metavar="SECONDS",
-                   help="host modes: evictions a PodDisruptionBudget refuses are retried this long per node "
-                        "(default 300)")
-    r.add_argument("--node-timeout", type=seconds, default=900.0, metavar="SECONDS",
-                   help="host modes: a rebooted node back Ready (default 900)")
+    _host_batch_args(r)
     r.add_argument("--validate-timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="host modes: a batch's validation (default 300)")
     r.add_argument("--validate-only", metavar="LAYERS", default="node,runtime,smoke",
