@@ -37,6 +37,7 @@ UPGRADE_PLAN = "gpu-install.upgrade-plan/v1"
 UPGRADE_APPLY = "gpu-install.upgrade-apply/v1"
 UPGRADE_ROLLBACK = "gpu-install.upgrade-rollback/v1"
 EVIDENCE_VERIFY = "gpu-install.evidence-verify/v1"
+VALIDATE = "gpu-install.validate/v1"
 REDACTED = "***"
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
@@ -120,15 +121,13 @@ class ValidateCheck(TypedDict):
 
 
 @with_config(_STRICT)
-class ValidateDoc(TypedDict):
-    """gpu-install.validate/v1 (installer.validate.report.Report.to_json; docs/validate.md)."""
+class ValidateDoc(_Envelope):
+    """gpu-install.validate/v1 (installer.validate.report.Report.to_json; docs/validate.md). A validate that fails
+    before it checks anything (a site file it refuses, options that do not go together) still writes it: no checks,
+    `error` set, `release` empty when the site was not read."""
 
-    schema: str
     release: str
     layers: list[str]
-    started: str
-    seconds: float
-    exitCode: int
     summary: dict[str, int]
     checks: list[ValidateCheck]
 
@@ -434,6 +433,7 @@ SHAPES: dict[str, Any] = {
     UPGRADE_APPLY: UpgradeApplyDoc,
     UPGRADE_ROLLBACK: UpgradeRollbackDoc,
     EVIDENCE_VERIFY: EvidenceVerifyDoc,
+    VALIDATE: ValidateDoc,
 }
 
 

@@ -13,30 +13,36 @@ if TYPE_CHECKING:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     from rich.console import Console
 
-    from installer import validate
+    from installer import jsonout, validate
     from installer.errors import ConfigError
     from installer.util import atomic_write
+    from installer.validate.report import STATUSES
 
-    layers = validate.parse_only(args.only, local=args.local)
-    if args.local:
-        report = _local(args, layers)
-    else:
-        if not args.site or not args.inventory:
-            raise ConfigError("validate needs the site file (-s) and the inventory (-i) of the nodes to check",
-                              hint="give -s site.yaml -i inventory, or --local to check this machine")
-        plan = resolve_plan(args, need_inventory=True)
-        report = validate.run(plan, args.kubeconfig, layers, keep_failed=args.keep_failed, timeout=args.timeout,
-                              node_timeout=args.ssh_timeout, progress=say(args))
-    report.render(Console(file=sys.stdout, soft_wrap=True))
-    if args.json:
-        atomic_write(args.json, json.dumps(report.to_json(), indent=2) + "\n")
-    if args.junit:
-        atomic_write(args.junit, report.to_junit())
+    # --json is written however validate ends: with the report, or -- when it stops before checking anything (a site
+    # file or options it refuses) -- with no checks and the error (docs/json.md)
+    with jsonout.json_document(args.json, jsonout.VALIDATE, "validate") as rec:
+        rec.doc.update(release="", layers=[], summary=dict.fromkeys(STATUSES, 0), checks=[])
+        layers = validate.parse_only(args.only, local=args.local)
+        rec.doc["layers"] = list(layers)
+        if args.local:
+            report = _local(args, layers)
+        else:
+            if not args.site or not args.inventory:
+                raise ConfigError("validate needs the site file (-s) and the inventory (-i) of the nodes to check",
+                                  hint="give -s site.yaml -i inventory, or --local to check this machine")
+            plan = resolve_plan(args, need_inventory=True)
+            rec.doc["release"] = plan.release.version
+            rec.secrets += jsonout.secret_values(plan)
+            report = validate.run(plan, args.kubeconfig, layers, keep_failed=args.keep_failed, timeout=args.timeout,
+                                  node_timeout=args.ssh_timeout, progress=say(args))
+        report.render(Console(file=sys.stdout, soft_wrap=True))
+        rec.doc.update(report.to_json())
+        if args.junit:
+            atomic_write(args.junit, report.to_junit())
     return report.exit_code()
 
 

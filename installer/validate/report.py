@@ -55,14 +55,20 @@ class Report:
         return sorted({c.node for c in self.checks}, key=lambda n: (n != CLUSTER, n))
 
     def to_json(self) -> dict[str, Any]:
-        """The documented JSON (docs/validate.md): schema, release, layers, timing, summary, checks."""
+        """The documented JSON (docs/validate.md): the envelope every --json document has (schema, version, command,
+        timing, exitCode, error), then release, layers, summary, checks."""
+        from installer import __version__
+
         return {
             "schema": SCHEMA,
+            "version": __version__,
+            "command": "validate",
             "release": self.release,
             "layers": list(self.layers),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
             "seconds": round(self.seconds, 3),
             "exitCode": self.exit_code(),
+            "error": None,
             "summary": self.counts(),
             "checks": [{k: (round(v, 3) if k == "seconds" else v) for k, v in asdict(c).items()} for c in self.checks],
         }

@@ -400,6 +400,22 @@ def test_operator_status_document_of_a_deployed_release():
 # ---------------------------------------------------------------- validate without an API server
 
 
+def test_validate_that_stops_before_checking_still_writes_json_with_the_error(cli, tmp_path, write_site, site_data):
+    out = tmp_path / "validate.json"
+    rc, _text, err = cli("validate", "-s", write_site(site_data), "-i", tmp_path / "missing", "--json", out)
+    assert rc == 2 and "inventory" in err and "missing" in err, err
+    doc = json.loads(out.read_text())
+    jsonschema.Draft202012Validator(jsonout.json_schema(jsonout.VALIDATE)).validate(doc)
+    assert (doc["exitCode"], doc["error"]["type"], doc["checks"]) == (2, "ConfigError", [])
+    assert str(tmp_path / "missing") in doc["error"]["message"]
+    assert doc["summary"] == {"pass": 0, "fail": 0, "warn": 0, "skip": 0, "unreachable": 0}
+    assert doc["layers"] == ["node", "runtime", "cluster", "smoke", "mig", "metrics"]
+    # and an unwritable --json path is refused before anything: exit 2, no file
+    rc, _text, err = cli("validate", "-s", write_site(site_data), "-i", tmp_path / "missing", "--json",
+                         tmp_path / "no-such-dir" / "v.json")
+    assert rc == 2 and "no-such-dir" in err and not (tmp_path / "no-such-dir").exists()
+
+
 def test_validate_with_an_unreachable_api_server_keeps_the_node_results_and_writes_json(
         cli, tmp_path, write_site, site_data, unreachable_inventory, kubeconfig):
     kc, server = kubeconfig
