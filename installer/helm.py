@@ -403,3 +403,16 @@ def rollback(release_name: str, namespace: str, revision: int, kubeconfig: Path 
             "rollback revision is recorded by helm (helm history), re-running is safe" if wait else
             "see helm's message; re-running is safe")
     return _run(run(), f"helm rollback {release_name} {revision}", hint, timeout + 120)
+
+
+def revision_manifest(release_name: str, namespace: str, revision: int,
+                      kubeconfig: Path | None) -> list[dict[str, Any]]:
+    """Read-only: the resources a revision of the release rendered (`helm get manifest --revision`; hooks are not in
+    it), as helm stored them: untrusted YAML, anything that is not a mapping left out."""
+
+    async def run() -> list[dict[str, Any]]:
+        docs = await _command(kubeconfig).get_resources(release_name, namespace=namespace, revision=revision)
+        return [d for d in docs if isinstance(d, dict)]
+
+    return _run(run(), f"helm get manifest {release_name} --revision {revision}",
+                "check the kubeconfig, the API server and the revision (helm history)")

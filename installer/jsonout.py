@@ -412,6 +412,15 @@ class UpgradeRollbackNode(TypedDict):
 
 
 @with_config(_STRICT)
+class UpgradeRollbackOrphan(TypedDict):
+    apiVersion: str
+    kind: str
+    name: str
+    namespace: str | None
+    action: str
+
+
+@with_config(_STRICT)
 class UpgradeRollbackDoc(_Envelope):
     applied: bool
     release: UpgradeRollbackRelease | None
@@ -421,6 +430,7 @@ class UpgradeRollbackDoc(_Envelope):
     nodes: list[UpgradeRollbackNode]
     statePath: str | None
     archivedState: str | None
+    orphans: list[UpgradeRollbackOrphan]
 
 
 SHAPES: dict[str, Any] = {

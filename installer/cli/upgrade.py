@@ -189,7 +189,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     with jsonout.json_document(args.json, jsonout.UPGRADE_ROLLBACK, "upgrade rollback") as rec:
         rec.doc.update(applied=False, release=None, valuesDiff=[], cannotUndo=list(ROLLBACK_CANNOT), driverMode=None,
-                       nodes=[], statePath=None, archivedState=None)
+                       nodes=[], statePath=None, archivedState=None, orphans=[])
         plan = resolve_plan(args, need_inventory=True)
         rec.secrets += jsonout.secret_values(plan)
         rec.doc["driverMode"] = plan.site.driver.mode
@@ -210,7 +210,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                                 "toChart": pv.target.chart, "why": pv.why, "newRevision": out.revision if out.applied
                                 else None},
                        nodes=[{"name": n.name, "batch": n.batch, "now": n.now, "to": n.to, "action": n.action}
-                              for n in pv.nodes])
+                              for n in pv.nodes],
+                       orphans=[{"apiVersion": o.api_version, "kind": o.kind, "name": o.name,
+                                 "namespace": o.namespace, "action": o.action} for o in out.orphans])
         rec.doc["exitCode"] = 0
     print("\n".join(pv.lines()))
     if not out.applied:
@@ -220,6 +222,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     else:
         print(f"upgrade rollback ok: release {pv.release} at revision {out.revision} ({pv.target.chart})"
               + (f", driver back on {', '.join(out.nodes_back)}" if out.nodes_back else "")
+              + (f", {sum(o.action == 'deleted' for o in out.orphans)} leftover(s) of the newer revisions deleted"
+                 if out.orphans else "")
               + "; CRDs stay as they are (never downgraded)")
     return 0
 

@@ -19,6 +19,12 @@ the upgrade, with its chart and values, and host drivers back to the version eac
    one (put back in the site file); the batches then run as for host. driver.mode operator|precompiled: the driver
    container rolls back with the release (the operator's upgrade controller reloads it); skip labels the run left
    (operator_rollout's annotation) are lifted so that it can.
+   Then the sweep: what the revisions after the target (those rolled back from: the upgrade's, a failed one, a
+   refused helm rollback's) rendered and the new revision's manifest lacks, found in the cluster and annotated as
+   this release's (meta.helm.sh/release-name and -namespace), is deleted -- helm diffs against its last revision
+   only, so after a refused rollback (a failed revision holding the target's manifest) the newer chart's own
+   resources would stay, annotated with the release, and outlive its uninstall. Anything another release or nobody
+   owns, kept by helm.sh/resource-policy, or a CRD or Namespace is left and named (Outcome.orphans).
 5. The state file is kept beside itself as `<name>.rolled-back-<UTC time>.json` (so `upgrade apply` no longer sees an
    unfinished run) once everything above is done.
 
@@ -250,6 +256,169 @@ def _site_with_driver(plan: Plan, version: str) -> Plan:
     return resolve(site, plan.options)
 
 
+# ---------------------------------------------------------------- what the revisions rolled back from leave behind
+
+#: the annotations helm writes on every resource of a release (and checks before it adopts one)
+RELEASE_NAME = "meta.helm.sh/release-name"
+RELEASE_NAMESPACE = "meta.helm.sh/release-namespace"
+#: helm keeps a resource so annotated on upgrade and uninstall; so does the sweep
+RESOURCE_POLICY = "helm.sh/resource-policy"
+#: never deleted by the sweep: a CRD's deletion takes every custom resource of it (CRDs are never downgraded), a
+#: Namespace's everything in it
+NEVER_DELETED = frozenset({("apiextensions.k8s.io", "CustomResourceDefinition"), ("", "Namespace")})
+
+
+@dataclass(frozen=True, order=True)
+class ObjRef:
+    """A resource as a manifest names it. namespace: as written (None: not written -- helm then uses the release's
+    namespace for a namespaced kind; a cluster-scoped kind has none)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0] if "/" in self.api_version else ""
+
+    def show(self, namespace: str | None = None) -> str:
+        """`Kind name` (cluster-scoped) or `Kind namespace/name`."""
+        return f"{self.kind} {namespace}/{self.name}" if namespace else f"{self.kind} {self.name}"
+
+
+def manifest_refs(docs: list[Any]) -> set[ObjRef]:
+    """The resources of a stored manifest (helm get manifest): untrusted, so a document without a string apiVersion,
+    kind and metadata.name is left out (a List's items are taken one by one)."""
+    out: set[ObjRef] = set()
+    for d in docs:
+        if not isinstance(d, dict):
+            continue
+        if isinstance(d.get("kind"), str) and d["kind"].endswith("List") and isinstance(d.get("items"), list):
+            out |= manifest_refs(d["items"])
+            continue
+        meta = d.get("metadata")
+        api, kind = d.get("apiVersion"), d.get("kind")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        ns = meta.get("namespace") if isinstance(meta, dict) else None
+        if isinstance(api, str) and isinstance(kind, str) and isinstance(name, str) and api and kind and name:
+            out.add(ObjRef(api, kind, name, ns if isinstance(ns, str) and ns else None))
+    return out
+
+
+def leftovers(rolled_back_from: list[list[Any]], target: list[Any]) -> list[ObjRef]:
+    """What the manifests of the revisions rolled back from (oldest first) have and the target revision's manifest
+    lacks (pure):
+    what a helm upgrade from the newest of them would have deleted. Matched by API group (not version: a chart may
+    move a kind from v1beta1 to v1), kind, name and namespace; a namespace not written on either side matches any
+    (cluster-scoped kinds carry none, and a namespaced one not written is the release's), so that nothing the
+    target has is ever taken for a leftover."""
+    keep: dict[tuple[str, str, str], set[str | None]] = {}
+    for r in manifest_refs(target):
+        keep.setdefault((r.group, r.kind, r.name), set()).add(r.namespace)
+    out: dict[tuple[str, str, str, str | None], ObjRef] = {}
+    for docs in reversed(rolled_back_from):  # the newest first: an object in two revisions is named as it has it
+        for r in sorted(manifest_refs(docs)):
+            have = keep.get((r.group, r.kind, r.name))
+            if have is not None and (r.namespace is None or None in have or r.namespace in have):
+                continue
+            out.setdefault((r.group, r.kind, r.name, r.namespace), r)
+    return sorted(out.values())
+
+
+def owner_verdict(annotations: Mapping[str, Any] | None, group: str, kind: str, release: str,
+                  namespace: str) -> str:
+    """What the sweep does with a leftover found in the cluster (pure): `deleted` only when its meta.helm.sh
+    annotations name this release in this namespace, nothing keeps it (helm.sh/resource-policy: keep) and it is not a
+    CRD or a Namespace; else `left: <why>`."""
+    a = annotations or {}
+    if (a.get(RELEASE_NAME), a.get(RELEASE_NAMESPACE)) != (release, namespace):
+        owner = f"{a.get(RELEASE_NAMESPACE)}/{a.get(RELEASE_NAME)}" if a.get(RELEASE_NAME) else "no release"
+        return f"left: not the release's ({RELEASE_NAME}/{RELEASE_NAMESPACE}: {owner})"
+    if str(a.get(RESOURCE_POLICY, "")).strip() == "keep":
+        return f"left: {RESOURCE_POLICY}: keep"
+    if (group, kind) in NEVER_DELETED:
+        return f"left: a {kind} is never deleted by a rollback"
+    return "deleted"
+
+
+@dataclass
+class Orphan:
+    """A resource of a revision rolled back from that the release's new revision does not have, found in the cluster,
+    and what the sweep did with it."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None  # None: cluster-scoped
+    action: str  # deleted | left: <why>
+
+    def line(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where}: {self.action}"
+
+
+def sweep(client: Any, release: str, namespace: str, candidates: list[ObjRef], say: Progress) -> list[Orphan]:
+    """Each leftover that is in the cluster: deleted when owner_verdict() says so (each one said as it goes), else
+    left and said why. A kind the cluster does not serve, or an object not there, is nothing to do. ClusterError
+    when the API server fails a read or a delete (what was deleted until then is said)."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    from installer.errors import ClusterError
+
+    dyn = DynamicClient(client)  # type: ignore[no-untyped-call]
+    out: list[Orphan] = []
+    for ref in candidates:
+        try:
+            res = dyn.resources.get(api_version=ref.api_version, kind=ref.kind)
+        except ResourceNotFoundError:
+            continue
+        ns = (ref.namespace or namespace) if res.namespaced else None
+        what = ref.show(ns)
+        try:
+            obj = res.get(name=ref.name, namespace=ns) if ns else res.get(name=ref.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise ClusterError(f"read {what} (a leftover of the revisions rolled back from) failed: HTTP "
+                               f"{exc.status} {exc.reason}", hint="helm's part of the rollback is done (do not run it "
+                               "again): check the object's meta.helm.sh annotations and kubectl delete it") from None
+        action = owner_verdict(dict(obj.metadata.annotations or {}), ref.group, ref.kind, release, namespace)
+        if action == "deleted":
+            try:
+                if ns:
+                    res.delete(name=ref.name, namespace=ns, body={"propagationPolicy": "Background"})
+                else:
+                    res.delete(name=ref.name, body={"propagationPolicy": "Background"})
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise ClusterError(f"delete {what} (a leftover of the revisions rolled back from) failed: HTTP "
+                                       f"{exc.status} {exc.reason}", hint="helm's part of the rollback is done "
+                                       "(do not run it again): check RBAC, then kubectl delete it") from None
+        orphan = Orphan(ref.api_version, ref.kind, ref.name, ns, action)
+        say(f"not in the release's revision any more: {orphan.line()}")
+        out.append(orphan)
+    return out
+
+
+def _sweep_after(pv: Preview, new_revision: int, kubeconfig: Path, client: Any, say: Progress) -> list[Orphan]:
+    """The sweep after helm made new_revision: the revisions rolled back from are those after the target revision
+    (the upgrade's, a failed one, a refused helm rollback's), read from helm; the release's own manifest is that of
+    the new revision. Needed because helm diffs against its last revision only -- after a refused rollback (a failed
+    revision with the target's manifest) the resources only the newer chart had are never deleted."""
+    from installer import helm
+
+    history = helm.release_history(pv.release, pv.namespace, kubeconfig) or []
+    newer = [h.revision for h in history if pv.target.revision < h.revision < new_revision]
+    if not newer:
+        return []
+    docs = [helm.revision_manifest(pv.release, pv.namespace, r, kubeconfig) for r in newer]
+    target = helm.revision_manifest(pv.release, pv.namespace, new_revision, kubeconfig)
+    return sweep(client, pv.release, pv.namespace, leftovers(docs, target), say)
+
+
 @dataclass
 class Outcome:
     preview: Preview
@@ -257,6 +426,7 @@ class Outcome:
     revision: int | None = None  # the revision helm rollback made
     nodes_back: list[str] = field(default_factory=list)
     archived: Path | None = None
+    orphans: list[Orphan] = field(default_factory=list)  # the revisions rolled back from's leftovers (sweep)
 
 
 def run(plan: Plan, opts: Options, say: Progress, display: Display | None = None) -> Outcome:
@@ -268,11 +438,12 @@ def run(plan: Plan, opts: Options, say: Progress, display: Display | None = None
         return Outcome(pv, applied=False)
     kubeconfig = kube.resolve_kubeconfig(opts.kubeconfig)
     out = Outcome(pv, applied=True, revision=pv.current.revision)
+    client = kube.api_client(kubeconfig)
     if not pv.helm_done:
         state = _helm_back(plan, opts, pv, kubeconfig, say)
         say(f"release {pv.release}: revision {state.revision} {state.status} ({state.chart})")
         out.revision = state.revision
-    client = kube.api_client(kubeconfig)
+        out.orphans = _sweep_after(pv, state.revision, kubeconfig, client, say)
     if pv.driver_mode in HOST_MODES:
         _host_batches(plan, opts, pv, client, str(kubeconfig), say, display, out)
     elif pv.state is not None:
