@@ -5,12 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from installer.cli.common import command, group
-
-
-def json_arg(p: argparse.ArgumentParser, schema: str) -> None:
-    p.add_argument("--json", metavar="FILE",
-                   help=f"also write the result as JSON (schema {schema}, docs/json.md), also when the command fails")
+from installer.cli.common import command, group, json_arg
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -85,6 +85,12 @@ def output_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", help="write here instead of stdout")
 
 
+def json_arg(p: argparse.ArgumentParser, schema: str, what: str = "the result") -> None:
+    """--json FILE: every command's machine-readable document (installer.jsonout), written also when it fails."""
+    p.add_argument("--json", metavar="FILE", help=f"also write {what} as JSON (schema {schema}, docs/json.md), also "
+                                                  "when the command fails")
+
+
 def seconds(text: str) -> float:
     """A timeout in seconds: a positive number (argparse type)."""
     try:

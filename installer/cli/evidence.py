@@ -7,7 +7,17 @@ import os
 import sys
 from typing import Any
 
-from installer.cli.common import command, group, inventory_arg, kubeconfig_arg, quiet_arg, resolve_plan, say, seconds
+from installer.cli.common import (
+    command,
+    group,
+    inventory_arg,
+    json_arg,
+    kubeconfig_arg,
+    quiet_arg,
+    resolve_plan,
+    say,
+    seconds,
+)
 
 KEY_HOME_HELP = ("the evidence key's directory (generated there on first use: ECDSA P-256, signing-key.pem 0600 and "
                  "signing-key.pub.pem); env GPU_INSTALL_EVIDENCE_KEY_HOME; default <state dir>/evidence-signing")
@@ -130,7 +140,6 @@ def register(sub: Any) -> None:
                    help="also compare the running cluster with the evidence: images running in the operator's "
                         "namespace by digest, the GPU nodes (OS, kernel, driver, GPUs), the helm revision")
     q.add_argument("--ssh-timeout", type=seconds, default=30.0, help="with --live: seconds per GPU node (default 30)")
-    q.add_argument("--json", metavar="FILE", help="also write the verdict as JSON (schema "
-                                                  "gpu-install.evidence-verify/v1)")
+    json_arg(q, "gpu-install.evidence-verify/v1", "the verdict")
     quiet_arg(q)
     q.set_defaults(func=cmd_verify)

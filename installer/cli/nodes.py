@@ -11,6 +11,7 @@ from installer.cli.common import (
     ENV_CHART,
     command,
     inventory_arg,
+    json_arg,
     kubeconfig_arg,
     quiet_arg,
     resolve_plan,
@@ -176,11 +177,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
     return _staged(args, "uninstall")
-
-
-def json_arg(p: argparse.ArgumentParser, schema: str, what: str) -> None:
-    p.add_argument("--json", metavar="FILE", help=f"also write {what} as JSON (schema {schema}, docs/json.md), also "
-                                                  "when the command fails")
 
 
 def _operator_args(p: argparse.ArgumentParser, install: bool) -> None:

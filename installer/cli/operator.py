@@ -11,6 +11,7 @@ from installer.cli.common import (
     ENV_CHART,
     command,
     group,
+    json_arg,
     kubeconfig_arg,
     quiet_arg,
     resolve_plan,
@@ -83,8 +84,7 @@ def register(sub: Any) -> None:
 
     q = command(osub, "status", "namespace, pull Secret and release state (exit 6 when not deployed)")
     _common(q)
-    q.add_argument("--json", metavar="FILE", help="also write the state as JSON (schema gpu-install.operator-status/v1, "
-                                                  "docs/json.md), also when the command fails")
+    json_arg(q, "gpu-install.operator-status/v1", "the state")
     q.set_defaults(func=cmd_status)
 
     q = command(osub, "uninstall", "helm uninstall the release and delete gpu-install's pull Secret (CRDs stay "

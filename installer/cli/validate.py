@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any
 
-from installer.cli.common import command, kubeconfig_arg, quiet_arg, resolve_plan, say, seconds
+from installer.cli.common import command, json_arg, kubeconfig_arg, quiet_arg, resolve_plan, say, seconds
 
 if TYPE_CHECKING:
     from installer.validate.report import Report
@@ -94,7 +94,7 @@ def register(sub: Any) -> None:
     q.add_argument("--only", metavar="LAYERS",
                    help=f"comma-separated layers to run (default and available: {','.join(AVAILABLE)}; --local: "
                         f"{','.join(LOCAL)})")
-    q.add_argument("--json", metavar="FILE", help="also write the report as JSON (schema gpu-install.validate/v1)")
+    json_arg(q, "gpu-install.validate/v1", "the report")
     q.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML (one testcase per node x check)")
     q.add_argument("--keep-failed", action="store_true", help="keep the smoke pods that failed, for kubectl describe/logs")
     q.add_argument("--timeout", type=seconds, default=300.0,
