@@ -3,7 +3,7 @@ package cache, gpu_install_lab/packages.py) written as an OCI image layout here,
 the lab CA.
 
   STAND-IN pause image  <registry>/gpu-install-lab/pause:3.6   the real nodes' containerd sandbox image
-                        (busybox `sleep`; the real one is a 700-byte C program we cannot fetch here)
+                        (busybox sleeping until SIGTERM; the real one is a 700-byte C program we cannot fetch here)
   test image            <registry>/gpu-install-lab/hello:v1    prints a line and exits (real-node tests)
   STAND-IN gpu-manager, gpu-quota-admission  at the site registry paths sharing.mode gpumanager renders
                         (push_sharing_standins, called by the tests that need them): print their environment and
@@ -30,6 +30,10 @@ from pathlib import Path
 
 from gpu_install_lab.sh import run
 
+#: how a STAND-IN holds its place: sleep, and end at once on SIGTERM as the programs it stands in for do. A container's
+#: first process gets no signal it has no handler for, so a bare `exec sleep` ignored the kubelet's SIGTERM and every
+#: pod deletion (uninstall, a DaemonSet's rolling update, a drain) waited out the 30 s grace period for SIGKILL.
+HOLD = "trap 'exit 0' TERM INT; sleep 2147483647 & wait"
 PAUSE = ("gpu-install-lab/pause", "3.6")
 HELLO = ("gpu-install-lab/hello", "v1")
 HELLO_TEXT = "hello from a real lab node"
@@ -119,7 +123,7 @@ def ensure_lab_images(registry: str, ca: Path, work: Path) -> dict[str, str]:
     busybox = busybox_binary()
     refs = {}
     for name, (repo, tag), entrypoint, cmd in (
-        ("pause", PAUSE, ["/bin/sleep", "2147483647"], None),
+        ("pause", PAUSE, ["/bin/sh", "-c", HOLD], None),
         ("hello", HELLO, ["/bin/sh", "-c"], [f"echo '{HELLO_TEXT}'; cat /etc/hostname"]),
     ):
         layout = work / name
@@ -140,10 +144,10 @@ _SHARING_SCRIPTS = {
     "gpuManager": ('echo "{mark} gpu-manager: no GPU, no device plugin"; echo "LOG_LEVEL=$LOG_LEVEL"; '
                    'echo "EXTRA_FLAGS=$EXTRA_FLAGS"; echo "NODE_NAME=$NODE_NAME"; '
                    'while read -r dev mnt rest; do echo "mount $mnt"; done < /proc/self/mounts; '
-                   'exec sleep 2147483647'),
+                   f'{HOLD}'),
     "gpuQuotaAdmission": ('echo "{mark} gpu-quota-admission: no scheduler extender"; echo "LOG_LEVEL=$LOG_LEVEL"; '
                           'echo "EXTRA_FLAGS=$EXTRA_FLAGS"; echo "config $(cat /etc/kubernetes/gpu-quota-admission.config)"; '
-                          'exec sleep 2147483647'),
+                          f'{HOLD}'),
 }
 
 
@@ -164,7 +168,7 @@ def push_sharing_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[st
 #: runs (nvidia-device-plugin, vGPUmonitor, scheduler, kube-scheduler) is a script printing its name, arguments and
 #: mount points, then sleeping (the device plugin's postStart hook script only prints); the certificate Jobs' image prints its arguments and exits 0 (it writes no Secret).
 _HAMI_RUN = ('#!/bin/sh\necho "{mark} $(basename "$0"): $*"\n'
-             'while read -r dev mnt rest; do echo "mount $mnt"; done < /proc/self/mounts\nexec sleep 2147483647\n')
+             'while read -r dev mnt rest; do echo "mount $mnt"; done < /proc/self/mounts\n' + HOLD + '\n')
 _HAMI_SCRIPTS = {
     "hami": {**{f"bin/{n}": _HAMI_RUN for n in ("nvidia-device-plugin", "vGPUmonitor", "scheduler")},
              # the device plugin container's postStart hook (it copies HAMi's CUDA interception library to the host)
@@ -184,7 +188,7 @@ def push_hami_standins(refs: dict[str, str], ca: Path, work: Path) -> dict[str, 
             entry, cmd = ["/bin/sh", "-c", f'echo "{SHARING_STANDIN_MARK} kube-webhook-certgen: $*"', "certgen"], None
             scripts = None
         else:
-            entry, cmd = ["/bin/sleep", "2147483647"], None
+            entry, cmd = ["/bin/sh", "-c", HOLD], None
             scripts = {k: v.format(mark=SHARING_STANDIN_MARK) for k, v in _HAMI_SCRIPTS[comp].items()}
         write_layout(layout, tag, entry, cmd, busybox=busybox, scripts=scripts)
         push(layout, tag, ref, ca)
@@ -237,5 +241,5 @@ def idle_standin_layout(work: Path, tag: str = "standin") -> Path:
     """An OCI layout (work/standin-idle, image `tag`): busybox whose entrypoint prints IDLE_TEXT and sleeps, so that
     a pod of it stays Running (sh, sleep, echo, cat, ls for scripts and probes that a caller gives it)."""
     layout = work / "standin-idle"
-    write_layout(layout, tag, ["/bin/sh", "-c", f"echo '{IDLE_TEXT}'; exec sleep 2147483647"])
+    write_layout(layout, tag, ["/bin/sh", "-c", f"echo '{IDLE_TEXT}'; {HOLD}"])
     return layout

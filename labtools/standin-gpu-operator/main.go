@@ -58,12 +58,13 @@ const (
 	cpPath       = "/apis/nvidia.com/v1/clusterpolicies"
 )
 
-// the device plugin pod's script: it says what it is and holds its place; its readiness probe
+// the device plugin pod's script: it says what it is and holds its place (ending at once on SIGTERM, as the real
+// plugin does: a bare `exec sleep` as the container's first process ignored it); its readiness probe
 // (probeScript) looks for the node's registered device-plugin endpoints
 const podScript = `echo "STAND-IN nvidia-device-plugin pod (gpu-install lab): NVIDIA's device plugin needs NVML and a GPU;` +
 	` the GPUs of node $NODE_NAME are advertised by the lab's STAND-IN device plugin (gpu-install-lab-device-plugin.service)"
 for s in ` + pluginDir + `/nvidia-*.sock; do [ -S "$s" ] && echo "registered endpoint: $s"; done
-exec sleep 2147483647`
+trap 'exit 0' TERM INT; sleep 2147483647 & wait`
 
 const probeScript = `for s in ` + pluginDir + `/nvidia-*.sock; do [ -S "$s" ] && exit 0; done; exit 1`
 
