@@ -125,6 +125,8 @@ class ReleaseState:
     chart: str  # name-version
     changed: bool = False  # this call made a new revision
     description: str = ""
+    #: what install_or_upgrade() did first with a revision an interrupted run had left pending ("" when nothing)
+    recovered: str = ""
 
 
 async def _state(rev: Any, changed: bool = False) -> ReleaseState:
@@ -135,17 +137,33 @@ async def _state(rev: Any, changed: bool = False) -> ReleaseState:
                         changed, rev.description or "")
 
 
+# helm's words for an API server it could not reach -- or lost in the middle of a request (the server went away
+# while answering: "unexpected EOF", a reset connection, a lost HTTP/2 connection)
 UNREACHABLE = ("kubernetes cluster unreachable", "connection refused", "no such host", "i/o timeout",
-               "no route to host", "tls handshake timeout")
+               "no route to host", "tls handshake timeout", "unexpected eof", "connection reset by peer",
+               "http2: client connection lost", "broken pipe")
+
+#: release statuses that helm leaves behind when it is stopped (or loses the API server) before it records the outcome
+PENDING = ("pending-install", "pending-upgrade", "pending-rollback", "uninstalling")
 
 
-def _helm_error(action: str, exc: Exception, hint: str) -> ClusterError | ClusterUnreachable:
-    """helm's own message; exit 5 when it could not reach the API server, else 7."""
+def _helm_text(exc: Exception) -> str:
     stderr = getattr(exc, "stderr", b"")
-    text = (stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr)).strip() or str(exc)
-    if any(u in text.lower() for u in UNREACHABLE):
+    return (stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr)).strip() or str(exc)
+
+
+def _unreachable(text: str) -> bool:
+    return any(u in text.lower() for u in UNREACHABLE)
+
+
+def _helm_error(action: str, exc: Exception, hint: str,
+                unreachable_hint: str = "check the kubeconfig's server and that the cluster is up"
+                ) -> ClusterError | ClusterUnreachable:
+    """helm's own message; exit 5 when it could not reach the API server, else 7."""
+    text = _helm_text(exc)
+    if _unreachable(text):
         return ClusterUnreachable(f"{action} failed: the Kubernetes API server cannot be reached: {text[-1500:]}",
-                                  hint="check the kubeconfig's server and that the cluster is up")
+                                  hint=unreachable_hint)
     return ClusterError(f"{action} failed: {text[-1500:]}", hint=hint)
 
 
@@ -215,49 +233,120 @@ def _timeout(seconds: float) -> str:
     return f"{max(1, int(seconds))}s"
 
 
+def _fix_pending(release_name: str, namespace: str, status: str, kubeconfig: Path | None) -> str:
+    """The helm command that makes a release left in status proceedable by hand (what pyhelm3 does itself)."""
+    kc = f" --kubeconfig {kubeconfig}" if kubeconfig else ""
+    if status in ("pending-install", "uninstalling"):
+        return f"helm uninstall {release_name} -n {namespace} --wait{kc}"
+    return f"helm rollback {release_name} -n {namespace} --wait{kc}"
+
+
+async def _proceedable(c: Any, release_name: str, namespace: str, timeout: float,
+                       kubeconfig: Path | None) -> tuple[Any, str]:
+    """(the revision to upgrade from or None, what was done to get it): a release an interrupted run left pending
+    (helm lost the API server or was stopped before it recorded the outcome) is made proceedable with pyhelm3's
+    get_proceedable_revision -- pending-install/uninstalling uninstalled, pending-upgrade/pending-rollback rolled
+    back to the previous revision; when that fails, an error naming the status and the helm command that fixes it."""
+    from pyhelm3 import errors as herr
+
+    try:
+        current = await c.get_current_revision(release_name, namespace=namespace)
+    except herr.ReleaseNotFoundError:
+        return None, ""
+    status = getattr(current.status, "value", str(current.status))
+    if status not in PENDING:
+        return current, ""
+    left = f"release {release_name}: revision {current.revision} was left {status} by an interrupted run"
+    undo = "uninstalling it" if status in ("pending-install", "uninstalling") else "rolling it back"
+    try:
+        rev = await c.get_proceedable_revision(release_name, namespace=namespace, timeout=_timeout(timeout))
+    except herr.Error as exc:
+        fix = _fix_pending(release_name, namespace, status, kubeconfig)
+        raise _helm_error(f"{left}; {undo}", exc, hint=f"run `{fix}`, then re-run this command",
+                          unreachable_hint=f"once the API server answers, re-run this command (re-running is safe), "
+                                           f"or run `{fix}` first") from None
+    done = ("uninstalled it" if rev is None else
+            f"rolled back to revision {int(current.revision) - 1} as revision {rev.revision}")
+    return rev, f"{left}: {done} before upgrading"
+
+
+def _left_behind(release_name: str, namespace: str, kubeconfig: Path | None) -> ReleaseState | None | str:
+    """After a failed helm upgrade: the release's current revision, None when there is none, or helm's words when
+    the API server cannot be asked (read-only, bounded)."""
+    try:
+        return release_state(release_name, namespace, kubeconfig, limit=30)
+    except GpuInstallError as exc:
+        return exc.message
+
+
 def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str, values: dict[str, Any],
                        kubeconfig: Path | None, timeout: float = 300, wait: bool = True) -> ReleaseState:
     """`helm upgrade --install` (no --create-namespace) unless the deployed release already has this
     chart and these values; then nothing is done and changed=False. A release left pending by an
-    interrupted run is made proceedable first (pyhelm3: uninstall pending-install, roll back
-    pending-upgrade). With wait, helm waits (up to timeout) for the release's Deployments,
-    DaemonSets, pods and Jobs to be ready."""
+    interrupted run is made proceedable first (_proceedable(); what was done is in the state's
+    `recovered`). With wait, helm waits (up to timeout) for the release's Deployments,
+    DaemonSets, pods and Jobs to be ready. When helm fails, the release is read back: an API server that
+    cannot be reached is exit 5 (ClusterUnreachable), and a revision left pending is named."""
     from pyhelm3 import errors as herr
 
+    recovered = ""
+
     async def run() -> ReleaseState:
+        nonlocal recovered
         c = client(kubeconfig)
         try:
             chart = await _get_chart(c, chart_ref)
         except herr.Error as exc:
             raise _helm_error(f"helm show chart {chart_ref}", exc,
                               "give a chart directory, a .tgz or an oci:// reference helm can reach") from None
-        current = await c.get_proceedable_revision(release_name, namespace=namespace, timeout=_timeout(timeout))
+        current, recovered = await _proceedable(c, release_name, namespace, timeout, kubeconfig)
         if not await c.should_install_or_upgrade_release(current, chart, values):
-            return await _state(await c.get_current_revision(release_name, namespace=namespace))
+            state = await _state(await c.get_current_revision(release_name, namespace=namespace))
+            state.recovered = recovered
+            return state
         # --skip-crds: gpu-install applies the chart's CRDs itself, server-side, before every install and upgrade
         # (installer.operator); helm's own CRD step (first install only, create-if-missing) would have no effect
         rev = await c.install_or_upgrade_release(
             release_name, chart, values, namespace=namespace, create_namespace=False,
             wait=wait, timeout=_timeout(timeout), skip_crds=True)
-        return await _state(rev, changed=True)
+        state = await _state(rev, changed=True)
+        state.recovered = recovered
+        return state
 
+    action = f"helm upgrade --install {release_name}"
+    resume = ("re-run the same command once the API server answers: re-running is safe -- a revision left "
+              "pending-upgrade is rolled back to the last deployed one and upgraded again (pending-install: "
+              "uninstalled and installed again)")
     try:
         return _run_bounded(run(), timeout + 120)
     except GpuInstallError:
         raise
     except TimeoutError:
-        raise ClusterError(f"helm upgrade --install {release_name} did not finish in {timeout + 120:.0f}s",
+        raise ClusterError(f"{action} did not finish in {timeout + 120:.0f}s",
                               hint="check the API server; re-running is safe") from None
     except Exception as exc:  # noqa: BLE001 - pyhelm3's errors carry helm's stderr
-        text = str(getattr(exc, "stderr", b"") or exc)
+        text = _helm_text(exc)
+        after = _left_behind(release_name, namespace, kubeconfig)
+        lost = _unreachable(text) or isinstance(after, str)
+        left = (f"; release {release_name} is left {after.status} at revision {after.revision}"
+                if isinstance(after, ReleaseState) and after.status in PENDING else "")
+        if lost:
+            now = (f"; the API server still cannot be reached: {after[-300:]}" if isinstance(after, str)
+                   else left + " (the API server answers again)")
+            raise ClusterUnreachable(
+                f"{action} failed: the Kubernetes API server cannot be reached or went away during the "
+                f"upgrade{now}. helm said: {text[-1500:]}", hint=resume) from None
         hint = ("the release's workloads did not become ready in time: check their pods (image pulls, "
                 "pull Secret, node capacity); re-running is safe" if "timed out" in text or "deadline" in text
                 else "see helm's message; re-running is safe (a failed release is upgraded again)")
-        raise _helm_error(f"helm upgrade --install {release_name}", exc, hint) from None
+        if left:
+            hint = resume.replace(" once the API server answers", "")
+        raise ClusterError(f"{action} failed{left}: {text[-1500:]}", hint=hint) from None
 
 
-def release_state(release_name: str, namespace: str, kubeconfig: Path | None) -> ReleaseState | None:
-    """The current revision of a release, or None when there is none."""
+def release_state(release_name: str, namespace: str, kubeconfig: Path | None,
+                  limit: float | None = None) -> ReleaseState | None:
+    """The current revision of a release, or None when there is none (stopped after limit seconds)."""
     from pyhelm3 import errors as herr
 
     async def run() -> ReleaseState | None:
@@ -267,7 +356,7 @@ def release_state(release_name: str, namespace: str, kubeconfig: Path | None) ->
         except herr.ReleaseNotFoundError:
             return None
 
-    return _run(run(), f"helm status {release_name}", "check the kubeconfig and the API server")
+    return _run(run(), f"helm status {release_name}", "check the kubeconfig and the API server", limit)
 
 
 def release_values(release_name: str, namespace: str,

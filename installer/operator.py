@@ -90,6 +90,8 @@ class InstallReport:
         if self.secret:
             out.append(f"pull secret {self.namespace}/{self.secret}: {self.secret_action}")
         out.extend(crd_lines(self.crds))
+        if r.recovered:  # a revision an interrupted run had left pending, made proceedable first
+            out.append(r.recovered)
         out.append(f"release {r.name} ({r.chart}): {helm_part}")
         out.append(f"operator install ok in {self.seconds:.1f}s: {'changed' if self.changed else 'no change'}")
         return out

@@ -16,8 +16,10 @@ import base64
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,94 @@ def test_install_status_reinstall_uninstall(env):
         assert env["password"] not in text
         assert base64.b64encode(f"mirror-user:{env['password']}".encode()).decode() not in text
 
+
+
+def _helm_revisions(core, ns: str, release: str = "gpu-operator") -> dict[int, str]:
+    """{revision: status} of a release, read from the Secrets helm stores it in (sh.helm.release.v1.<name>.v<N>,
+    labelled owner=helm, name, status, version)."""
+    secrets_ = core.list_namespaced_secret(ns, label_selector=f"owner=helm,name={release}").items
+    return {int(s.metadata.labels["version"]): s.metadata.labels["status"] for s in secrets_}
+
+
+def test_api_server_killed_during_helm_upgrade_then_the_rerun_recovers_the_pending_release(env):
+    """Fault: the API server dies (SIGKILL) while `helm upgrade --wait` of the operator stage runs -- killed as soon
+    as helm has stored the new revision as pending-upgrade, kept down until gpu-install has exited, then restarted
+    with the lab's own up(). The run ends with exit 5 naming the API server, the release and how to resume, no
+    traceback; the release is left pending-upgrade (helm could not record the failure). The same command again
+    rolls the pending revision back and upgrades: exit 0, deployed at a new revision with the new values; a third
+    run changes nothing."""
+    from kubernetes import client, watch
+
+    from gpu_install_lab import proc as labproc
+    from gpu_install_lab.kube.controlplane import ControlPlane
+
+    ns = "gpu-op-fault"
+    base = ["--set", f"operator.namespace={ns}", "--timeout", "30"]
+    k = api(env)
+    core, apps, custom = client.CoreV1Api(k), client.AppsV1Api(k), client.CustomObjectsApi(k)
+    proc = gi(env, "install", *base)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _helm_revisions(core, ns) == {1: "deployed"}
+
+    # the upgrade: another registry prefix, so every image changes and helm waits for the new rollout
+    upgrade = ["install", *base, "--set", "registry.prefix=mirror-b"]
+    cp = ControlPlane(Path(env["lab_dir"]), progress=lambda m: None)
+    apiserver = cp.state["processes"]["kube-apiserver"]
+    assert labproc.alive(apiserver)
+    run = subprocess.Popen([str(GPU_INSTALL), "operator", *upgrade, "-s", str(env["site"])], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env["env"])
+    try:
+        # helm has stored revision 2 as pending-upgrade and updated the release's resources -- the ClusterPolicy,
+        # a custom resource, is the last it updates -- and now waits for the new rollout
+        updated = False
+        while not updated and run.poll() is None:
+            w = watch.Watch()
+            for ev in w.stream(custom.list_cluster_custom_object, "nvidia.com", "v1", "clusterpolicies",
+                               field_selector="metadata.name=cluster-policy", timeout_seconds=5):
+                if any("/mirror-b/" in str(e.get("image")) for e in ev["object"]["spec"].values()
+                       if isinstance(e, dict)):
+                    updated = True
+                    w.stop()
+        assert updated, f"helm never updated the ClusterPolicy: {run.communicate(timeout=300)}"
+        assert _helm_revisions(core, ns) == {1: "deployed", 2: "pending-upgrade"}
+        labproc.send(apiserver, signal.SIGKILL)  # no graceful shutdown
+        t0 = time.monotonic()
+        assert not labproc.wait_gone([apiserver], 10), "kube-apiserver did not die"
+        out, err = run.communicate(timeout=300)  # the API server stays down until gpu-install has exited
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if not labproc.alive(cp.state["processes"]["kube-apiserver"]):
+            cp.up()  # idempotent: restarts what is not running
+
+    env["captured"].append(out + err)
+    print(f"faulted run: exit {run.returncode}, {time.monotonic() - t0:.1f}s after the kill\n{err}")
+    assert run.returncode == 5, out + err
+    assert "Traceback" not in out + err
+    assert "the Kubernetes API server cannot be reached" in err, err
+    assert "helm upgrade --install gpu-operator" in err, err
+    assert "re-running is safe" in err, err
+    # helm could not record the failure: the new revision is still pending-upgrade, the deployed one intact
+    assert _helm_revisions(core, ns) == {1: "deployed", 2: "pending-upgrade"}
+
+    proc = gi(env, *upgrade)  # the same command again
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert ("release gpu-operator: revision 2 was left pending-upgrade by an interrupted run: rolled back to "
+            "revision 1 as revision 3 before upgrading") in proc.stdout, proc.stdout
+    # helm's rollback records revision 3 (revision 1's chart and values) and the upgrade revision 4; it does not
+    # relabel revision 2, which stays pending-upgrade in the history -- helm only looks at the latest revision
+    revs = _helm_revisions(core, ns)
+    assert revs == {1: "superseded", 2: "pending-upgrade", 3: "superseded", 4: "deployed"}, revs
+    assert "release gpu-operator (gpu-operator-fixture-0.1.0): revision 4 deployed" in proc.stdout, proc.stdout
+    image = apps.read_namespaced_deployment("gpu-operator", ns).spec.template.spec.containers[0].image
+    assert image == f"{REGISTRY}/mirror-b/nvidia/gpu-operator:v23.9.2"
+
+    proc = gi(env, *upgrade)  # converged: nothing to do
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "unchanged at revision 4" in proc.stdout and "no change" in proc.stdout, proc.stdout
+    assert _helm_revisions(core, ns) == revs
+
+    proc = gi(env, "uninstall", "--yes", "--delete-namespace", *base[:2])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
