@@ -50,26 +50,46 @@ def env(lab_kubernetes, tmp_path_factory):
     yield env
     run(env, "v22.9.2", "uninstall", "--yes", "--purge-crds", "--delete-namespace")
     drop_crds(api(env), [CP, "nvidiadrivers.nvidia.com"])  # v23.9.2's CRD is not v22.9.2's to purge: leave none
-    drop_orphans(api(env))
+    left = drop_annotated(api(env))
+    assert not left, f"annotated as the release's after its uninstall: {left}"
 
 
-def drop_orphans(client) -> list[str]:
-    """Cluster-scoped RBAC objects still annotated as this module's release's after its uninstall, deleted so that
-    the next module's release of the same chart can own them. KNOWN ISSUE: after a refused `helm rollback` (a failed
-    revision), `upgrade rollback --chart` upgrades from that failed revision, so v23.9.2's NFD garbage-collector
-    ClusterRole/Binding, which v22.9.2 does not have, is never deleted and the uninstall leaves it behind."""
-    from kubernetes import client as k
+#: the cluster-scoped kinds the two charts render, and the namespaced ones (apiVersion, kind)
+CLUSTER_KINDS = [("rbac.authorization.k8s.io/v1", "ClusterRole"), ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+                 ("apiextensions.k8s.io/v1", "CustomResourceDefinition"), ("nvidia.com/v1", "ClusterPolicy")]
+NAMESPACED_KINDS = [("v1", "ConfigMap"), ("v1", "Service"), ("v1", "ServiceAccount"), ("apps/v1", "Deployment"),
+                    ("apps/v1", "DaemonSet"), ("rbac.authorization.k8s.io/v1", "Role"),
+                    ("rbac.authorization.k8s.io/v1", "RoleBinding")]
 
-    rbac = k.RbacAuthorizationV1Api(client)
-    dropped = []
-    for kind, listed, delete in (("ClusterRole", rbac.list_cluster_role, rbac.delete_cluster_role),
-                                 ("ClusterRoleBinding", rbac.list_cluster_role_binding,
-                                  rbac.delete_cluster_role_binding)):
-        for obj in listed().items:
+
+def annotated(client, namespaced: bool = True, delete: bool = False) -> list[str]:
+    """Every object of the charts' kinds annotated as this module's release's (meta.helm.sh/release-namespace NS):
+    cluster-scoped ones and, with namespaced, those in NS; with delete, each is deleted too."""
+    from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
+    dyn = DynamicClient(client)
+    found = []
+    kinds = [*((k, None) for k in CLUSTER_KINDS), *((k, NS) for k in NAMESPACED_KINDS if namespaced)]
+    for (api_version, kind), namespace in kinds:
+        try:
+            res = dyn.resources.get(api_version=api_version, kind=kind)
+            items = (res.get(namespace=namespace) if namespace else res.get()).items
+        except (ResourceNotFoundError, NotFoundError):  # not served (any more: a CRD just deleted)
+            continue
+        for obj in items:
             if (obj.metadata.annotations or {}).get("meta.helm.sh/release-namespace") == NS:
-                delete(obj.metadata.name)
-                dropped.append(f"{kind}/{obj.metadata.name}")
-    return dropped
+                found.append(f"{kind} {obj.metadata.name}")
+                if delete:
+                    res.delete(name=obj.metadata.name, namespace=namespace)
+    return found
+
+
+def drop_annotated(client) -> list[str]:
+    """The cluster-scoped objects still annotated as this module's release's after its uninstall, deleted (so that
+    the next module's release of the same chart can own them, should a test have failed half-way); the teardown
+    asserts that there were none (the namespaced ones go with the namespace)."""
+    return annotated(client, namespaced=False, delete=True)
 
 
 def write_site(env, version: str, chart_path: Path) -> None:
@@ -291,6 +311,12 @@ def test_upgrade_plan_release_side_against_the_deployed_release(env):
 # ---------------------------------------------------------------- `gpu-install upgrade rollback` of a real-chart upgrade
 
 
+#: v23.9.2's NFD garbage collector (ClusterRole, ClusterRoleBinding, Deployment): v22.9.2 has none
+GC = "gpu-operator-node-feature-discovery-gc"
+#: a ConfigMap only v23.9.2 renders
+FOREIGN = "gpu-operator-node-feature-discovery-topology-updater-conf"
+
+
 def upgrade_rollback(env, inventory: Path, state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     write_site(env, "v23.9.2", chart("v23.9.2"))
     site = yaml.safe_load(env["site"].read_text())
@@ -304,7 +330,9 @@ def test_upgrade_rollback_of_a_real_chart_upgrade(env, lab_kubernetes, tmp_path)
     """v22.9.2 then v23.9.2 (real charts): `upgrade rollback` without --yes previews (the revisions, the values that
     go back, the CRD caveat) and changes nothing; with --yes helm rolls back to the v22.9.2 revision: a new revision
     with v22.9.2's chart and exactly its values, while the CRDs stay v23.9.2's (never downgraded). A revision helm
-    does not have is refused (exit 2)."""
+    does not have is refused (exit 2). What only v23.9.2 rendered is deleted after the refused helm rollback's
+    --chart fallback (helm's own diff, against the failed revision, misses it) -- but not an object another release
+    owns -- and the uninstall leaves nothing annotated with the release."""
     from installer import helm
 
     inventory, state = lab_kubernetes.inventory, tmp_path / "none.json"
@@ -320,6 +348,15 @@ def test_upgrade_rollback_of_a_real_chart_upgrade(env, lab_kubernetes, tmp_path)
     assert up is not None and up[0].chart == "gpu-operator-v23.9.2" and up[1] != old_values
     new_rev = up[0].revision
     assert cp_schema_has_cdi(env)
+    # what only v23.9.2 renders, in the cluster and annotated with the release; one of them re-annotated as another
+    # release's (an object the release does not own: the rollback must leave it)
+    from kubernetes import client as k
+
+    rbac, core = k.RbacAuthorizationV1Api(api(env)), k.CoreV1Api(api(env))
+    assert rbac.read_cluster_role(GC).metadata.annotations["meta.helm.sh/release-namespace"] == NS
+    assert rbac.read_cluster_role_binding(GC).metadata.annotations["meta.helm.sh/release-name"] == "gpu-operator"
+    core.patch_namespaced_config_map(FOREIGN, NS, {"metadata": {"annotations": {
+        "meta.helm.sh/release-name": "someone-else", "meta.helm.sh/release-namespace": "elsewhere"}}})
 
     proc = upgrade_rollback(env, inventory, state, "--to-revision", "999")
     assert proc.returncode == 2 and "--to-revision 999: the release has no such revision" in proc.stderr, proc.stderr
@@ -357,3 +394,30 @@ def test_upgrade_rollback_of_a_real_chart_upgrade(env, lab_kubernetes, tmp_path)
     assert doc["release"]["toRevision"] == old_rev and doc["release"]["newRevision"] == after[0].revision
     assert doc["nodes"] == [] and doc["driverMode"] == "operator"
     print("rollback JSON:", json.dumps(doc))
+
+    # v23.9.2's own resources are gone (the NFD gc's ClusterRole/Binding and Deployment, ...), said and in the JSON;
+    # the one annotated for another release is left
+    from kubernetes.client.exceptions import ApiException
+
+    for read in (rbac.read_cluster_role, rbac.read_cluster_role_binding):
+        with pytest.raises(ApiException) as gone:
+            read(GC)
+        assert gone.value.status == 404
+    orphans = {(o["kind"], o["name"], o["namespace"]): o["action"] for o in doc["orphans"]}
+    assert orphans[("ClusterRole", GC, None)] == "deleted" and orphans[("ClusterRoleBinding", GC, None)] == "deleted"
+    assert orphans[("Deployment", GC, NS)] == "deleted", orphans
+    assert orphans[("ConfigMap", FOREIGN, NS)] == \
+        "left: not the release's (meta.helm.sh/release-name/meta.helm.sh/release-namespace: elsewhere/someone-else)"
+    assert f"not in the release's revision any more: ClusterRole {GC}: deleted" in proc.stdout + proc.stderr
+    assert core.read_namespaced_config_map(FOREIGN, NS).metadata.annotations["meta.helm.sh/release-name"] == \
+        "someone-else"
+    assert not [k for k, v in orphans.items() if v != "deleted" and k != ("ConfigMap", FOREIGN, NS)], orphans
+
+    # and the uninstall leaves nothing annotated with the release (namespace kept here: its objects are looked at)
+    import time
+
+    t0 = time.monotonic()
+    proc = run(env, "v22.9.2", "uninstall", "--yes")
+    print(f"operator uninstall after the rollback: {time.monotonic() - t0:.2f} s")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert annotated(api(env)) == [], annotated(api(env))
