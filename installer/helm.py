@@ -272,11 +272,13 @@ async def _proceedable(c: Any, release_name: str, namespace: str, timeout: float
 
 def _left_behind(release_name: str, namespace: str, kubeconfig: Path | None) -> ReleaseState | None | str:
     """After a failed helm upgrade: the release's current revision, None when there is none, or helm's words when
-    the API server cannot be asked (read-only, bounded)."""
+    the API server cannot be reached or does not answer (read-only, bounded); None too when helm fails otherwise."""
     try:
         return release_state(release_name, namespace, kubeconfig, limit=30)
-    except GpuInstallError as exc:
+    except ClusterUnreachable as exc:
         return exc.message
+    except GpuInstallError as exc:
+        return exc.message if "did not finish" in exc.message else None
 
 
 def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str, values: dict[str, Any],
@@ -314,7 +316,8 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
         return state
 
     action = f"helm upgrade --install {release_name}"
-    resume = ("re-run the same command once the API server answers: re-running is safe -- a revision left "
+    resume = ("check the kubeconfig's server and that the cluster is up; re-run the same command once the API server "
+              "answers: re-running is safe -- a revision left "
               "pending-upgrade is rolled back to the last deployed one and upgraded again (pending-install: "
               "uninstalled and installed again)")
     try:
@@ -331,7 +334,8 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
         left = (f"; release {release_name} is left {after.status} at revision {after.revision}"
                 if isinstance(after, ReleaseState) and after.status in PENDING else "")
         if lost:
-            now = (f"; the API server still cannot be reached: {after[-300:]}" if isinstance(after, str)
+            now = (f"; the API server still cannot be reached ({after.split('cannot be reached: ', 1)[-1][-300:]})"
+                   if isinstance(after, str)
                    else left + " (the API server answers again)")
             raise ClusterUnreachable(
                 f"{action} failed: the Kubernetes API server cannot be reached or went away during the "
@@ -340,7 +344,7 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
                 "pull Secret, node capacity); re-running is safe" if "timed out" in text or "deadline" in text
                 else "see helm's message; re-running is safe (a failed release is upgraded again)")
         if left:
-            hint = resume.replace(" once the API server answers", "")
+            hint = resume.split("; ", 1)[1].replace(" once the API server answers", "")
         raise ClusterError(f"{action} failed{left}: {text[-1500:]}", hint=hint) from None
 
 
