@@ -212,7 +212,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                        nodes=[{"name": n.name, "batch": n.batch, "now": n.now, "to": n.to, "action": n.action}
                               for n in pv.nodes],
                        orphans=[{"apiVersion": o.api_version, "kind": o.kind, "name": o.name,
-                                 "namespace": o.namespace, "action": o.action} for o in out.orphans])
+                                 "namespace": o.namespace, "action": o.action}
+                                for o in (out.orphans if out.applied else pv.orphans)])
         rec.doc["exitCode"] = 0
     print("\n".join(pv.lines()))
     if not out.applied:

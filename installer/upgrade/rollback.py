@@ -99,6 +99,7 @@ class Preview:
     nodes: list[NodeBack] = field(default_factory=list)
     crd_caveat: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    orphans: list[Orphan] = field(default_factory=list)  # without --yes: what the sweep would do (dry run)
 
     @property
     def helm_done(self) -> bool:
@@ -130,6 +131,10 @@ class Preview:
             for index, nodes in self.batches:
                 out.append(f"batch {index}: " + ", ".join(f"{n.name} {n.now or '?'} -> {n.to}" for n in nodes))
             out += [f"{n.name}: {n.action}" for n in self.nodes if n.action != "driver-back"]
+        if self.orphans:
+            out.append(f"in the cluster, rendered by a revision after {self.target.revision} and not by revision "
+                       f"{self.target.revision} (deleted by helm, or after it where helm leaves them):")
+            out += [f"  {o.line()}" for o in self.orphans]
         out += self.notes
         return out
 
@@ -244,6 +249,12 @@ def preview(plan: Plan, opts: Options, say: Progress) -> Preview:
     elif mode not in HOST_MODES:
         pv.notes.append("driver.mode operator: the driver container goes back with the release (the operator's "
                         "upgrade controller reloads it node by node); skip labels of the upgrade run are lifted")
+    if not opts.yes and not pv.helm_done:
+        newer = [h.revision for h in history if h.revision > target.revision]
+        docs = [helm.revision_manifest(op.releaseName, op.namespace, r, kubeconfig) for r in newer]
+        tgt = helm.revision_manifest(op.releaseName, op.namespace, target.revision, kubeconfig)
+        pv.orphans = sweep(kube.api_client(kubeconfig), op.releaseName, op.namespace, leftovers(docs, tgt),
+                           lambda _: None, dry_run=True)
     say(f"rollback of {op.releaseName}: revision {current.revision} -> {target.revision}")
     return pv
 
@@ -358,9 +369,10 @@ class Orphan:
         return f"{self.kind} {where}: {self.action}"
 
 
-def sweep(client: Any, release: str, namespace: str, candidates: list[ObjRef], say: Progress) -> list[Orphan]:
+def sweep(client: Any, release: str, namespace: str, candidates: list[ObjRef], say: Progress,
+          dry_run: bool = False) -> list[Orphan]:
     """Each leftover that is in the cluster: deleted when owner_verdict() says so (each one said as it goes), else
-    left and said why. A kind the cluster does not serve, or an object not there, is nothing to do. ClusterError
+    left and said why; with dry_run nothing is deleted (`to be deleted`: the preview). A kind the cluster does not serve, or an object not there, is nothing to do. ClusterError
     when the API server fails a read or a delete (what was deleted until then is said)."""
     from kubernetes.client.exceptions import ApiException
     from kubernetes.dynamic import DynamicClient
@@ -386,7 +398,9 @@ def sweep(client: Any, release: str, namespace: str, candidates: list[ObjRef], s
                                f"{exc.status} {exc.reason}", hint="helm's part of the rollback is done (do not run it "
                                "again): check the object's meta.helm.sh annotations and kubectl delete it") from None
         action = owner_verdict(dict(obj.metadata.annotations or {}), ref.group, ref.kind, release, namespace)
-        if action == "deleted":
+        if action == "deleted" and dry_run:
+            action = "to be deleted"
+        elif action == "deleted":
             try:
                 if ns:
                     res.delete(name=ref.name, namespace=ns, body={"propagationPolicy": "Background"})

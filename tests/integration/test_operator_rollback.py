@@ -368,6 +368,9 @@ def test_upgrade_rollback_of_a_real_chart_upgrade(env, lab_kubernetes, tmp_path)
            f"(gpu-operator-v22.9.2) [the previous revision]" in out, out
     assert "~ driver.version: 550.54.14 -> 525.60.13" in out, out
     assert "cannot undo: CRDs: never downgraded" in out and "preview only, nothing changed" in out, out
+    assert f"\n  ClusterRole {GC}: to be deleted\n" in out and f"\n  Deployment {NS}/{GC}: to be deleted\n" in out, out
+    assert f"\n  ConfigMap {NS}/{FOREIGN}: left: not the release's" in out, out
+    assert rbac.read_cluster_role(GC) is not None  # the preview deletes nothing
     assert helm.release_state("gpu-operator", NS, kubeconfig).revision == new_rev  # type: ignore[union-attr]
 
     # helm rollback itself refuses this hop: v22.9.2's NFD rendered its NodeFeatureRule CRD from a template, v23.9.2

@@ -128,3 +128,20 @@ def test_deleted_only_when_the_release_owns_it(group, kind):
 def test_a_namespace_is_never_deleted():
     assert rb.owner_verdict(OWNED, "", "Namespace", "gpu-operator", NS) == \
         "left: a Namespace is never deleted by a rollback"
+
+
+def test_the_preview_names_what_goes_after_helm():
+    from pathlib import Path
+
+    from installer.helm import HistoryEntry
+
+    pv = rb.Preview("gpu-operator", NS, HistoryEntry(2, "deployed", "gpu-operator-v23.9.2", "Upgrade complete"),
+                    HistoryEntry(1, "superseded", "gpu-operator-v22.9.2", "Install complete"), "the previous revision",
+                    [], "operator", Path("/s.json"), None, orphans=[
+                        rb.Orphan("rbac.authorization.k8s.io/v1", "ClusterRole", "gc", None, "to be deleted"),
+                        rb.Orphan("v1", "ConfigMap", "cm", NS, "left: helm.sh/resource-policy: keep")])
+    lines = pv.lines()
+    at = lines.index("in the cluster, rendered by a revision after 1 and not by revision 1 (deleted by helm, or after "
+                     "it where helm leaves them):")
+    assert lines[at + 1:at + 3] == ["  ClusterRole gc: to be deleted",
+                                    f"  ConfigMap {NS}/cm: left: helm.sh/resource-policy: keep"]
