@@ -7,7 +7,8 @@ the upgrade, with its chart and values, and host drivers back to the version eac
    starting revision's successor, a run stopped after helm); else the revision before the current one (what `helm
    rollback` takes). A revision helm no longer has, the current one, or no release at all is refused (exit 2/3).
 2. Without --yes, nothing changes: what it would do is printed (revisions, the values diff current -> target
-   revision, the CRD caveat, the nodes whose host driver goes back), exit 0.
+   revision, the CRD caveat, the nodes whose host driver goes back, what the sweep of step 3 would delete or leave
+   -- against the target revision's manifest), exit 0.
 3. `helm rollback RELEASE N` (installer.helm.rollback, with --wait unless --no-wait). CRDs are never downgraded: helm
    does not touch them on a rollback, and gpu-install does not either -- the target's CRDs stay (plan.ROLLBACK_CANNOT).
 4. driver.mode host: the nodes the recorded run changed (batches done, and the one that failed or was running) go back
