@@ -810,15 +810,18 @@ R = TypeVar("R")
 
 def take_turns(pool: ThreadPoolExecutor, jobs: int, tasks: Sequence[tuple[K, frozenset[str]]],
                run: Callable[[K], R]) -> dict[K, R]:
-    """Runs run(key) for every task on pool, at most jobs at once, never two at once that share a layer: a copy
-    whose layers a running copy is bringing waits for it (then finds them at the destination: skopeo skips a blob the
-    registry has) while copies with other layers take the free slots, so a shared layer crosses the upstream link
-    once. Tasks start in their order as far as their layers let them. Returns key -> run's result."""
+    """Runs run(key) for every task on pool, at most jobs at once, never two at once that would both bring a layer: a
+    copy whose layers a running copy is bringing waits for it (then finds them at the destination: skopeo skips a blob
+    the registry has) while copies with other layers take the free slots, so a shared layer crosses the upstream link
+    once. A layer stops holding anyone back once a copy that brought it has ended: two copies that share only layers
+    already at the destination run side by side. Tasks start in their order as far as their layers let them. Returns
+    key -> run's result."""
     pending = list(tasks)
     running: dict[Future[R], tuple[K, frozenset[str]]] = {}
+    crossed: set[str] = set()  # layers of copies that ended (a failed copy's too: the next one just brings them)
     out: dict[K, R] = {}
     while pending or running:
-        busy: set[str] = set().union(*(layers for _, layers in running.values()))
+        busy: set[str] = set().union(*(layers for _, layers in running.values())) - crossed
         for task in list(pending):
             if len(running) >= jobs:
                 break
@@ -826,10 +829,11 @@ def take_turns(pool: ThreadPoolExecutor, jobs: int, tasks: Sequence[tuple[K, fro
                 continue
             pending.remove(task)
             running[pool.submit(run, task[0])] = task
-            busy |= task[1]
+            busy |= task[1] - crossed
         finished, _ = wait(running, return_when=FIRST_COMPLETED)
         for f in finished:
-            key, _ = running.pop(f)
+            key, layers = running.pop(f)
+            crossed |= layers
             out[key] = f.result()
     return out
 
@@ -841,7 +845,7 @@ def sync(plan: Plan, images: Sequence[ImageArtifact], *, config_json: bytes | No
     digests preserved (the digest skopeo wrote must be the upstream's). An image whose destination already has the
     upstream's digest (for platform) is skipped after one manifest read on each side, so a re-sync of a mirrored
     release copies nothing. The upstream manifest is read for every image (for a list, also the platform's instance):
-    its layers let copies that share one take turns (BlobTurns), so a shared layer crosses the upstream link once
+    its layers let copies that share one take turns (take_turns), so a shared layer crosses the upstream link once
     instead of once per concurrent copy -- what -j buys on an upstream that limits each connection.
     Raises TransferFailures (exit 4) naming every image that failed, after trying all of them."""
     jobs = _jobs(jobs)

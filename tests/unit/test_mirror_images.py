@@ -222,6 +222,31 @@ def test_take_turns_never_runs_two_copies_of_one_layer_and_fills_free_slots_mean
     assert m.layer_digests(b'{"layers": [{"digest": "sha256:1"}], "config": {"digest": "sha256:2"}}') == {"sha256:1"}
 
 
+def test_take_turns_lets_copies_whose_shared_layers_are_already_brought_run_side_by_side():
+    """a brings base; b, c and d share base with a (and b, c also share y): each waits for a, and once a has ended
+    base holds nobody back, so b and d then run side by side (both must be running before either ends). c, which
+    shares y with b -- not yet brought while b runs -- waits for b."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    log: list[str] = []
+    b_and_d = threading.Barrier(2, timeout=5)
+
+    def run(key: str) -> str:
+        log.append(f"{key}+")
+        if key in ("b", "d"):
+            b_and_d.wait()  # raises BrokenBarrierError when the other one is held back
+        log.append(f"{key}-")
+        return key
+
+    tasks = [("a", frozenset({"base"})), ("b", frozenset({"base", "y"})), ("c", frozenset({"base", "y"})),
+             ("d", frozenset({"base", "z"}))]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        assert m.take_turns(pool, 3, tasks, run) == {k: k for k in "abcd"}
+    assert log.index("b+") > log.index("a-") and log.index("d+") > log.index("a-")
+    assert log.index("c+") > log.index("b-")
+
+
 def test_a_pull_killed_between_the_lock_and_its_checksum_resumes_from_the_lock(tmp_path):
     """load_for_update: the checksum file of the previous lock (the kill came between the two writes) does not throw
     the finished entries away -- pull re-checks each against the layout before reusing it; push still refuses."""
