@@ -296,9 +296,13 @@ def test_api_server_killed_during_helm_upgrade_then_the_rerun_recovers_the_pendi
     assert "Traceback" not in out + err
     assert "the Kubernetes API server cannot be reached" in err, err
     assert "helm upgrade --install gpu-operator" in err, err
-    assert "re-running is safe" in err, err
-    # helm could not record the failure: the new revision is still pending-upgrade, the deployed one intact
+    assert "the API server still cannot be reached" in err and "connection refused" in err, err
+    assert "re-running is safe -- a revision left pending-upgrade is rolled back" in err, err
+    # helm could not record the failure: the new revision is still pending-upgrade, the deployed one intact, the
+    # release's objects and the pull Secret still there
     assert _helm_revisions(core, ns) == {1: "deployed", 2: "pending-upgrade"}
+    assert apps.read_namespaced_deployment("gpu-operator", ns)
+    assert core.read_namespaced_secret("gpu-registry", ns).type == "kubernetes.io/dockerconfigjson"
 
     proc = gi(env, *upgrade)  # the same command again
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -320,3 +324,5 @@ def test_api_server_killed_during_helm_upgrade_then_the_rerun_recovers_the_pendi
 
     proc = gi(env, "uninstall", "--yes", "--delete-namespace", *base[:2])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    for text in env["captured"]:
+        assert env["password"] not in text
