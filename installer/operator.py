@@ -2,7 +2,9 @@
 
 install(): namespace → pull Secret → the chart's CRDs → `helm upgrade --install --skip-crds` of the chart
 with the plan's values (installer.plan: the same values `gpu-install render` prints), waiting up to
-a timeout for the release's workloads.
+a timeout for the release's workloads. After an upgrade that made a new revision, what failed revisions after the
+deployed one created and the new revision lacks (helm's upgrade diffs against the deployed revision only) is deleted
+when the release owns it (installer.upgrade.orphans.after_upgrade; one `helm history` read when there are none).
 
 CRDs: helm installs a chart's crds/ on the first install only and never upgrades or removes them (the GPU
 Operator's own CRD hook Jobs need running pods and the operator image). So before every install or upgrade the
@@ -27,6 +29,7 @@ from installer.errors import ConfigError, PreflightError
 
 if TYPE_CHECKING:
     from installer.plan import Plan
+    from installer.upgrade.orphans import Swept
 
 ENV_CHART = "GPU_INSTALL_CHART"
 Progress = Callable[[str], None]
@@ -76,6 +79,9 @@ class InstallReport:
     secret_action: str  # created | updated | unchanged | none
     seconds: float
     crds: list[tuple[str, str]] = field(default_factory=list)  # (name, created|updated|unchanged)
+    #: the revisions after the one helm upgrade diffed against (failed ones) and what they left that was swept
+    #: (installer.upgrade.orphans.after_upgrade); None: no new revision, nothing looked at
+    swept: Swept | None = None
 
     @property
     def changed(self) -> bool:
@@ -92,7 +98,10 @@ class InstallReport:
         out.extend(crd_lines(self.crds))
         if r.recovered:  # a revision an interrupted run had left pending, made proceedable first
             out.append(r.recovered)
-        out.append(f"release {r.name} ({r.chart}): {helm_part}")
+        orphans = self.swept.orphans if self.swept else []
+        out.extend(f"not in the release's revision any more: {o.line()}" for o in orphans)
+        summary = self.swept.summary() if self.swept else ""
+        out.append(f"release {r.name} ({r.chart}): {helm_part}" + (f"; {summary}" if summary else ""))
         out.append(f"operator install ok in {self.seconds:.1f}s: {'changed' if self.changed else 'no change'}")
         return out
 
@@ -210,8 +219,13 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
         f"{f' (wait up to {timeout:.0f}s)' if wait else ''}")
     remaining = max(30.0, timeout - (time.monotonic() - t0))
     state = helm.install_or_upgrade(ref, site.operator.releaseName, ns, values, kc, timeout=remaining, wait=wait)
+    swept = None
+    if state.changed and state.revision > 1:  # what failed revisions made that this upgrade's diff (against the deployed one) did not see
+        from installer.upgrade import orphans
+
+        swept = orphans.after_upgrade(site.operator.releaseName, ns, state.revision, kc, client, say)
     return InstallReport(state, ns, ns_action, ps.name if ps else None, secret_action, time.monotonic() - t0,
-                         crd_actions)
+                         crd_actions, swept)
 
 
 @dataclass

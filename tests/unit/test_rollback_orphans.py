@@ -1,5 +1,6 @@
-"""The sweep of `upgrade rollback` (installer.upgrade.rollback: leftovers, owner_verdict): what the revisions rolled
-back from rendered and the target revision lacks, computed on NVIDIA's real v22.9.2 and v23.9.2 charts rendered by
+"""The sweep of `upgrade rollback` and of an upgrade after a failed one (installer.upgrade.orphans: leftovers,
+owner_verdict, not_diffed): what the revisions rolled back from (or skipped by helm's upgrade diff) rendered and the
+new revision lacks, computed on NVIDIA's real v22.9.2 and v23.9.2 charts rendered by
 the real helm (../shared/upstream/charts), and which of those the sweep may delete -- never one the release does not
 own. The deletions themselves run against the lab's API server in tests/integration/test_operator_rollback.py."""
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from installer.helm import HistoryEntry
+from installer.upgrade import orphans as ob
 from installer.upgrade import rollback as rb
 from tests.conftest import UPSTREAM, needs_upstream
 
@@ -27,7 +30,7 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     return {v: helm.template(CHARTS / f"gpu-operator-{v}.tgz", {}, "gpu-operator", NS) for v in ("v22.9.2", "v23.9.2")}
 
 
-def names(refs: list[rb.ObjRef]) -> list[tuple[str, str, str | None]]:
+def names(refs: list[ob.ObjRef]) -> list[tuple[str, str, str | None]]:
     return [(r.kind, r.name, r.namespace) for r in refs]
 
 
@@ -46,7 +49,7 @@ V23_ONLY = [
 
 @needs_upstream
 def test_rolled_back_from_v23_9_2_to_v22_9_2(rendered):
-    got = rb.leftovers([rendered["v23.9.2"]], rendered["v22.9.2"])
+    got = ob.leftovers([rendered["v23.9.2"]], rendered["v22.9.2"])
     assert sorted(names(got)) == V23_ONLY
     gc = next(r for r in got if r.kind == "ClusterRole")
     assert (gc.api_version, gc.group) == ("rbac.authorization.k8s.io/v1", "rbac.authorization.k8s.io")
@@ -57,8 +60,8 @@ def test_after_a_refused_helm_rollback(rendered):
     """helm history: 1 v22.9.2, 2 v23.9.2, 3 failed (the refused rollback: v22.9.2's manifest), then the --chart
     upgrade makes 4 with v22.9.2's: revision 3 alone leaves nothing behind -- what helm's own diff saw -- while
     revisions 2 and 3 together give v23.9.2's own resources."""
-    assert rb.leftovers([rendered["v22.9.2"]], rendered["v22.9.2"]) == []
-    got = rb.leftovers([rendered["v23.9.2"], rendered["v22.9.2"]], rendered["v22.9.2"])
+    assert ob.leftovers([rendered["v22.9.2"]], rendered["v22.9.2"]) == []
+    got = ob.leftovers([rendered["v23.9.2"], rendered["v22.9.2"]], rendered["v22.9.2"])
     assert sorted(names(got)) == V23_ONLY
 
 
@@ -66,12 +69,12 @@ def test_after_a_refused_helm_rollback(rendered):
 def test_the_other_way_round_names_the_template_crd(rendered):
     """v22.9.2's NFD rendered its NodeFeatureRule CRD from a template: a leftover of v22.9.2 -> v23.9.2, which the
     sweep never deletes (owner_verdict)."""
-    got = names(rb.leftovers([rendered["v22.9.2"]], rendered["v23.9.2"]))
+    got = names(ob.leftovers([rendered["v22.9.2"]], rendered["v23.9.2"]))
     assert ("CustomResourceDefinition", "nodefeaturerules.nfd.k8s-sigs.io", None) in got
     assert ("ClusterRole", "gpu-operator-node-feature-discovery-gc", None) not in got
     # v22.9.2 writes the ClusterPolicy's namespace, v23.9.2 does not: the same object, not a leftover
     assert not [n for n in got if n[0] == "ClusterPolicy"], got
-    assert rb.owner_verdict({rb.RELEASE_NAME: "gpu-operator", rb.RELEASE_NAMESPACE: NS}, "apiextensions.k8s.io",
+    assert ob.owner_verdict({ob.RELEASE_NAME: "gpu-operator", ob.RELEASE_NAMESPACE: NS}, "apiextensions.k8s.io",
                             "CustomResourceDefinition", "gpu-operator", NS).startswith("left: ")
 
 
@@ -85,13 +88,13 @@ def test_matched_by_group_not_version_and_namespace_as_written():
            doc("v1", "ConfigMap", "b", "elsewhere"), doc("v1", "ConfigMap", "c", NS)]
     new = [doc("policy/v1", "PodDisruptionBudget", "pdb", NS), doc("v1", "ConfigMap", "a", NS),
            doc("v1", "ConfigMap", "b", NS), doc("v1", "ConfigMap", "c")]
-    assert names(rb.leftovers([old], new)) == [("ConfigMap", "b", "elsewhere")]
+    assert names(ob.leftovers([old], new)) == [("ConfigMap", "b", "elsewhere")]
     # a kind of another group with the same name is another object
-    assert names(rb.leftovers([[doc("example.com/v1", "ConfigMap", "a")]], new)) == [("ConfigMap", "a", None)]
+    assert names(ob.leftovers([[doc("example.com/v1", "ConfigMap", "a")]], new)) == [("ConfigMap", "a", None)]
 
 
 def test_an_object_in_two_revisions_is_named_once_as_the_newest_has_it():
-    got = rb.leftovers([[doc("policy/v1beta1", "PodDisruptionBudget", "p", NS)],
+    got = ob.leftovers([[doc("policy/v1beta1", "PodDisruptionBudget", "p", NS)],
                         [doc("policy/v1", "PodDisruptionBudget", "p", NS)]], [])
     assert [(r.api_version, r.name) for r in got] == [("policy/v1", "p")]
 
@@ -103,45 +106,193 @@ def test_untrusted_manifest_documents_are_left_out():
                        {"apiVersion": "", "kind": "ConfigMap", "metadata": {"name": "e"}},
                        {"apiVersion": "v1", "kind": "List", "items": [doc("v1", "Secret", "s", NS), "junk"]},
                        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ok", "namespace": ["x"]}}]
-    assert sorted(names(list(rb.manifest_refs(docs)))) == [("ConfigMap", "ok", None), ("Secret", "s", NS)]
+    assert sorted(names(list(ob.manifest_refs(docs)))) == [("ConfigMap", "ok", None), ("Secret", "s", NS)]
 
 
-OWNED = {rb.RELEASE_NAME: "gpu-operator", rb.RELEASE_NAMESPACE: NS}
+OWNED = {ob.RELEASE_NAME: "gpu-operator", ob.RELEASE_NAMESPACE: NS}
 
 
 @pytest.mark.parametrize(("group", "kind"), [("rbac.authorization.k8s.io", "ClusterRole"), ("apps", "Deployment")])
 def test_deleted_only_when_the_release_owns_it(group, kind):
     """A cluster-scoped and a namespaced kind: the release's own is deleted; one annotated for another release (of the
     same name in another namespace, or another name in this one), one with no annotations, one helm keeps: never."""
-    assert rb.owner_verdict(OWNED, group, kind, "gpu-operator", NS) == "deleted"
-    other_ns = {**OWNED, rb.RELEASE_NAMESPACE: "gpu-operator"}
-    assert rb.owner_verdict(other_ns, group, kind, "gpu-operator", NS) == \
+    assert ob.owner_verdict(OWNED, group, kind, "gpu-operator", NS) == "deleted"
+    other_ns = {**OWNED, ob.RELEASE_NAMESPACE: "gpu-operator"}
+    assert ob.owner_verdict(other_ns, group, kind, "gpu-operator", NS) == \
         "left: not the release's (meta.helm.sh/release-name/meta.helm.sh/release-namespace: gpu-operator/gpu-operator)"
-    assert rb.owner_verdict({**OWNED, rb.RELEASE_NAME: "other"}, group, kind, "gpu-operator", NS) == \
+    assert ob.owner_verdict({**OWNED, ob.RELEASE_NAME: "other"}, group, kind, "gpu-operator", NS) == \
         f"left: not the release's (meta.helm.sh/release-name/meta.helm.sh/release-namespace: {NS}/other)"
-    for none in (None, {}, {rb.RELEASE_NAMESPACE: NS}):
-        assert rb.owner_verdict(none, group, kind, "gpu-operator", NS).startswith("left: not the release's"), none
-    assert rb.owner_verdict({**OWNED, rb.RESOURCE_POLICY: "keep"}, group, kind, "gpu-operator", NS) == \
+    for none in (None, {}, {ob.RELEASE_NAMESPACE: NS}):
+        assert ob.owner_verdict(none, group, kind, "gpu-operator", NS).startswith("left: not the release's"), none
+    assert ob.owner_verdict({**OWNED, ob.RESOURCE_POLICY: "keep"}, group, kind, "gpu-operator", NS) == \
         "left: helm.sh/resource-policy: keep"
 
 
 def test_a_namespace_is_never_deleted():
-    assert rb.owner_verdict(OWNED, "", "Namespace", "gpu-operator", NS) == \
+    assert ob.owner_verdict(OWNED, "", "Namespace", "gpu-operator", NS) == \
         "left: a Namespace is never deleted by a rollback"
 
 
 def test_the_preview_names_what_goes_after_helm():
     from pathlib import Path
 
-    from installer.helm import HistoryEntry
-
     pv = rb.Preview("gpu-operator", NS, HistoryEntry(2, "deployed", "gpu-operator-v23.9.2", "Upgrade complete"),
                     HistoryEntry(1, "superseded", "gpu-operator-v22.9.2", "Install complete"), "the previous revision",
                     [], "operator", Path("/s.json"), None, orphans=[
-                        rb.Orphan("rbac.authorization.k8s.io/v1", "ClusterRole", "gc", None, "to be deleted"),
-                        rb.Orphan("v1", "ConfigMap", "cm", NS, "left: helm.sh/resource-policy: keep")])
+                        ob.Orphan("rbac.authorization.k8s.io/v1", "ClusterRole", "gc", None, "to be deleted"),
+                        ob.Orphan("v1", "ConfigMap", "cm", NS, "left: helm.sh/resource-policy: keep")])
     lines = pv.lines()
     at = lines.index("in the cluster, rendered by a revision after 1 and not by revision 1 (deleted by helm, or after "
                      "it where helm leaves them):")
     assert lines[at + 1:at + 3] == ["  ClusterRole gc: to be deleted",
                                     f"  ConfigMap {NS}/cm: left: helm.sh/resource-policy: keep"]
+
+
+# ---------------------------------------------------------------- the same leftovers on the forward path: an upgrade
+# after a failed one (installer.upgrade.orphans.not_diffed / candidates / after_upgrade, run by operator.install)
+
+
+def hist(*rows: tuple[int, str, str, str]) -> list[HistoryEntry]:
+    """A `helm history` as helm 3 records it: (revision, status, chart version, description)."""
+    return [HistoryEntry(r, status, f"gpu-operator-{v}", d) for r, status, v, d in rows]
+
+
+FAILED = 'Upgrade "gpu-operator" failed: context deadline exceeded'
+
+
+def reader(rendered, history: list[HistoryEntry]):
+    """manifest(revision) as `helm get manifest` gives it: the real chart of the revision rendered; each read kept."""
+    reads: list[int] = []
+
+    def manifest(revision: int) -> list[dict[str, Any]]:
+        reads.append(revision)
+        chart = next(h.chart for h in history if h.revision == revision)
+        return rendered[chart.removeprefix("gpu-operator-")]
+
+    return manifest, reads
+
+
+@needs_upstream
+def test_an_upgrade_back_after_a_failed_one_sweeps_what_the_failed_revision_made(rendered):
+    """v22.9.2 deployed, the upgrade to v23.9.2 failed (revision 2: its NFD gc objects were created), then the site goes
+    back to v22.9.2: helm's upgrade (revision 3) diffed against revision 1 only -- revision 2's own resources are the
+    sweep's, and both manifests are read."""
+    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
+                   (3, "deployed", "v22.9.2", "Upgrade complete"))
+    manifest, reads = reader(rendered, history)
+    base, skipped, found = ob.candidates(history, 3, manifest)
+    assert base == 1 and [h.revision for h in skipped] == [2]
+    assert sorted(names(found)) == V23_ONLY
+    assert sorted(reads) == [2, 3]
+
+
+@needs_upstream
+def test_two_failed_tries_count_and_an_upgrade_forward_leaves_nothing(rendered):
+    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
+                   (3, "failed", "v23.9.2", FAILED), (4, "deployed", "v22.9.2", "Upgrade complete"))
+    manifest, _ = reader(rendered, history)
+    base, skipped, found = ob.candidates(history, 4, manifest)
+    assert (base, [h.revision for h in skipped]) == (1, [2, 3]) and sorted(names(found)) == V23_ONLY
+    # the failed v23.9.2 upgrade retried and deployed: the new revision has all of it, nothing is a leftover
+    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
+                   (3, "deployed", "v23.9.2", "Upgrade complete"))
+    manifest, _ = reader(rendered, history)
+    assert ob.candidates(history, 3, manifest)[1:] == (history[1:2], [])
+
+
+@pytest.mark.parametrize(("rows", "new", "base"), [
+    # a clean upgrade
+    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "deployed", "v23.9.2", "Upgrade complete")], 2, 1),
+    # revision 2 left pending-upgrade by an interrupted run, rolled back by the next run first (_proceedable: revision
+    # 3, whose helm rollback diffed against revision 2 and deleted what only it had), then upgraded: nothing skipped
+    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Preparing upgrade"),
+      (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
+    # a failed revision before the deployed one: an earlier upgrade's diff skipped it (and its sweep ran then)
+    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
+      (3, "superseded", "v22.9.2", "Upgrade complete"), (4, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
+    # no revision was ever deployed: helm diffed against the last (the failed install)
+    ([(1, "failed", "v23.9.2", 'Release "gpu-operator" failed: timed out'),
+      (2, "deployed", "v22.9.2", "Upgrade complete")], 2, None),
+])
+def test_nothing_skipped_reads_no_manifest(rows, new, base):
+    history = hist(*rows)
+
+    def manifest(revision: int) -> list[dict[str, Any]]:
+        raise AssertionError(f"manifest of revision {revision} read")
+
+    assert ob.candidates(history, new, manifest) == (base, [], [])
+
+
+@needs_upstream
+def test_a_failed_upgrade_after_a_recovered_pending_one_counts(rendered):
+    """Revision 2 left pending and rolled back (3), the upgrade that followed failed (4), the next run's upgrade (5)
+    diffs against 3: revision 4 is the sweep's, revision 2 is not (helm's rollback took care of it)."""
+    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Preparing upgrade"),
+                   (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "failed", "v23.9.2", FAILED),
+                   (5, "deployed", "v22.9.2", "Upgrade complete"))
+    manifest, reads = reader(rendered, history)
+    base, skipped, found = ob.candidates(history, 5, manifest)
+    assert (base, [h.revision for h in skipped], sorted(reads)) == (3, [4], [4, 5])
+    assert sorted(names(found)) == V23_ONLY
+
+
+@needs_upstream
+def test_a_refused_rollback_then_an_upgrade_back_leaves_nothing(rendered):
+    """upgrade rollback's refused `helm rollback` (a failed revision with the target's manifest), then `operator
+    install` of the previous release: helm's upgrade diffed against v23.9.2's revision 2 and deleted its own; the
+    failed revision 3 had nothing else."""
+    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Upgrade complete"),
+                   (3, "failed", "v22.9.2", "Rollback \"gpu-operator\" failed: no CustomResourceDefinition"),
+                   (4, "deployed", "v22.9.2", "Upgrade complete"))
+    manifest, _ = reader(rendered, history)
+    assert ob.candidates(history, 4, manifest) == (2, history[2:3], [])
+
+
+def test_after_upgrade_with_a_clean_history_reads_the_history_only(monkeypatch):
+    """One `helm history` read, no manifest, no API call (the client is never used), nothing said."""
+    from installer import helm
+
+    calls: list[str] = []
+    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "deployed", "v23.9.2", "Upgrade complete"))
+
+    def release_history(*args: Any, **kwargs: Any) -> list[HistoryEntry]:
+        calls.append("history")
+        return history
+
+    def revision_manifest(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        calls.append("manifest")
+        return []
+
+    monkeypatch.setattr(helm, "release_history", release_history)
+    monkeypatch.setattr(helm, "revision_manifest", revision_manifest)
+    said: list[str] = []
+    swept = ob.after_upgrade("gpu-operator", NS, 2, None, object(), said.append)
+    assert calls == ["history"] and said == [] and (swept.base, swept.skipped, swept.orphans) == (1, [], [])
+    assert swept.summary() == ""
+
+
+def test_the_operator_report_names_what_was_swept():
+    from installer.helm import ReleaseState
+    from installer.operator import InstallReport
+
+    swept = ob.Swept(1, hist((2, "failed", "v23.9.2", FAILED)), [
+        ob.Orphan("rbac.authorization.k8s.io/v1", "ClusterRole", "gc", None, "deleted"),
+        ob.Orphan("apps/v1", "Deployment", "gc", NS, "deleted"),
+        ob.Orphan("v1", "ConfigMap", "cm", NS, "left: helm.sh/resource-policy: keep")])
+    report = InstallReport(ReleaseState("gpu-operator", NS, 3, "deployed", "gpu-operator-v22.9.2", changed=True),
+                           NS, "unchanged", None, "none", 1.0, [], swept)
+    lines = report.lines()
+    assert lines[-5:-1] == [
+        "not in the release's revision any more: ClusterRole gc: deleted",
+        f"not in the release's revision any more: Deployment {NS}/gc: deleted",
+        f"not in the release's revision any more: ConfigMap {NS}/cm: left: helm.sh/resource-policy: keep",
+        "release gpu-operator (gpu-operator-v22.9.2): revision 3 deployed; 2 leftover(s) of failed revision 2 "
+        "deleted, 1 left"]
+    # apply's operator stage shows lines()[-2] in its table and its JSON's stages[].reason
+    assert lines[-2].endswith("2 leftover(s) of failed revision 2 deleted, 1 left")
+
+
+def test_a_crd_or_namespace_is_never_deleted_by_the_upgrade_sweep():
+    assert ob.owner_verdict(OWNED, "apiextensions.k8s.io", "CustomResourceDefinition", "gpu-operator", NS,
+                            "the sweep") == "left: a CustomResourceDefinition is never deleted by the sweep"
+    assert ob.owner_verdict(OWNED, "", "Namespace", "gpu-operator", NS, "the sweep").startswith("left: ")
