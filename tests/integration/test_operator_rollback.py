@@ -4,6 +4,9 @@ previous release and chart given back. The new chart with the old release is ref
 (exit 2); the rollback is a new Helm revision with the previous chart, the previous release's CRDs applied
 server-side (the ClusterPolicy schema is v22.9.2's again), and a second run changes nothing.
 
+Then a failed v23.9.2 upgrade, gone back from with `operator install`: what the failed revision created is swept
+(installer.upgrade.orphans.after_upgrade), since helm's upgrade diffs against the deployed revision only.
+
 The operator stage of `apply` and `operator install` share this path (installer/operator.py); `operator install` is
 run here because the lab's hollow nodes have nothing for apply's node stages to do. --no-wait: nothing really runs on
 hollow nodes (test_operator_crds.py).
@@ -424,3 +427,84 @@ def test_upgrade_rollback_of_a_real_chart_upgrade(env, lab_kubernetes, tmp_path)
     print(f"operator uninstall after the rollback: {time.monotonic() - t0:.2f} s")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert annotated(api(env)) == [], annotated(api(env))
+
+
+# ---------------------------------------------------------------- back from a failed upgrade with `operator install`
+
+
+def test_operator_install_back_after_a_failed_upgrade_sweeps_what_it_left(env):
+    """v22.9.2 deployed, the upgrade to v23.9.2 fails (helm's --wait runs out: its resources, the NFD gc's ClusterRole
+    and ClusterRoleBinding among them, were created) and the site goes back to v22.9.2 with `operator install` (apply's
+    operator stage, the same path): helm's upgrade diffs against the deployed revision 1 only, so what the failed
+    revision 2 made stays -- unless gpu-install sweeps it. It does: deleted, said, in the stage's report line; the one
+    annotated for another release is left; and the uninstall then leaves nothing annotated with the release."""
+    import time
+
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    from installer import helm, kube, operator
+    from installer.config import load_site
+    from installer.errors import ClusterError
+    from installer.plan import resolve
+
+    kubeconfig = Path(env["kubeconfig"])
+    rbac, core = k.RbacAuthorizationV1Api(api(env)), k.CoreV1Api(api(env))
+    try:  # the rollback test's ConfigMap annotated for another release: helm's upgrade to v23.9.2 would refuse it
+        core.delete_namespaced_config_map(FOREIGN, NS)
+    except ApiException as exc:
+        assert exc.status == 404, exc
+    t0 = time.monotonic()
+    proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    base = helm.release_state("gpu-operator", NS, kubeconfig)
+    assert base is not None and base.chart == "gpu-operator-v22.9.2"
+
+    # the failed upgrade: operator.install's steps with a 1 s --wait (the hollow nodes run nothing: it runs out)
+    write_site(env, "v23.9.2", chart("v23.9.2"))
+    plan = resolve(load_site(env["site"]))
+    prepared = operator.prepare(plan, kubeconfig, chart("v23.9.2"))
+    kube.apply_crds(api(env), operator.chart_crds(plan, prepared.chart))
+    with pytest.raises(ClusterError):
+        helm.install_or_upgrade(prepared.chart, "gpu-operator", NS, prepared.values, kubeconfig, timeout=1)
+    history = helm.release_history("gpu-operator", NS, kubeconfig)
+    print("history after the failed upgrade:", history)
+    assert history is not None and [(h.revision, h.status) for h in history][-2:] == [
+        (base.revision, "deployed"), (base.revision + 1, "failed")], history
+    assert rbac.read_cluster_role(GC).metadata.annotations["meta.helm.sh/release-namespace"] == NS
+    assert rbac.read_cluster_role_binding(GC).metadata.annotations["meta.helm.sh/release-name"] == "gpu-operator"
+    core.patch_namespaced_config_map(FOREIGN, NS, {"metadata": {"annotations": {
+        "meta.helm.sh/release-name": "someone-else", "meta.helm.sh/release-namespace": "elsewhere"}}})
+
+    # back to v22.9.2
+    t1 = time.monotonic()
+    proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")
+    print(f"operator install back to v22.9.2 (with the sweep): {time.monotonic() - t1:.2f} s")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    new = base.revision + 2
+    assert f"helm upgrade diffed revision {new} against revision {base.revision}, not against the later revision(s) " \
+           f"{base.revision + 1} (failed)" in out, out
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        assert f"not in the release's revision any more: {kind} {GC}: deleted" in out, out
+    assert f"not in the release's revision any more: Deployment {NS}/{GC}: deleted" in out, out
+    assert f"not in the release's revision any more: ConfigMap {NS}/{FOREIGN}: left: not the release's " \
+           "(meta.helm.sh/release-name/meta.helm.sh/release-namespace: elsewhere/someone-else)" in out, out
+    assert re.search(rf"(?m)^release gpu-operator \(gpu-operator-v22\.9\.2\): revision {new} deployed; \d+ "
+                     rf"leftover\(s\) of failed revision {base.revision + 1} deleted, 1 left$", proc.stdout), out
+    for read in (rbac.read_cluster_role, rbac.read_cluster_role_binding):
+        with pytest.raises(ApiException) as gone:
+            read(GC)
+        assert gone.value.status == 404
+    assert core.read_namespaced_config_map(FOREIGN, NS).metadata.annotations["meta.helm.sh/release-name"] == \
+        "someone-else"
+
+    # a second run: no new revision, no sweep, no change
+    proc = run(env, "v22.9.2", "install", "--no-wait", "--timeout", "120")
+    assert proc.returncode == 0 and f"unchanged at revision {new}" in proc.stdout, proc.stdout + proc.stderr
+    assert "not in the release's revision" not in proc.stdout + proc.stderr
+
+    proc = run(env, "v22.9.2", "uninstall", "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert annotated(api(env)) == [], annotated(api(env))
+    print(f"failed upgrade, install back, uninstall: {time.monotonic() - t0:.2f} s")

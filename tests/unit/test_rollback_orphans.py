@@ -204,7 +204,10 @@ def test_two_failed_tries_count_and_an_upgrade_forward_leaves_nothing(rendered):
     # a clean upgrade
     ([(1, "superseded", "v22.9.2", "Install complete"), (2, "deployed", "v23.9.2", "Upgrade complete")], 2, 1),
     # revision 2 left pending-upgrade by an interrupted run, rolled back by the next run first (_proceedable: revision
-    # 3, whose helm rollback diffed against revision 2 and deleted what only it had), then upgraded: nothing skipped
+    # 3, whose helm rollback diffed against revision 2 and deleted what only it had), then upgraded: nothing skipped.
+    # helm 3.18 leaves revision 2 labelled pending-upgrade (docs/reliability.md); superseded is read the same way
+    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "pending-upgrade", "v23.9.2", "Preparing upgrade"),
+      (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
     ([(1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Preparing upgrade"),
       (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
     # a failed revision before the deployed one: an earlier upgrade's diff skipped it (and its sweep ran then)
@@ -224,10 +227,11 @@ def test_nothing_skipped_reads_no_manifest(rows, new, base):
 
 
 @needs_upstream
-def test_a_failed_upgrade_after_a_recovered_pending_one_counts(rendered):
+@pytest.mark.parametrize("left", ["pending-upgrade", "superseded"])
+def test_a_failed_upgrade_after_a_recovered_pending_one_counts(rendered, left):
     """Revision 2 left pending and rolled back (3), the upgrade that followed failed (4), the next run's upgrade (5)
     diffs against 3: revision 4 is the sweep's, revision 2 is not (helm's rollback took care of it)."""
-    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Preparing upgrade"),
+    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, left, "v23.9.2", "Preparing upgrade"),
                    (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "failed", "v23.9.2", FAILED),
                    (5, "deployed", "v22.9.2", "Upgrade complete"))
     manifest, reads = reader(rendered, history)
