@@ -1,19 +1,22 @@
 """What a Helm release's earlier revisions rendered that its new revision lacks and helm itself never deletes: found in
-the cluster, deleted when the release owns it (docs/upgrade.md "Resources helm leaves behind").
+the cluster, deleted when the release owns it (docs/upgrade.md step 3 of upgrade rollback and "Rolling back";
+docs/operator.md install step 6).
 
 Helm deletes, on an upgrade or a rollback, what the revision it diffs against rendered and the new one does not. That
 revision is not always the one whose resources are in the cluster:
 
 - `helm upgrade` diffs against the last DEPLOYED revision. A failed upgrade (revision N failed: it timed out, a
   resource was refused) created what it could; the next upgrade, from the deployed revision before it, never looks at
-  N's manifest, so what only N rendered stays -- annotated with the release, and outliving its uninstall.
-  after_upgrade() is the sweep for that case (installer.operator.install: `operator install`, apply's operator stage,
-  `upgrade apply`).
+  N's manifest, so what only N rendered stays -- annotated with the release, and outliving its uninstall. With no
+  deployed revision (a failed rollback marks the one it started from superseded) it diffs against the last one,
+  missing the superseded revision's. after_upgrade() is the sweep for these (installer.operator.install: `operator
+  install`, apply's operator stage, `upgrade apply`), from the history read before the upgrade (not_diffed()).
 - `helm rollback` diffs against the release's LAST revision: after a refused rollback (a failed revision holding the
   target's manifest) the newer chart's own resources stay (installer.upgrade.rollback).
 
-A revision left pending-upgrade by an interrupted run needs nothing here: installer.helm's _proceedable() rolls it back
-first, and helm's rollback diffs against that pending revision (its last), deleting what only it rendered.
+A revision left pending-upgrade by an interrupted run is rolled back first (installer.helm._proceedable()), and helm's
+rollback diffs against that pending revision, deleting what only it rendered; it is looked at all the same (cheap:
+what is gone is not there).
 
 The sweep deletes a resource only when its meta.helm.sh/release-name and -namespace annotations name this release, no
 helm.sh/resource-policy: keep holds it, and it is not a CRD or a Namespace; anything else is left and named. Each
@@ -204,29 +207,46 @@ def sweep(client: Any, release: str, namespace: str, candidates: list[ObjRef], s
 # ---------------------------------------------------------------- after a helm upgrade (installer.operator.install)
 
 
-def not_diffed(history: list[HistoryEntry], new_revision: int) -> tuple[int | None, list[HistoryEntry]]:
-    """(the revision helm upgrade diffed against, the revisions between it and new_revision that it did not diff
-    against) from the release's history read after the upgrade made new_revision (pure).
+def not_diffed(before: list[HistoryEntry] | None, new_revision: int) -> tuple[int | None, list[HistoryEntry]]:
+    """(the deployed revision helm's upgrade diffed against, or None when there was none; the revisions whose
+    resources may be in the cluster and which that diff does not cover), from the release's history read BEFORE the
+    upgrade made new_revision (pure; helm marks the revisions superseded afterwards, so it is read before).
 
-    helm upgrade diffs against the last deployed revision, which the upgrade then marks superseded: the newest revision
-    before new_revision that is superseded (or still deployed). A revision after it is one helm's diff skipped: a
-    failed upgrade's (or a failed rollback's) -- those with a NOT_DIFFED status count. A revision that an interrupted
-    run left pending and _proceedable() rolled back is superseded and followed by the rollback's own revision (the one
-    diffed against): it is not after it, and needs nothing (helm's rollback diffed against it). No such revision (no
-    deployed one: helm then diffs against the last), or none after it: nothing to sweep."""
-    before = [h for h in history if h.revision < new_revision]
-    base = max((h.revision for h in before if h.status in ("superseded", "deployed")), default=None)
-    if base is None:
+    helm upgrade diffs against the last deployed revision. The revisions after it are failed (an upgrade's, a
+    rollback's) or pending (left by an interrupted run; installer.helm._proceedable() rolls that back first, and
+    helm's rollback diffs against the pending revision itself -- so it is looked at, and what it had is usually gone
+    already): each may have created what the new revision lacks. When no revision is deployed (a failed helm
+    rollback marks the one it started from superseded) helm diffs against the last one, so the newest superseded
+    revision counts too. A clean history (the newest revision deployed) gives none; so does no history, and one the
+    new revision does not follow (the release uninstalled and installed anew: a pending install recovered)."""
+    if not before or new_revision <= max(h.revision for h in before):
         return None, []
-    return base, [h for h in before if h.revision > base and h.status in NOT_DIFFED]
+    ordered = sorted(before, key=lambda h: h.revision)
+    kept = [h for h in ordered if h.status in ("deployed", "superseded")]
+    base = kept[-1] if kept else None
+    after = [h for h in ordered if base is None or h.revision > base.revision]
+    if base is not None and base.status == "deployed":
+        return base.revision, after
+    return None, ([base] if base is not None and after else []) + after
+
+
+def candidates(before: list[HistoryEntry] | None, new_revision: int,
+               manifest: Callable[[int], list[dict[str, Any]]]) -> tuple[int | None, list[HistoryEntry], list[ObjRef]]:
+    """not_diffed(), and what the revisions it names rendered and new_revision lacks (leftovers()): manifest(revision)
+    is read for those revisions and new_revision only -- never when there are none."""
+    base, skipped = not_diffed(before, new_revision)
+    if not skipped:
+        return base, [], []
+    docs = [manifest(h.revision) for h in skipped]
+    return base, skipped, leftovers(docs, manifest(new_revision))
 
 
 @dataclass
 class Swept:
     """What after_upgrade() found and did."""
 
-    base: int | None  # the revision helm upgrade diffed against
-    skipped: list[HistoryEntry]  # the revisions it did not diff against (not_diffed())
+    base: int | None  # the deployed revision helm upgrade diffed against (None: none was deployed)
+    skipped: list[HistoryEntry]  # the revisions that diff did not cover (not_diffed())
     orphans: list[Orphan]
 
     def summary(self) -> str:
@@ -239,35 +259,24 @@ class Swept:
         return f"{deleted} leftover(s) of {revs} deleted" + (f", {left} left" if left else "")
 
 
-def candidates(history: list[HistoryEntry], new_revision: int,
-               manifest: Callable[[int], list[dict[str, Any]]]) -> tuple[int | None, list[HistoryEntry], list[ObjRef]]:
-    """(the revision helm upgrade diffed against, the revisions it skipped, what only they rendered and new_revision
-    lacks): manifest(revision) is read for the skipped revisions and new_revision only -- never when none was
-    skipped."""
-    base, skipped = not_diffed(history, new_revision)
-    if not skipped:
-        return base, [], []
-    docs = [manifest(h.revision) for h in skipped]
-    return base, skipped, leftovers(docs, manifest(new_revision))
-
-
-def after_upgrade(release: str, namespace: str, new_revision: int, kubeconfig: Path | None, client: Any,
-                  say: Progress) -> Swept:
-    """After a helm upgrade that made new_revision: one `helm history` read; when revisions after the one helm diffed
-    against were skipped (not_diffed()), their manifests and the new revision's are read (`helm get manifest`) and
-    what only they rendered is swept (sweep(): deleted only when the release owns it). A clean history costs the
-    history read only."""
+def after_upgrade(release: str, namespace: str, before: list[HistoryEntry] | None, new_revision: int,
+                  kubeconfig: Path | None, client: Any, say: Progress) -> Swept:
+    """After a helm upgrade that made new_revision, given the history read before it: when revisions that helm's diff
+    did not cover are there (not_diffed()), their manifests and the new revision's are read (`helm get manifest
+    --revision`) and what only they rendered is swept (sweep(): deleted only when the release owns it). A clean
+    history costs nothing here (no helm call, no API call)."""
     from installer import helm
 
-    history = helm.release_history(release, namespace, kubeconfig) or []
-    base, skipped = not_diffed(history, new_revision)
+    base, skipped = not_diffed(before, new_revision)
     if not skipped:
         return Swept(base, [], [])
     revs = ", ".join(f"{h.revision} ({h.status})" for h in skipped)
-    say(f"release {release}: helm upgrade diffed revision {new_revision} against revision {base}, not against the "
-        f"later revision(s) {revs}: what only they rendered is looked for in the cluster")
-    _, _, found = candidates(history, new_revision,
-                             lambda r: helm.revision_manifest(release, namespace, r, kubeconfig))
+    against = (f"helm upgrade diffed revision {new_revision} against the deployed revision {base}, not against"
+               if base is not None else f"no revision was deployed: helm upgrade's diff for revision {new_revision} "
+                                        "did not cover all of")
+    say(f"release {release}: {against} revision(s) {revs}: what they rendered and revision {new_revision} lacks is "
+        "looked for in the cluster")
+    _, _, found = candidates(before, new_revision, lambda r: helm.revision_manifest(release, namespace, r, kubeconfig))
     context = Context(leftover_of=f"revision(s) {', '.join(str(h.revision) for h in skipped)}",
                       done=f"the upgrade is done (revision {new_revision})", by="the sweep")
     return Swept(base, skipped, sweep(client, release, namespace, found, say, context=context))

@@ -483,8 +483,8 @@ def test_operator_install_back_after_a_failed_upgrade_sweeps_what_it_left(env):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     new = base.revision + 2
-    assert f"helm upgrade diffed revision {new} against revision {base.revision}, not against the later revision(s) " \
-           f"{base.revision + 1} (failed)" in out, out
+    assert f"helm upgrade diffed revision {new} against the deployed revision {base.revision}, not against " \
+           f"revision(s) {base.revision + 1} (failed)" in out, out
     for kind in ("ClusterRole", "ClusterRoleBinding"):
         assert f"not in the release's revision any more: {kind} {GC}: deleted" in out, out
     assert f"not in the release's revision any more: Deployment {NS}/{GC}: deleted" in out, out

@@ -149,7 +149,8 @@ def test_the_preview_names_what_goes_after_helm():
 
 
 # ---------------------------------------------------------------- the same leftovers on the forward path: an upgrade
-# after a failed one (installer.upgrade.orphans.not_diffed / candidates / after_upgrade, run by operator.install)
+# after a failed one (installer.upgrade.orphans.not_diffed / candidates / after_upgrade, run by operator.install with
+# the history read before the upgrade)
 
 
 def hist(*rows: tuple[int, str, str, str]) -> list[HistoryEntry]:
@@ -160,119 +161,105 @@ def hist(*rows: tuple[int, str, str, str]) -> list[HistoryEntry]:
 FAILED = 'Upgrade "gpu-operator" failed: context deadline exceeded'
 
 
-def reader(rendered, history: list[HistoryEntry]):
+def reader(rendered, charts: dict[int, str]):
     """manifest(revision) as `helm get manifest` gives it: the real chart of the revision rendered; each read kept."""
     reads: list[int] = []
 
     def manifest(revision: int) -> list[dict[str, Any]]:
         reads.append(revision)
-        chart = next(h.chart for h in history if h.revision == revision)
-        return rendered[chart.removeprefix("gpu-operator-")]
+        return rendered[charts[revision]]
 
     return manifest, reads
+
+
+def revs(entries: list[HistoryEntry]) -> list[int]:
+    return [h.revision for h in entries]
 
 
 @needs_upstream
 def test_an_upgrade_back_after_a_failed_one_sweeps_what_the_failed_revision_made(rendered):
     """v22.9.2 deployed, the upgrade to v23.9.2 failed (revision 2: its NFD gc objects were created), then the site goes
-    back to v22.9.2: helm's upgrade (revision 3) diffed against revision 1 only -- revision 2's own resources are the
-    sweep's, and both manifests are read."""
-    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
-                   (3, "deployed", "v22.9.2", "Upgrade complete"))
-    manifest, reads = reader(rendered, history)
-    base, skipped, found = ob.candidates(history, 3, manifest)
-    assert base == 1 and [h.revision for h in skipped] == [2]
+    back to v22.9.2: helm's upgrade (revision 3) diffs against revision 1 only -- revision 2's own resources are the
+    sweep's; revision 2's and 3's manifests are read."""
+    before = hist((1, "deployed", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED))
+    manifest, reads = reader(rendered, {2: "v23.9.2", 3: "v22.9.2"})
+    base, skipped, found = ob.candidates(before, 3, manifest)
+    assert (base, revs(skipped), sorted(reads)) == (1, [2], [2, 3])
     assert sorted(names(found)) == V23_ONLY
-    assert sorted(reads) == [2, 3]
 
 
 @needs_upstream
 def test_two_failed_tries_count_and_an_upgrade_forward_leaves_nothing(rendered):
-    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
-                   (3, "failed", "v23.9.2", FAILED), (4, "deployed", "v22.9.2", "Upgrade complete"))
-    manifest, _ = reader(rendered, history)
-    base, skipped, found = ob.candidates(history, 4, manifest)
-    assert (base, [h.revision for h in skipped]) == (1, [2, 3]) and sorted(names(found)) == V23_ONLY
+    before = hist((1, "deployed", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
+                  (3, "failed", "v23.9.2", FAILED))
+    manifest, _ = reader(rendered, {2: "v23.9.2", 3: "v23.9.2", 4: "v22.9.2"})
+    base, skipped, found = ob.candidates(before, 4, manifest)
+    assert (base, revs(skipped)) == (1, [2, 3]) and sorted(names(found)) == V23_ONLY
     # the failed v23.9.2 upgrade retried and deployed: the new revision has all of it, nothing is a leftover
-    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
-                   (3, "deployed", "v23.9.2", "Upgrade complete"))
-    manifest, _ = reader(rendered, history)
-    assert ob.candidates(history, 3, manifest)[1:] == (history[1:2], [])
-
-
-@pytest.mark.parametrize(("rows", "new", "base"), [
-    # a clean upgrade
-    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "deployed", "v23.9.2", "Upgrade complete")], 2, 1),
-    # revision 2 left pending-upgrade by an interrupted run, rolled back by the next run first (_proceedable: revision
-    # 3, whose helm rollback diffed against revision 2 and deleted what only it had), then upgraded: nothing skipped.
-    # helm 3.18 leaves revision 2 labelled pending-upgrade (docs/reliability.md); superseded is read the same way
-    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "pending-upgrade", "v23.9.2", "Preparing upgrade"),
-      (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
-    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Preparing upgrade"),
-      (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
-    # a failed revision before the deployed one: an earlier upgrade's diff skipped it (and its sweep ran then)
-    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
-      (3, "superseded", "v22.9.2", "Upgrade complete"), (4, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
-    # no revision was ever deployed: helm diffed against the last (the failed install)
-    ([(1, "failed", "v23.9.2", 'Release "gpu-operator" failed: timed out'),
-      (2, "deployed", "v22.9.2", "Upgrade complete")], 2, None),
-])
-def test_nothing_skipped_reads_no_manifest(rows, new, base):
-    history = hist(*rows)
-
-    def manifest(revision: int) -> list[dict[str, Any]]:
-        raise AssertionError(f"manifest of revision {revision} read")
-
-    assert ob.candidates(history, new, manifest) == (base, [], [])
+    manifest, _ = reader(rendered, {2: "v23.9.2", 3: "v23.9.2"})
+    assert ob.candidates(before[:2], 3, manifest) == (1, before[1:2], [])
 
 
 @needs_upstream
-@pytest.mark.parametrize("left", ["pending-upgrade", "superseded"])
-def test_a_failed_upgrade_after_a_recovered_pending_one_counts(rendered, left):
-    """Revision 2 left pending and rolled back (3), the upgrade that followed failed (4), the next run's upgrade (5)
-    diffs against 3: revision 4 is the sweep's, revision 2 is not (helm's rollback took care of it)."""
-    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, left, "v23.9.2", "Preparing upgrade"),
-                   (3, "superseded", "v22.9.2", "Rollback to 1"), (4, "failed", "v23.9.2", FAILED),
-                   (5, "deployed", "v22.9.2", "Upgrade complete"))
-    manifest, reads = reader(rendered, history)
-    base, skipped, found = ob.candidates(history, 5, manifest)
-    assert (base, [h.revision for h in skipped], sorted(reads)) == (3, [4], [4, 5])
+def test_after_a_refused_helm_rollback_the_superseded_revision_counts(rendered):
+    """upgrade rollback's refused `helm rollback` (revision 3 failed, with v22.9.2's manifest; helm marked revision 2
+    superseded: none is deployed), then `operator install` of v22.9.2: helm's upgrade diffs against the failed
+    revision 3, never against v23.9.2's revision 2 -- whose own resources are the sweep's."""
+    before = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Upgrade complete"),
+                  (3, "failed", "v22.9.2", 'Rollback "gpu-operator" failed: no CustomResourceDefinition with the name '
+                                           '"nodefeaturerules.nfd.k8s-sigs.io" found'))
+    manifest, reads = reader(rendered, {2: "v23.9.2", 3: "v22.9.2", 4: "v22.9.2"})
+    base, skipped, found = ob.candidates(before, 4, manifest)
+    assert (base, revs(skipped), sorted(reads)) == (None, [2, 3], [2, 3, 4])
     assert sorted(names(found)) == V23_ONLY
 
 
 @needs_upstream
-def test_a_refused_rollback_then_an_upgrade_back_leaves_nothing(rendered):
-    """upgrade rollback's refused `helm rollback` (a failed revision with the target's manifest), then `operator
-    install` of the previous release: helm's upgrade diffed against v23.9.2's revision 2 and deleted its own; the
-    failed revision 3 had nothing else."""
-    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "superseded", "v23.9.2", "Upgrade complete"),
-                   (3, "failed", "v22.9.2", "Rollback \"gpu-operator\" failed: no CustomResourceDefinition"),
-                   (4, "deployed", "v22.9.2", "Upgrade complete"))
-    manifest, _ = reader(rendered, history)
-    assert ob.candidates(history, 4, manifest) == (2, history[2:3], [])
+def test_a_pending_revision_rolled_back_first_is_looked_at(rendered):
+    """Revision 2 left pending-upgrade by an interrupted run: the next run rolls it back (revision 3, helm's rollback
+    diffing against revision 2) and upgrades (4). Revision 2 counts -- what helm's rollback deleted is simply not
+    found in the cluster."""
+    before = hist((1, "deployed", "v22.9.2", "Install complete"), (2, "pending-upgrade", "v23.9.2", "Preparing upgrade"))
+    manifest, _ = reader(rendered, {2: "v23.9.2", 4: "v22.9.2"})
+    base, skipped, found = ob.candidates(before, 4, manifest)
+    assert (base, revs(skipped)) == (1, [2]) and sorted(names(found)) == V23_ONLY
 
 
-def test_after_upgrade_with_a_clean_history_reads_the_history_only(monkeypatch):
-    """One `helm history` read, no manifest, no API call (the client is never used), nothing said."""
+@pytest.mark.parametrize(("before", "new", "base"), [
+    # no release before: a first install
+    (None, 1, None),
+    ([], 1, None),
+    # a clean upgrade (helm 3.18 leaves a pending revision rolled back labelled pending-upgrade: before the deployed
+    # one, it is not looked at)
+    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "pending-upgrade", "v23.9.2", "Preparing upgrade"),
+      (3, "deployed", "v22.9.2", "Rollback to 1")], 4, 3),
+    # a failed revision before the deployed one: an earlier upgrade's sweep took care of it
+    ([(1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
+      (3, "deployed", "v22.9.2", "Upgrade complete")], 4, 3),
+    # a pending install, uninstalled first and installed anew: the revision numbers start again, nothing is older
+    ([(1, "pending-install", "v23.9.2", "Initial install underway")], 1, None),
+])
+def test_nothing_to_look_at_reads_no_manifest(before, new, base):
+    def manifest(revision: int) -> list[dict[str, Any]]:
+        raise AssertionError(f"manifest of revision {revision} read")
+
+    assert ob.candidates(hist(*before) if before is not None else None, new, manifest) == (base, [], [])
+
+
+def test_after_upgrade_with_a_clean_history_calls_nothing(monkeypatch):
+    """Given the history read before the upgrade (operator.install's one `helm history`): no helm call, no API call
+    (the client is an object without any method), nothing said."""
     from installer import helm
 
-    calls: list[str] = []
-    history = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "deployed", "v23.9.2", "Upgrade complete"))
+    def no_call(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("helm called")
 
-    def release_history(*args: Any, **kwargs: Any) -> list[HistoryEntry]:
-        calls.append("history")
-        return history
-
-    def revision_manifest(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        calls.append("manifest")
-        return []
-
-    monkeypatch.setattr(helm, "release_history", release_history)
-    monkeypatch.setattr(helm, "revision_manifest", revision_manifest)
+    monkeypatch.setattr(helm, "release_history", no_call)
+    monkeypatch.setattr(helm, "revision_manifest", no_call)
     said: list[str] = []
-    swept = ob.after_upgrade("gpu-operator", NS, 2, None, object(), said.append)
-    assert calls == ["history"] and said == [] and (swept.base, swept.skipped, swept.orphans) == (1, [], [])
-    assert swept.summary() == ""
+    before = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "deployed", "v23.9.2", "Upgrade complete"))
+    swept = ob.after_upgrade("gpu-operator", NS, before, 3, None, object(), said.append)
+    assert said == [] and (swept.base, swept.skipped, swept.orphans) == (2, [], []) and swept.summary() == ""
 
 
 def test_the_operator_report_names_what_was_swept():
@@ -294,6 +281,9 @@ def test_the_operator_report_names_what_was_swept():
         "deleted, 1 left"]
     # apply's operator stage shows lines()[-2] in its table and its JSON's stages[].reason
     assert lines[-2].endswith("2 leftover(s) of failed revision 2 deleted, 1 left")
+    # nothing swept: the release line as before
+    report.swept = ob.Swept(2, [], [])
+    assert report.lines()[-2] == "release gpu-operator (gpu-operator-v22.9.2): revision 3 deployed"
 
 
 def test_a_crd_or_namespace_is_never_deleted_by_the_upgrade_sweep():
