@@ -127,6 +127,10 @@ class ReleaseState:
     description: str = ""
     #: what install_or_upgrade() did first with a revision an interrupted run had left pending ("" when nothing)
     recovered: str = ""
+    #: install_or_upgrade(): the release's history as it was before anything was done, read only when its last revision
+    #: was not deployed (failed, pending, superseded) -- what the upgrade's diff does not cover
+    #: (installer.upgrade.orphans.not_diffed); None when it was deployed, or there was no release
+    history_before: list[HistoryEntry] | None = None
 
 
 async def _state(rev: Any, changed: bool = False) -> ReleaseState:
@@ -242,8 +246,9 @@ def _fix_pending(release_name: str, namespace: str, status: str, kubeconfig: Pat
 
 
 async def _proceedable(c: Any, release_name: str, namespace: str, timeout: float,
-                       kubeconfig: Path | None) -> tuple[Any, str]:
-    """(the revision to upgrade from or None, what was done to get it): a release an interrupted run left pending
+                       kubeconfig: Path | None) -> tuple[Any, str, list[HistoryEntry] | None]:
+    """(the revision to upgrade from or None, what was done to get it, the history before that when the last
+    revision was not deployed -- else None): a release an interrupted run left pending
     (helm lost the API server or was stopped before it recorded the outcome) is made proceedable with pyhelm3's
     get_proceedable_revision -- pending-install/uninstalling uninstalled, pending-upgrade/pending-rollback rolled
     back to the previous revision; when that fails, an error naming the status and the helm command that fixes it."""
@@ -252,10 +257,11 @@ async def _proceedable(c: Any, release_name: str, namespace: str, timeout: float
     try:
         current = await c.get_current_revision(release_name, namespace=namespace)
     except herr.ReleaseNotFoundError:
-        return None, ""
+        return None, "", None
     status = getattr(current.status, "value", str(current.status))
+    before = None if status == "deployed" else await _history(kubeconfig, release_name, namespace)
     if status not in PENDING:
-        return current, ""
+        return current, "", before
     left = f"release {release_name}: revision {current.revision} was left {status} by an interrupted run"
     undo = "uninstalling it" if status in ("pending-install", "uninstalling") else "rolling it back"
     try:
@@ -267,7 +273,7 @@ async def _proceedable(c: Any, release_name: str, namespace: str, timeout: float
                                            f"or run `{fix}` first") from None
     done = ("uninstalled it" if rev is None else
             f"rolled back to revision {int(current.revision) - 1} as revision {rev.revision}")
-    return rev, f"{left}: {done} before upgrading"
+    return rev, f"{left}: {done} before upgrading", before
 
 
 def _left_behind(release_name: str, namespace: str, kubeconfig: Path | None) -> ReleaseState | None | str:
@@ -301,7 +307,7 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
         except herr.Error as exc:
             raise _helm_error(f"helm show chart {chart_ref}", exc,
                               "give a chart directory, a .tgz or an oci:// reference helm can reach") from None
-        current, recovered = await _proceedable(c, release_name, namespace, timeout, kubeconfig)
+        current, recovered, before = await _proceedable(c, release_name, namespace, timeout, kubeconfig)
         if not await c.should_install_or_upgrade_release(current, chart, values):
             state = await _state(await c.get_current_revision(release_name, namespace=namespace))
             state.recovered = recovered
@@ -313,6 +319,7 @@ def install_or_upgrade(chart_ref: str | Path, release_name: str, namespace: str,
             wait=wait, timeout=_timeout(timeout), skip_crds=True)
         state = await _state(rev, changed=True)
         state.recovered = recovered
+        state.history_before = before
         return state
 
     action = f"helm upgrade --install {release_name}"
@@ -453,22 +460,25 @@ def release_history(release_name: str, namespace: str, kubeconfig: Path | None,
                     max_revisions: int = 256) -> list[HistoryEntry] | None:
     """Read-only: `helm history` of a release, oldest first (at most max_revisions), or None when there is none.
     helm's JSON is read as untrusted: an entry without a whole revision number is left out."""
+    return _run(_history(kubeconfig, release_name, namespace, max_revisions), f"helm history {release_name}",
+                "check the kubeconfig and the API server")
+
+
+async def _history(kubeconfig: Path | None, release_name: str, namespace: str,
+                   max_revisions: int = 256) -> list[HistoryEntry] | None:
     from pyhelm3 import errors as herr
 
-    async def run() -> list[HistoryEntry] | None:
-        try:
-            raw = await _command(kubeconfig).history(release_name, max_revisions=max_revisions, namespace=namespace)
-        except herr.ReleaseNotFoundError:
-            return None
-        out = []
-        for h in raw if isinstance(raw, list) else []:
-            rev = h.get("revision") if isinstance(h, dict) else None
-            if isinstance(rev, int) and not isinstance(rev, bool):
-                out.append(HistoryEntry(rev, str(h.get("status") or ""), str(h.get("chart") or ""),
-                                        str(h.get("description") or "")))
-        return sorted(out, key=lambda e: e.revision)
-
-    return _run(run(), f"helm history {release_name}", "check the kubeconfig and the API server")
+    try:
+        raw = await _command(kubeconfig).history(release_name, max_revisions=max_revisions, namespace=namespace)
+    except herr.ReleaseNotFoundError:
+        return None
+    out = []
+    for h in raw if isinstance(raw, list) else []:
+        rev = h.get("revision") if isinstance(h, dict) else None
+        if isinstance(rev, int) and not isinstance(rev, bool):
+            out.append(HistoryEntry(rev, str(h.get("status") or ""), str(h.get("chart") or ""),
+                                    str(h.get("description") or "")))
+    return sorted(out, key=lambda e: e.revision)
 
 
 def revision_values(release_name: str, namespace: str, revision: int, kubeconfig: Path | None) -> dict[str, Any]:

@@ -4,7 +4,8 @@ install(): namespace → pull Secret → the chart's CRDs → `helm upgrade --in
 with the plan's values (installer.plan: the same values `gpu-install render` prints), waiting up to
 a timeout for the release's workloads. After an upgrade that made a new revision, what failed revisions after the
 deployed one created and the new revision lacks (helm's upgrade diffs against the deployed revision only) is deleted
-when the release owns it (installer.upgrade.orphans.after_upgrade; the history is read once, before the upgrade).
+when the release owns it (installer.upgrade.orphans.after_upgrade; helm's history is read, before the upgrade, only
+when the last revision is not deployed).
 
 CRDs: helm installs a chart's crds/ on the first install only and never upgrades or removes them (the GPU
 Operator's own CRD hook Jobs need running pods and the operator image). So before every install or upgrade the
@@ -217,16 +218,14 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
         say(line)
     say(f"helm upgrade --install --skip-crds {site.operator.releaseName} {ref} -n {ns}"
         f"{f' (wait up to {timeout:.0f}s)' if wait else ''}")
-    # the history before the upgrade: what failed revisions made, the upgrade's diff (against the deployed revision)
-    # does not see -- read now, as helm marks them superseded afterwards (installer.upgrade.orphans)
-    before = helm.release_history(site.operator.releaseName, ns, kc)
     remaining = max(30.0, timeout - (time.monotonic() - t0))
     state = helm.install_or_upgrade(ref, site.operator.releaseName, ns, values, kc, timeout=remaining, wait=wait)
     swept = None
-    if state.changed:
+    if state.changed:  # what failed revisions made, which the upgrade's diff (against the deployed one) does not see
         from installer.upgrade import orphans
 
-        swept = orphans.after_upgrade(site.operator.releaseName, ns, before, state.revision, kc, client, say)
+        swept = orphans.after_upgrade(site.operator.releaseName, ns, state.history_before, state.revision, kc,
+                                      client, say)
     return InstallReport(state, ns, ns_action, ps.name if ps else None, secret_action, time.monotonic() - t0,
                          crd_actions, swept)
 

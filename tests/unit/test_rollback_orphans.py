@@ -247,8 +247,9 @@ def test_nothing_to_look_at_reads_no_manifest(before, new, base):
 
 
 def test_after_upgrade_with_a_clean_history_calls_nothing(monkeypatch):
-    """Given the history read before the upgrade (operator.install's one `helm history`): no helm call, no API call
-    (the client is an object without any method), nothing said."""
+    """A clean history (helm.install_or_upgrade reads none when the last revision is deployed; here one with a failed
+    revision before the deployed one): no helm call, no API call (the client is an object without any method),
+    nothing said."""
     from installer import helm
 
     def no_call(*args: Any, **kwargs: Any) -> Any:
@@ -257,9 +258,12 @@ def test_after_upgrade_with_a_clean_history_calls_nothing(monkeypatch):
     monkeypatch.setattr(helm, "release_history", no_call)
     monkeypatch.setattr(helm, "revision_manifest", no_call)
     said: list[str] = []
-    before = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "deployed", "v23.9.2", "Upgrade complete"))
-    swept = ob.after_upgrade("gpu-operator", NS, before, 3, None, object(), said.append)
-    assert said == [] and (swept.base, swept.skipped, swept.orphans) == (2, [], []) and swept.summary() == ""
+    before = hist((1, "superseded", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED),
+                  (3, "deployed", "v22.9.2", "Upgrade complete"))
+    for history in (None, before):
+        swept = ob.after_upgrade("gpu-operator", NS, history, 4, None, object(), said.append)
+        assert (swept.skipped, swept.orphans, swept.summary()) == ([], [], "")
+    assert said == [] and swept.base == 3
 
 
 def test_the_operator_report_names_what_was_swept():
@@ -290,3 +294,31 @@ def test_a_crd_or_namespace_is_never_deleted_by_the_upgrade_sweep():
     assert ob.owner_verdict(OWNED, "apiextensions.k8s.io", "CustomResourceDefinition", "gpu-operator", NS,
                             "the sweep") == "left: a CustomResourceDefinition is never deleted by the sweep"
     assert ob.owner_verdict(OWNED, "", "Namespace", "gpu-operator", NS, "the sweep").startswith("left: ")
+
+
+@pytest.mark.parametrize(("status", "reads"), [("deployed", 0), ("failed", 1), ("superseded", 1)])
+def test_helm_reads_the_history_before_the_upgrade_only_when_the_last_revision_is_not_deployed(monkeypatch, status,
+                                                                                                reads):
+    """installer.helm._proceedable() (install_or_upgrade's first step) with the release's last revision in each
+    status: `helm history` is read once when it is not deployed, never when it is (the clean path's helm calls stay
+    as they were)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from installer import helm
+
+    history = hist((1, "deployed", "v22.9.2", "Install complete"), (2, "failed", "v23.9.2", FAILED))
+    calls: list[str] = []
+
+    async def read_history(*args: Any, **kwargs: Any) -> list[HistoryEntry]:
+        calls.append("history")
+        return history
+
+    async def current_revision(name: str, namespace: str) -> Any:
+        return SimpleNamespace(status=status, revision=2)
+
+    monkeypatch.setattr(helm, "_history", read_history)
+    rev, recovered, before = asyncio.run(helm._proceedable(SimpleNamespace(get_current_revision=current_revision),
+                                                           "gpu-operator", NS, 30, None))
+    assert (rev.status, recovered, len(calls)) == (status, "", reads)
+    assert before == (history if reads else None)
