@@ -460,13 +460,17 @@ def test_operator_install_back_after_a_failed_upgrade_sweeps_what_it_left(env):
     base = helm.release_state("gpu-operator", NS, kubeconfig)
     assert base is not None and base.chart == "gpu-operator-v22.9.2"
 
-    # the failed upgrade: operator.install's steps with a 1 s --wait (the hollow nodes run nothing: it runs out)
+    # the failed upgrade: operator.install's steps, the operator's pod held off every node (a nodeSelector no node
+    # has) and a 1 s --wait: helm creates the chart's resources, then its wait runs out
     write_site(env, "v23.9.2", chart("v23.9.2"))
     plan = resolve(load_site(env["site"]))
     prepared = operator.prepare(plan, kubeconfig, chart("v23.9.2"))
     kube.apply_crds(api(env), operator.chart_crds(plan, prepared.chart))
-    with pytest.raises(ClusterError):
-        helm.install_or_upgrade(prepared.chart, "gpu-operator", NS, prepared.values, kubeconfig, timeout=1)
+    values = {**prepared.values, "operator": {**prepared.values.get("operator", {}),
+                                              "nodeSelector": {"gpu-install.test/no-such-node": "true"}}}
+    with pytest.raises(ClusterError) as failed:
+        helm.install_or_upgrade(prepared.chart, "gpu-operator", NS, values, kubeconfig, timeout=1)
+    print("the failed upgrade:", failed.value.message)
     history = helm.release_history("gpu-operator", NS, kubeconfig)
     print("history after the failed upgrade:", history)
     assert history is not None and [(h.revision, h.status) for h in history][-2:] == [
