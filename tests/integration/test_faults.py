@@ -2,7 +2,7 @@
 tests/integration/test_runtime_roles.py): a node's container stopped mid-play, and Ctrl-C. Each fault lands on a
 condition (a line of apply's own progress shows the site playbook reached the nodes), never after a sleep; each
 asserts the exit code, the message, the stage table, that no node holds a half-written config, and that the re-run
-converges (docs/reliability.md). The link of a node cut mid-run: test_runtime_roles.py."""
+converges (docs/reliability.md); and a node's link cut mid-run."""
 
 from __future__ import annotations
 
@@ -165,7 +165,11 @@ def test_ssh_cut_mid_play(fl):
     assert "Traceback" not in text and "internal error" not in text
     assert "unreachable: node2" in err and "node1" not in err.split("error:")[-1].split("hint:")[0], err[-3000:]
     assert re.search(r"^.*nodes\s.*FAILED.*unreachable: node2", text, re.M), text[-3000:]
+    assert any(ln.startswith("[node2]") and " unreachable  " in ln for ln in err.splitlines()), err[-3000:]
+    recap = out[out.index("RECAP site.yml"):].splitlines()
+    assert recap[2].split()[0] == "node2" and recap[2].split()[4] != "0", recap  # the unreachable column
     stats = apply.site_stats()
+    assert stats["node2"]["dark"] >= 1, stats
     assert stats["node1"]["dark"] == 0 and stats["node1"]["failures"] == 0 and stats["node1"]["changed"] >= 1, stats
     _whole_configs(handle, "node1")
     deadline = time.monotonic() + 30

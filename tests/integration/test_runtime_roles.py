@@ -5,8 +5,8 @@ docker.io and their dependency closure relative to the node rootfs go into the l
 `gpu-install lab repo-add` (gpu_install_lab/packages.py), plus the STAND-IN
 gpu-install-standin-nvidia-container-runtime (a runc wrapper). The nodes get a user config first,
 then `apt-get install` from the bastion, then the real `gpu-install apply` CLI runs against the lab
-inventory. Order matters (one lab for the module): containerd, docker, invalid daemon.json,
-unreachable node.
+inventory. Order matters (one lab for the module): containerd, docker, invalid daemon.json. A node's link cut
+mid-run: tests/integration/test_faults.py (this module's set-up, its own lab).
 """
 
 from __future__ import annotations
@@ -232,45 +232,3 @@ def test_invalid_daemon_json_fails_that_host_untouched(rt):
         assert recap[2].split()[:4] == ["node2", str(stats["node2"]["ok"]), "0", "1"], recap
     finally:
         root(handle, "node2", "cat > /etc/docker/daemon.json", input=good)
-
-
-def test_unreachable_mid_run_others_finish_exit_5(rt):
-    """node2's link is cut once the site playbook starts (preflight has passed on both nodes)."""
-    handle, apply, work = rt
-    site = write_site(work, "containerd")
-    root(handle, "node1", "rm -f /etc/containerd/conf.d/99-nvidia.toml")  # node1 has work to do
-    veth = handle.lab.state().nodes["node2"]["veth"]
-    proc = subprocess.Popen(apply.argv(site), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=apply.env())
-    plays, cut, err = 0, False, []
-    try:
-        for line in proc.stderr:
-            err.append(line)
-            if line.startswith("== Validate inventory"):
-                plays += 1
-                if plays == 2:  # site.yml's first play: no host contacted yet
-                    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
-                    cut = True
-        out = proc.stdout.read()
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
-    stderr = "".join(err)
-    assert cut, stderr
-    assert rc == 5, f"exit {rc}\n{out}\n{stderr[-3000:]}"
-    assert "unreachable: node2" in stderr and "node1" not in stderr.split("error:")[-1], stderr
-    assert any(ln.startswith("[node2]") and " unreachable  " in ln for ln in err), stderr
-    recap = out[out.index("RECAP site.yml"):].splitlines()
-    assert recap[2].split()[0] == "node2" and recap[2].split()[4] != "0", recap  # unreachable column
-    stats = apply.site_stats()
-    assert stats["node2"]["dark"] >= 1
-    assert stats["node1"]["dark"] == 0 and stats["node1"]["failures"] == 0 and stats["node1"]["changed"] >= 1
-    assert "BinaryName" in root(handle, "node1", "cat /etc/containerd/conf.d/99-nvidia.toml").stdout
-    # node2 comes back: the next apply finishes there and changes nothing on node1
-    deadline = time.monotonic() + 30
-    while root(handle, "node2", "true", check=False).returncode != 0 and time.monotonic() < deadline:
-        time.sleep(1)
-    _ok(apply(site))
-    assert apply.site_stats()["node1"]["changed"] == 0
