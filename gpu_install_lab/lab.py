@@ -153,11 +153,16 @@ class Lab:
                 raise ConfigError(f"the lab runs on {s['subnet']}, not {subnet}", hint="run `lab down` first")
             if not s:
                 lid = net.lab_id(self.dir)
-                sub = subnet or net.pick_subnet(net.used_networks())
-                b = net.bastion_ip(sub)
-                s.update(lab_id=lid, subnet=sub, bastion_ip=b, bridge=net.bridge_name(lid),
-                         registry=f"{b}:{registry.PORT}", registry_url=f"https://{b}:{registry.PORT}",
-                         repo_url=f"http://{b}:{repo.PORT}")
+                # labs may come up side by side (the lab tests run two modules at once): the /24 is picked and its
+                # bridge, which claims it, created under one machine-wide lock, so two labs never pick the same one
+                with net.subnet_lock():
+                    sub = subnet or net.pick_subnet(net.used_networks())
+                    b = net.bastion_ip(sub)
+                    s.update(lab_id=lid, subnet=sub, bastion_ip=b, bridge=net.bridge_name(lid),
+                             registry=f"{b}:{registry.PORT}", registry_url=f"https://{b}:{registry.PORT}",
+                             repo_url=f"http://{b}:{repo.PORT}")
+                    st.record("link", s["bridge"])
+                    net.ensure_bridge(s["bridge"], f"{b}/{sub.split('/')[1]}")
             if st.nodes and s.get("kubelet", "hollow") != kubelet:
                 raise ConfigError(f"the lab's nodes run the {s.get('kubelet', 'hollow')} kubelet, not {kubelet}",
                                   hint="run `gpu-install lab down` first")

@@ -6,9 +6,12 @@ route, and the bridge has IPv4 forwarding off and IPv6 disabled: a node can reac
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpu_install_lab.sh import run
@@ -55,6 +58,20 @@ def pick_subnet(used: list[str]) -> str:
     raise EnvironmentProblem(
         "no free /24 in 10.250.0.0/16 for the lab network", hint="pass --subnet with a free /24"
     )
+
+
+SUBNET_LOCK = Path("/run/gpu-install-lab-subnet.lock")
+
+
+@contextlib.contextmanager
+def subnet_lock() -> Iterator[None]:
+    """Machine-wide: held from picking a lab's /24 until its bridge holds the address (see Lab.up)."""
+    with open(SUBNET_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def used_networks() -> list[str]:

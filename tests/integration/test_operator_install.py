@@ -304,7 +304,14 @@ def test_api_server_killed_during_helm_upgrade_then_the_rerun_recovers_the_pendi
     assert apps.read_namespaced_deployment("gpu-operator", ns)
     assert core.read_namespaced_secret("gpu-registry", ns).type == "kubernetes.io/dockerconfigjson"
 
-    proc = gi(env, *upgrade)  # the same command again
+    # the same command again, with room to wait: the API server is back, but the controller manager's, the
+    # scheduler's and the kubelets' watches come back on client-go's backoff (up to 30 s after a 40 s outage), so the
+    # rollback's rollout alone can outlast the faulted run's 30 s (seen on a loaded CI machine)
+    rerun = [*upgrade[:-4], "--timeout", "300", *upgrade[-2:]]
+    assert rerun[-2:] == ["--set", "registry.prefix=mirror-b"] and rerun.count("--timeout") == 1, rerun
+    t0 = time.monotonic()
+    proc = gi(env, *rerun)
+    print(f"re-run: exit {proc.returncode} in {time.monotonic() - t0:.1f}s")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert ("release gpu-operator: revision 2 was left pending-upgrade by an interrupted run: rolled back to "
@@ -317,7 +324,7 @@ def test_api_server_killed_during_helm_upgrade_then_the_rerun_recovers_the_pendi
     image = apps.read_namespaced_deployment("gpu-operator", ns).spec.template.spec.containers[0].image
     assert image == f"{REGISTRY}/mirror-b/nvidia/gpu-operator:v23.9.2"
 
-    proc = gi(env, *upgrade)  # converged: nothing to do
+    proc = gi(env, *rerun)  # converged: nothing to do
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "unchanged at revision 4" in proc.stdout and "no change" in proc.stdout, proc.stdout
     assert _helm_revisions(core, ns) == revs
