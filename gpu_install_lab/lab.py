@@ -153,16 +153,13 @@ class Lab:
                 raise ConfigError(f"the lab runs on {s['subnet']}, not {subnet}", hint="run `lab down` first")
             if not s:
                 lid = net.lab_id(self.dir)
-                # labs may come up side by side (the lab tests run two modules at once): the /24 is picked and its
-                # bridge, which claims it, created under one machine-wide lock, so two labs never pick the same one
-                with net.subnet_lock():
-                    sub = subnet or net.pick_subnet(net.used_networks())
-                    b = net.bastion_ip(sub)
-                    s.update(lab_id=lid, subnet=sub, bastion_ip=b, bridge=net.bridge_name(lid),
-                             registry=f"{b}:{registry.PORT}", registry_url=f"https://{b}:{registry.PORT}",
-                             repo_url=f"http://{b}:{repo.PORT}")
-                    st.record("link", s["bridge"])
-                    net.ensure_bridge(s["bridge"], f"{b}/{sub.split('/')[1]}")
+                bridge = net.bridge_name(lid)
+                # under a machine-wide lock: labs side by side never get the same /24
+                sub = net.claim_subnet(bridge, subnet, before_create=lambda: st.record("link", bridge))
+                b = net.bastion_ip(sub)
+                s.update(lab_id=lid, subnet=sub, bastion_ip=b, bridge=bridge,
+                         registry=f"{b}:{registry.PORT}", registry_url=f"https://{b}:{registry.PORT}",
+                         repo_url=f"http://{b}:{repo.PORT}")
             if st.nodes and s.get("kubelet", "hollow") != kubelet:
                 raise ConfigError(f"the lab's nodes run the {s.get('kubelet', 'hollow')} kubelet, not {kubelet}",
                                   hint="run `gpu-install lab down` first")

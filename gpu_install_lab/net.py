@@ -11,7 +11,7 @@ import fcntl
 import hashlib
 import ipaddress
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpu_install_lab.sh import run
@@ -65,13 +65,25 @@ SUBNET_LOCK = Path("/run/gpu-install-lab-subnet.lock")
 
 @contextlib.contextmanager
 def subnet_lock() -> Iterator[None]:
-    """Machine-wide: held from picking a lab's /24 until its bridge holds the address (see Lab.up)."""
+    """Machine-wide: held from picking a lab's /24 until its bridge holds the address (claim_subnet)."""
     with open(SUBNET_LOCK, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def claim_subnet(bridge: str, subnet: str | None = None, before_create: Callable[[], object] = lambda: None) -> str:
+    """Pick the first free /24 (or take `subnet`) and create `bridge` with the bastion's address in it, which is what
+    makes the /24 taken for the next lab. Labs may come up side by side (the lab tests run two modules at once): the
+    pick and the address happen under one machine-wide lock, so two labs never get the same /24.
+    `before_create` runs under the lock just before the bridge is made (the lab records the link for teardown)."""
+    with subnet_lock():
+        sub = subnet or pick_subnet(used_networks())
+        before_create()
+        ensure_bridge(bridge, f"{bastion_ip(sub)}/{sub.split('/')[1]}")
+        return sub
 
 
 def used_networks() -> list[str]:
