@@ -65,6 +65,7 @@ DEVELOPMENT = {
     "GPU_INSTALL_REQUIRE_TOOLS": "tests: a missing tool (helm, containerd, ansible-lint) fails instead of skipping "
                                  "(set by CI)",
     "GPU_INSTALL_TEST_LAB_DIR": "tests: use this lab directory for the session lab",
+    "GPU_INSTALL_LAB_WORKERS": "tests: how many lab test modules `scripts/test` runs at once (default 2; 1: one at a time)",
     "GPU_INSTALL_WHEELHOUSE": "tests: the wheelhouse `scripts/gpu-check --prepare DIR` filled, for the `gpu` test to "
                               "install gpu-install offline (else it builds the wheel and installs online)",
     "GPU_INSTALL_UPDATE_GOLDEN": "tests: rewrite the golden values files (review the diff)",
