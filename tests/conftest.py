@@ -47,6 +47,30 @@ def requires(available: object, reason: str):
     return deco
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The gpg-agents that gpg started for the tests' own GnuPG homes (signing keys made in tmp_path) are stopped:
+    gpg leaves one running per home, and a test run leaves nothing running on the machine."""
+    import subprocess
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        base = str(factory.getbasetemp())
+    except (OSError, ValueError):
+        return
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv[0].endswith(b"gpg-agent") or b"--homedir" not in argv[:-1]:
+            continue
+        home = argv[argv.index(b"--homedir") + 1].decode(errors="replace")
+        if home.startswith(base + os.sep):
+            subprocess.run(["gpgconf", "--homedir", home, "--kill", "gpg-agent"], capture_output=True, timeout=30)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The skip count with the reasons, at the end of every run (CI prints it before pytest's closing line)."""
     skipped = terminalreporter.stats.get("skipped", [])
