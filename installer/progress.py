@@ -88,7 +88,26 @@ def message(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or res.get("module_stdout") or ""
     if isinstance(msg, list):
         msg = " ".join(map(str, msg))
-    return " ".join(str(msg).split())[:500]
+    return " ".join(untraced(str(msg)).split())[:500]
+
+
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def untraced(text: str) -> str:
+    """A Python traceback from the host (a module that died there: the node stopped or the link cut mid-task, and
+    Ansible relays the module's stderr) reduced to the exception it ended with. Printed whole it reads as gpu-install's
+    own crash, and cut at 500 characters it loses the one line that matters. The full text stays in the run's
+    artifacts."""
+    while TRACEBACK in text:
+        before, _, rest = text.partition(TRACEBACK)
+        lines = rest.splitlines()
+        # the frames are indented ("  File …", "    code"); the first line that is not is the exception
+        end = next((i for i, line in enumerate(lines) if line.strip() and not line[:1].isspace()), None)
+        exc = lines[end].strip() if end is not None else "cut off before the exception"
+        after = "\n".join(lines[end + 1:]) if end is not None else ""
+        text = f"{before}(a Python traceback from the host, ending in: {exc}){chr(10) + after if after else ''}"
+    return text
 
 
 def _item_label(res: dict[str, Any]) -> str:

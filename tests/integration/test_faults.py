@@ -106,19 +106,21 @@ def test_node_killed_mid_play(fl):
         the_lab._stop_roles(st, ["node:node2"], timeout=5)
         st.save()
 
-    rc, out, err = _run_until(apply, site, _on_a_node, kill_node2)
-    text = out + err
-    assert rc == 5, text[-4000:]
-    assert "Traceback" not in text and "internal error" not in text
-    assert "unreachable: node2" in err and "node1" not in err.split("error:")[-1].split("hint:")[0], err[-3000:]
-    assert re.search(r"^.*nodes\s.*FAILED.*unreachable: node2", text, re.M), text[-3000:]
-    stats = apply.site_stats()
-    assert stats["node1"]["dark"] == 0 and stats["node1"]["failures"] == 0 and stats["node1"]["changed"] >= 1, stats
-    assert stats["node2"]["dark"] >= 1, stats
-    _whole_configs(handle, "node1")
-    assert "BinaryName" in root(handle, "node1", "cat /etc/containerd/conf.d/99-nvidia.toml").stdout
-
-    the_lab.up(count=2, flavours=["debian12"])  # node2 back (its disk as it was when stopped)
+    try:
+        rc, out, err = _run_until(apply, site, _on_a_node, kill_node2)
+        text = out + err
+        assert rc == 5, text[-4000:]
+        assert "Traceback" not in text and "internal error" not in text, text[-4000:]
+        assert "unreachable: node2" in err and "node1" not in err.split("error:")[-1].split("hint:")[0], err[-3000:]
+        assert re.search(r"^.*nodes\s.*FAILED.*unreachable: node2", text, re.M), text[-3000:]
+        stats = apply.site_stats()
+        assert stats["node1"]["dark"] == 0 and stats["node1"]["failures"] == 0 and stats["node1"]["changed"] >= 1, \
+            stats
+        assert stats["node2"]["dark"] >= 1, stats
+        _whole_configs(handle, "node1")
+        assert "BinaryName" in root(handle, "node1", "cat /etc/containerd/conf.d/99-nvidia.toml").stdout
+    finally:  # node2 back (its disk as it was when stopped) -- also when an assertion failed: the next tests need it
+        the_lab.up(count=2, flavours=["debian12"])
     deadline = time.monotonic() + 60
     while root(handle, "node2", "systemctl is-system-running --wait", check=False).returncode not in (0, 1):
         assert time.monotonic() < deadline, "node2 did not come back"

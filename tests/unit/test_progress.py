@@ -593,3 +593,38 @@ def test_transfer_on_a_terminal_without_utf8():
     screen, drawn, _ = terminal(raw.getvalue().decode("ascii"))  # only ASCII was written
     assert "?berpr?fung: done, 2 layers in 0:01" in screen
     assert any("2/4 layers" in ln and "-" in ln for ln in drawn), drawn
+
+
+def _real_traceback(code: str) -> str:
+    """The stderr of a real Python process that dies with code's exception (what a module killed on a host leaves)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback (most recent call last):" in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def test_a_traceback_from_the_host_is_reduced_to_its_exception():
+    """A module that died on the host (node stopped or link cut mid-task): Ansible relays its stderr. The one-line
+    message keeps Ansible's words and the exception, not the frames: printed whole it reads as gpu-install's own crash
+    and, cut at 500 characters, loses the exception."""
+    from installer.progress import message
+
+    frames = "def f(n):\n    return f(n - 1) if n else {}['gone']\nf(30)"  # 30 frames: far over 500 characters
+    stderr = _real_traceback(frames)
+    unreachable = {"unreachable": True, "msg": 'Data could not be sent to remote host "10.250.2.12". Make sure this '
+                                             f"host can be reached over ssh: {stderr}"}
+    got = message(unreachable)
+    assert "Traceback" not in got and 'File "' not in got, got
+    assert got.startswith('Data could not be sent to remote host "10.250.2.12". Make sure this host can be reached '
+                          "over ssh: (a Python traceback from the host, ending in: KeyError: 'gone')"), got
+    failed = {"failed": True, "msg": "MODULE FAILURE\nSee stdout/stderr for the exact error",
+              "module_stderr": stderr}
+    assert message(failed) == "MODULE FAILURE See stdout/stderr for the exact error"  # msg first, as before
+    chained = _real_traceback("try:\n    {}['a']\nexcept KeyError:\n    raise ValueError('then this')")
+    got = message({"failed": True, "msg": chained + "and Ansible's last words"})
+    assert "Traceback" not in got, got
+    assert "ending in: KeyError: 'a'" in got and "ending in: ValueError: then this" in got, got
+    assert got.endswith("and Ansible's last words"), got
+    cut = message({"failed": True, "msg": "over ssh: Traceback (most recent call last):\n  File \"x.py\", line 1"})
+    assert cut == "over ssh: (a Python traceback from the host, ending in: cut off before the exception)", cut
+    plain = {"failed": True, "msg": "Failed to connect to the host via ssh: Connection refused"}
+    assert message(plain) == plain["msg"]
