@@ -104,9 +104,11 @@ def untraced(text: str) -> str:
         lines = rest.splitlines()
         # the frames are indented ("  File …", "    code"); the first line that is not is the exception
         end = next((i for i, line in enumerate(lines) if line.strip() and not line[:1].isspace()), None)
-        exc = lines[end].strip() if end is not None else "cut off before the exception"
-        after = "\n".join(lines[end + 1:]) if end is not None else ""
-        text = f"{before}(a Python traceback from the host, ending in: {exc}){chr(10) + after if after else ''}"
+        if end is None:
+            exc, after = "cut off before the exception", []
+        else:
+            exc, after = lines[end].strip(), lines[end + 1:]
+        text = "\n".join([f"{before}(a Python traceback from the host, ending in: {exc})", *after])
     return text
 
 
