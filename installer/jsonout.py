@@ -5,7 +5,9 @@ Every document carries the same envelope: `schema` (its versioned id, e.g. gpu-i
 gpu-install), `command`, `started`, `seconds`, `exitCode` (the command's own exit code) and `error` (null, or what
 made the command fail: the message the terminal shows, its hint and exit code). The file is written also when the
 command fails, atomically (a temporary file in the same directory, then renamed), and never holds a credential:
-the values of the site's credential variables and the user:password part of a URL are replaced with "***".
+the values of the site's secret variables (passwords and tokens -- a user name is not one) and the user:password part
+of a URL are replaced with "***" in the document's string values, never in its keys or its envelope's own fields
+(schema, version, command, started).
 
 Versioning: a field may be added to a schema within its version (readers ignore fields they do not know); a field
 removed, renamed or given another type or meaning makes a new version (…/v2). docs/json.md documents each schema.
@@ -485,30 +487,59 @@ def error_info(exc: BaseException) -> ErrorInfo:
 
 
 def secret_values(plan: Any) -> list[str]:
-    """The values of the site's credential variables (registry.pullSecret usernameEnv/passwordEnv) set now."""
+    """The values of the site's secret variables set now: registry.pullSecret.passwordEnv (a user name is not a
+    secret: hiding it turned every 'gpu' of a document into '***' when the user was gpu)."""
     ps = getattr(plan, "pull_secret", None) if plan is not None else None
-    names = [n for n in ((ps.usernameEnv, ps.passwordEnv) if ps else ()) if n]
-    return [v for n in names if (v := os.environ.get(n))]
+    name = ps.passwordEnv if ps else None
+    value = os.environ.get(name) if name else None
+    return [value] if value else []
+
+
+#: a secret at least this long is hidden wherever it appears in a text; a shorter one only where it is a whole
+#: value or a whole word (not glued to letters or digits): replacing "abc" inside every text would mangle messages
+#: and paths while hiding nothing a guess would not find
+MIN_EMBEDDED = 4
+#: the envelope's fields gpu-install writes itself, never a secret: left as they are, so that a secret that happens
+#: to be a part of the schema name or the command cannot break the document
+_OWN_FIELDS = ("schema", "version", "command", "started")
+
+
+def hide(text: str, secrets: Iterable[str] = ()) -> str:
+    """text with each secret replaced with *** (a whole value, a whole word, or -- MIN_EMBEDDED characters or
+    more -- anywhere inside it) and every URL's user:password@ with ***@."""
+    hidden = sorted({s for s in secrets if s}, key=len, reverse=True)
+    if text in hidden:
+        return REDACTED
+    for s in hidden:
+        if len(s) >= MIN_EMBEDDED:
+            text = text.replace(s, REDACTED)
+        else:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(s)}(?![A-Za-z0-9])", REDACTED, text)
+    return strip_userinfo(text)
+
+
+def strip_userinfo(text: str) -> str:
+    """text with the user[:password]@ part of every URL in it replaced with ***@ (what is printed, recorded or
+    signed of a URL)."""
+    return _URL_USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
 
 
 def redact(value: Any, secrets: Iterable[str] = ()) -> Any:
-    """value with every secret string and every URL's user:password@ replaced with ***."""
-    hidden = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def clean(text: str) -> str:
-        for s in hidden:
-            text = text.replace(s, REDACTED)
-        return _URL_USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
+    """value with secrets hidden (hide()) in its string leaves -- never in a mapping's keys, and not in a document
+    envelope's own fields (schema, version, command, started)."""
+    hidden = [s for s in secrets if s]
 
     def walk(v: Any) -> Any:
         if isinstance(v, str):
-            return clean(v)
+            return hide(v, hidden)
         if isinstance(v, dict):
-            return {clean(str(k)): walk(x) for k, x in v.items()}
+            return {k: walk(x) for k, x in v.items()}
         if isinstance(v, list | tuple):
             return [walk(x) for x in v]
         return v
 
+    if isinstance(value, dict) and value.get("schema") in SHAPES:  # a document: its envelope's own fields stay
+        return {k: x if k in _OWN_FIELDS else walk(x) for k, x in value.items()}
     return walk(value)
 
 

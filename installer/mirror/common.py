@@ -227,7 +227,8 @@ def authfile(config_json: bytes | None) -> Iterator[str | None]:
 
 
 def secrets_of(config_json: bytes | None) -> list[str]:
-    """Every credential string in a docker config.json: redacted from any message that could echo it."""
+    """Every secret string in a docker config.json (password, auth, identity and registry tokens -- not the user
+    name, which is no secret): redacted from any message that could echo it."""
     if not config_json:
         return []
     try:
@@ -243,10 +244,11 @@ def secrets_of(config_json: bytes | None) -> list[str]:
 
 
 def redact(text: str, secrets: Sequence[str]) -> str:
-    for s in secrets:
-        if s:
-            text = text.replace(s, "***")
-    return text
+    """text with every secret and every URL's user:password@ replaced with *** (installer.jsonout.hide: a secret
+    shorter than MIN_EMBEDDED characters only as a whole word)."""
+    from installer.jsonout import hide
+
+    return hide(text, secrets)
 
 
 # ---------------------------------------------------------------- skopeo

@@ -214,7 +214,8 @@ def secret_key(key: str) -> bool:
 
 def redact_value(value: Any, secrets: Iterable[str] = ()) -> Any:
     """value with what sits under a credential key (and {name: X_TOKEN, value: …} env entries) replaced, and every
-    given secret string hidden (installer.jsonout.redact: the site's credential variables, URL userinfo)."""
+    given secret string hidden in string values, never in keys (installer.jsonout.redact: the site's password/token
+    variables -- not user names --, URL userinfo)."""
     from installer.jsonout import redact
 
     def walk(v: Any) -> Any:
