@@ -88,3 +88,68 @@ def parse_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{at}: invalid YAML: {problem}", hint="fix the YAML syntax at that position") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply to be a site file", hint="check the file") from None
+
+
+MAX_JSON_DEPTH = 64  # what gpu-install writes nests a dozen levels at most (Helm values inside a plan)
+
+
+def json_value(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON text as Python values, strictly: ValueError saying what is wrong (never a RecursionError traceback) for
+    text that is not UTF-8 JSON, nests more than max_depth arrays/objects, gives a key twice in one object (json
+    would keep the last one), or uses NaN/Infinity."""
+    import json
+
+    class Twice(ValueError):
+        pass
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise Twice(f"key {key!r} is given twice in one object (JSON readers disagree on which one counts)")
+            out[key] = value
+        return out
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"not UTF-8 text (byte {exc.start})") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except RecursionError:
+        raise ValueError(f"nested more than {max_depth} levels deep") from None
+    except Twice as exc:
+        raise ValueError(str(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    # the depth of what parsed, without recursion: (value, its depth) pairs on an explicit stack
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            raise ValueError(f"nested more than {max_depth} levels deep")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return doc
+
+
+def parse_json(text: str | bytes, where: str, *, hint: str | None = None, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json_value's document, or ConfigError (exit 2) '<where>: <what is wrong>' with hint as the fix."""
+    try:
+        return json_value(text, max_depth)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}", hint=hint or "give the file as gpu-install wrote it") from None
+
+
+def read_json(path: Path, what: str = "file", limit: int = MAX_INPUT_BYTES, *, hint: str | None = None,
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """A JSON file the user gave or gpu-install wrote and reads back (a plan, a state record, a report): read_text's
+    bounds (a regular file of at most limit bytes, UTF-8), then parse_json's (depth, duplicate keys), every refusal
+    a ConfigError (exit 2) '<what> <path>: …'."""
+    return parse_json(read_text(path, what, limit), f"{what} {path}", hint=hint, max_depth=max_depth)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from installer.errors import (
     EXIT_OK,
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from installer.plan import Plan
     from installer.progress import Display
     from installer.upgrade.cluster import ClusterState
+    from installer.upgrade.model import Batch
     from installer.upgrade.plan import UpgradePlan
 
 Progress = Callable[[str], None]
@@ -96,14 +97,12 @@ def _bad_plan(path: str, what: str) -> ConfigError:
 
 
 def load_plan_doc(path: str) -> dict[str, Any]:
-    """The plan document, its fields apply reads checked (ConfigError, exit 2, naming the field)."""
-    from installer.safefile import read_text
+    """The plan document, its fields apply reads checked (ConfigError, exit 2, naming the field); read through
+    installer.safefile.read_json (at most MAX_PLAN_BYTES, nested at most 64 levels, no key given twice)."""
+    from installer.safefile import read_json
 
-    text = read_text(Path(path), "plan file", MAX_PLAN_BYTES)
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise _bad_plan(path, f"not JSON ({exc})") from None
+    doc = read_json(Path(path), "plan file", MAX_PLAN_BYTES,
+                    hint=f"give the file `gpu-install upgrade plan -o FILE` wrote (schema {PLAN_SCHEMA}), unchanged")
     if not isinstance(doc, dict):
         raise _bad_plan(path, "not a JSON object")
     if doc.get("schema") != PLAN_SCHEMA:
@@ -123,6 +122,63 @@ def load_plan_doc(path: str) -> dict[str, Any]:
         if not (isinstance(n, dict) and isinstance(n.get("name"), str)):
             raise _bad_plan(path, f"nodes[{i}]: no name")
     return doc
+
+
+def plan_batches(path: str, doc: Mapping[str, Any]) -> tuple[Batch, ...]:
+    """The batches recomputed from the plan document's nodes and limits by the function that made them
+    (installer.upgrade.nodes.batches), and the document's own batches required to be those (ConfigError, exit 2,
+    naming the first that differs): what --resume holds the state file's batches to."""
+    from installer.upgrade import nodes as node_side
+    from installer.upgrade.model import Blocker, NodePlan
+
+    actions = ("none", "operand-restart", "driver-reload", "host-reboot")
+    plans: list[NodePlan] = []
+    for i, n in enumerate(doc["nodes"]):
+        flags = {k: n.get(k) for k in ("present", "ready", "cordoned")}
+        if n.get("action") not in actions or not all(isinstance(v, bool) for v in flags.values()) \
+                or not isinstance(n.get("blockers"), list):
+            raise _bad_plan(path, f"nodes[{i}] ({n['name']}): not {{name, action, present, ready, cordoned, "
+                                  "blockers}")
+        plans.append(NodePlan(n["name"], n["action"], (), tuple(Blocker(n["name"], str(b), "") for b in n["blockers"]),
+                              flags["cordoned"], flags["ready"], None, flags["present"]))
+    try:
+        limit = node_side.max_unavailable_arg(str(doc["maxUnavailable"]))
+        batches, _ = node_side.batches(plans, int(doc["maxParallel"]), limit)
+    except ConfigError as exc:
+        raise _bad_plan(path, exc.message) from None
+    recorded = [(b["index"], list(b["nodes"]), b["canary"]) for b in doc["batches"]]
+    computed = [(b.index, list(b.nodes), b.canary) for b in batches]
+    if recorded != computed:
+        raise _bad_plan(path, "batches: " + _batch_difference(recorded, computed, "the plan file's", "its nodes'"))
+    return batches
+
+
+def _batch_difference(got: list[tuple[int, list[str], bool]], want: list[tuple[int, list[str], bool]],
+                      got_name: str, want_name: str) -> str:
+    """The first difference between two batch lists, in words."""
+    def show(b: tuple[int, list[str], bool]) -> str:
+        return f"{', '.join(b[1]) or 'no node'}{' (canary)' if b[2] else ''}"
+
+    for pos, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            return (f"batch {pos + 1}: {got_name} has index {a[0]}: {show(a)}, {want_name} index {b[0]}: {show(b)}"
+                    if a[0] != b[0] else f"batch {b[0]}: {got_name} has {show(a)}, {want_name} {show(b)}")
+    return (f"{got_name} has {len(got)} batch(es), {want_name} {len(want)} (the first not in both: batch "
+            f"{min(len(got), len(want)) + 1})")
+
+
+def check_batches(rec: st.State, path: Path, plan_file: str, doc: Mapping[str, Any]) -> None:
+    """--resume: the state file's batches are exactly the plan's (same batches, same nodes in the same order, the
+    same canary), and the record is one the run can have written (state.check_history); ConfigError (exit 2)
+    naming the state file, the batch and what differs. Nothing is changed before this passed."""
+    computed = plan_batches(plan_file, doc)
+    recorded = [(b.index, list(b.nodes), b.canary) for b in rec.batches]
+    want = [(b.index, list(b.nodes), b.canary) for b in computed]
+    if recorded != want:
+        raise ConfigError(f"upgrade state file {path}: its batches are not those of --plan {plan_file}: "
+                          + _batch_difference(recorded, want, "the state file", "the plan"),
+                          hint=st.redo_hint(rec, path))
+    st.check_history(rec, path)
 
 
 def refuse_blocked(path: str, doc: Mapping[str, Any]) -> None:
@@ -301,6 +357,7 @@ def run(plan: Plan, opts: Options, *, site: str, inventory: str | None, say: Pro
                                  f"{opts.plan_file} ({doc['planHash']})",
                                  hint="give the plan file that run applied, or finish it (upgrade rollback) before "
                                       "applying a new plan")
+        check_batches(rec, path, opts.plan_file, doc)
         if rec.phase == "done":
             say(f"upgrade of plan {rec.planHash} already done ({path}); nothing to resume")
             return Outcome(rec.planHash, path, rec, resumed=True, message="already done")
@@ -383,6 +440,7 @@ def run(plan: Plan, opts: Options, *, site: str, inventory: str | None, say: Pro
             failed = next((b for b in rec.batches if b.status == "in-progress"), None)
             if failed is not None:
                 failed.status = "failed"
+                _step_passed(rec, failed, "failed")
             rec.failure = st.Failure(failed.index if failed else None, list(failed.nodes) if failed else [],
                                      exc.exit_code, exc.message)
             rec.phase = "failed" if rec.applied is not None or failed is not None else rec.phase
@@ -413,12 +471,14 @@ def _batches(plan: Plan, opts: Options, rec: st.State, out: Outcome, client: Any
         label = f"batch {b.index}/{total}{' (canary)' if b.canary else ''}: {', '.join(b.nodes)}"
         say(label + (" (again: it did not finish)" if b.status in ("in-progress", "failed") else ""))
         b.status = "in-progress"
+        b.steps = []  # this attempt's steps: the batch starts over
         rec.failure = None
         rec.inProgress = st.InProgress(b.index, None, "start")
         rec.phase = "released"
         save()
 
         def step(node: str | None, what: str, b: st.BatchRecord = b) -> None:
+            _step_passed(rec, b)  # a step starts only once the one before it returned
             rec.inProgress = st.InProgress(b.index, node, what)
             save()
 
@@ -426,11 +486,19 @@ def _batches(plan: Plan, opts: Options, rec: st.State, out: Outcome, client: Any
             _host_batch(plan, opts, rec, b, client, kubeconfig, say, display, step, save)
         else:
             _operator_batch(opts, b, client, say, step)
+        _step_passed(rec, b)
         b.status = "done"
         rec.inProgress = None
         save()
         out.seconds[b.index] = round(time.monotonic() - t0, 1)
         say(f"batch {b.index}/{total} done in {out.seconds[b.index]:.1f}s")
+
+
+def _step_passed(rec: st.State, b: st.BatchRecord, outcome: Literal["ok", "failed"] = "ok") -> None:
+    """The batch's step in progress recorded with its outcome (the record --resume holds a done batch to)."""
+    cur = rec.inProgress
+    if cur is not None and cur.batch == b.index and cur.step != "start":
+        b.steps.append(st.StepRecord(cur.step, cur.node, outcome))
 
 
 def _host_batch(plan: Plan, opts: Options, rec: st.State, b: st.BatchRecord, client: Any, kubeconfig: str,

@@ -17,12 +17,16 @@ Fields (stable; `upgrade rollback` reads `release.previous` and `nodes.*.previou
   started), "released" (helm upgrade done),
   "done" (every batch done), "failed" (a batch failed: see failure);
 - nodes: {NODE: {previousDriverVersion: str | null, cordonedBefore: bool, bootIdBefore: str | null}};
-- batches: [{index, nodes, canary, status: pending | in-progress | done | failed}];
+- batches: [{index, nodes, canary, status: pending | in-progress | done | failed, steps}] -- steps: the steps of
+  the batch's last attempt as they ran, [{step, node | null, outcome: ok | failed}] (a step is recorded ok when the
+  next one starts or the batch ends; the one that raised, failed);
 - inProgress: {batch, node | null, step} | null -- the step running when the record was written;
 - failure: {batch, nodes, exitCode, message} | null.
 
-The file is untrusted input when read back (a hand edit, another version): load() checks every field's type and
-refuses (exit 2, naming the field and the file) what does not fit.
+The file is untrusted input when read back (a hand edit, another version): load() reads it through
+installer.safefile.read_json (size, depth, duplicate keys), checks every field's type and refuses (exit 2, naming the
+field and the file) what does not fit; check_history() refuses a record the run cannot have written (a batch done
+without its recorded validation, a batch done after one that is not).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ Phase = Literal["checked", "held", "upgrading", "released", "done", "failed"]
 BatchStatus = Literal["pending", "in-progress", "done", "failed"]
 PHASES = ("checked", "held", "upgrading", "released", "done", "failed")
 BATCH_STATUSES = ("pending", "in-progress", "done", "failed")
+STEP_OUTCOMES = ("ok", "failed")
+#: the steps of a host-mode batch (installer.upgrade.host_rollout.HostBatch.run), per node or for the whole batch
+HOST_STEPS = ("cordon", "drain", "driver", "reboot", "validate", "uncordon")
 
 
 def default_path(namespace: str, release: str) -> Path:
@@ -74,11 +81,19 @@ class NodeRecord:
 
 
 @dataclass
+class StepRecord:
+    step: str
+    node: str | None
+    outcome: Literal["ok", "failed"]
+
+
+@dataclass
 class BatchRecord:
     index: int
     nodes: list[str]
     canary: bool
     status: BatchStatus = "pending"
+    steps: list[StepRecord] = field(default_factory=list)  # the last attempt's steps, in the order they ran
 
 
 @dataclass
@@ -211,7 +226,18 @@ def from_doc(doc: Any) -> State:
         names = _get(b, "nodes", list, where)
         if not all(isinstance(n, str) for n in names):
             raise _Bad(f"{where}nodes: not a list of node names")
-        batches.append(BatchRecord(_get(b, "index", int, where), names, _get(b, "canary", bool, where), status))
+        steps: list[StepRecord] = []
+        raw_steps = b.get("steps", [])  # absent in a record of an earlier version: no step recorded
+        if not isinstance(raw_steps, list):
+            raise _Bad(f"{where}steps: {type(raw_steps).__name__} where list belongs")
+        for j, s in enumerate(raw_steps):
+            at = f"{where}steps[{j}]."
+            outcome = _get(s, "outcome", str, at)
+            if outcome not in STEP_OUTCOMES:
+                raise _Bad(f"{at}outcome: {outcome!r} is not one of {', '.join(STEP_OUTCOMES)}")
+            steps.append(StepRecord(_get(s, "step", str, at), _get(s, "node", str, at, null=True), outcome))
+        batches.append(BatchRecord(_get(b, "index", int, where), names, _get(b, "canary", bool, where), status,
+                                   steps))
     phase = _get(doc, "phase", str, "")
     if phase not in PHASES:
         raise _Bad(f"phase: {phase!r} is not one of {', '.join(PHASES)}")
@@ -239,17 +265,76 @@ def from_doc(doc: Any) -> State:
 
 def load(path: Path) -> State | None:
     """The state recorded at path, None when there is none; ConfigError (exit 2) naming the file and the field for a
-    file that is not a state record."""
-    from installer.safefile import read_text
+    file that is not a state record (read through installer.safefile.read_json: at most MAX_BYTES, nested at most
+    64 levels, no key given twice)."""
+    from installer.safefile import read_json
 
     if not path.exists():
         return None
-    text = read_text(path, "upgrade state file", MAX_BYTES)
+    hint = "restore it, or remove it to start over with a new plan"
+    doc = read_json(path, "upgrade state file", MAX_BYTES, hint=hint)
     try:
-        return from_doc(json.loads(text))
-    except ValueError as exc:
-        raise ConfigError(f"upgrade state file {path}: not JSON ({exc})",
-                          hint="restore it, or remove it to start over with a new plan") from None
+        return from_doc(doc)
     except _Bad as exc:
-        raise ConfigError(f"upgrade state file {path}: {exc}",
-                          hint="restore it, or remove it to start over with a new plan") from None
+        raise ConfigError(f"upgrade state file {path}: {exc}", hint=hint) from None
+
+
+# ---------------------------------------------------------------- what the run can have written
+
+
+def redo_hint(rec: State, path: Path) -> str:
+    """The way out of a record that does not hold together: the file the run wrote, a rollback, or starting over."""
+    inv = f" -i {rec.inventory}" if rec.inventory else ""
+    return (f"put back the file the run wrote; or undo the run: gpu-install upgrade rollback -s {rec.site}{inv} "
+            f"--state {path} --yes; or, to abandon it, move the record aside (mv {path} {path}.abandoned) and plan "
+            f"again (gpu-install upgrade plan -s {rec.site}{inv} -o FILE). Nothing was changed")
+
+
+def expected_steps(driver_mode: str, nodes: list[str], reboot: bool) -> list[tuple[str, str | None]]:
+    """The steps a batch passes, in the order the run records them (host_rollout.HostBatch.run; operator modes:
+    apply._operator_batch's one step)."""
+    if driver_mode not in ("host", "runfile"):
+        return [("release", None)]
+    def per_node(step: str) -> list[tuple[str, str | None]]:
+        return [(step, n) for n in nodes]
+
+    return [*per_node("cordon"), *per_node("drain"), ("driver", None), *(per_node("reboot") if reboot else []),
+            ("validate", None), *per_node("uncordon")]
+
+
+def _steps_text(steps: list[StepRecord]) -> str:
+    return ", ".join(f"{s.step}{' ' + s.node if s.node else ''} {s.outcome}" for s in steps) or "none"
+
+
+def check_history(rec: State, path: Path) -> None:
+    """A record the run can have written, or ConfigError (exit 2) naming the file, the batch and what is wrong: the
+    batches ran in order (done ones first, then at most one in progress or failed, then pending ones), a batch is
+    done only with every step of it recorded passed (its validation included: the only way from failed to done),
+    and phase done only with every batch done."""
+    problems: list[str] = []
+    seen_open: BatchRecord | None = None
+    for b in rec.batches:
+        where = f"batch {b.index} ({', '.join(b.nodes)})"
+        if seen_open is not None and b.status != "pending":
+            problems.append(f"{where} is recorded {b.status} after batch {seen_open.index} is {seen_open.status}: "
+                            "the run does batches strictly in order")
+            break
+        if b.status != "done":
+            seen_open = b
+            continue
+        got = [(s.step, s.node) for s in b.steps]
+        options = [expected_steps(rec.driverMode, b.nodes, reboot) for reboot in (False, True)]
+        passed = "validate" if rec.driverMode in ("host", "runfile") else "release"
+        if not b.steps:
+            problems.append(f"{where} is recorded done, but no step of it is recorded (its {passed} among them)")
+        elif any(s.outcome != "ok" for s in b.steps) or got not in options:
+            problems.append(f"{where} is recorded done, but its recorded steps are not a passed run of the batch "
+                            f"(recorded: {_steps_text(b.steps)}; a done batch has every step ok, its {passed} "
+                            "included)")
+        if problems:
+            break
+    if not problems and rec.phase == "done" and any(b.status != "done" for b in rec.batches):
+        problems.append("phase is done, but batch(es) " + ", ".join(str(b.index) for b in rec.batches
+                                                                  if b.status != "done") + " are not")
+    if problems:
+        raise ConfigError(f"upgrade state file {path}: {problems[0]}", hint=redo_hint(rec, path))
