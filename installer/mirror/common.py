@@ -134,15 +134,37 @@ def bundle_file(bundle: Path, rel: Any, sha256: Any, what: str) -> Path:
     return path
 
 
+def open_part(tmp: Path) -> int:
+    """A write descriptor on tmp, a .part name, created NEW: whatever lies there (a stale file of a killed run, a
+    symlink someone planted) is removed first -- never followed, never written through -- and tmp is then created
+    with O_CREAT|O_EXCL|O_NOFOLLOW (0644 less the umask). EnvironmentProblem (exit 8) when it cannot be, e.g. when
+    something recreates the name in between."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise EnvironmentProblem(f"{tmp}: cannot create it new ({exc.strerror})",
+                                 hint="check who else writes to that directory (a name there was recreated or is a "
+                                      "directory) and run again") from None
+
+
 def copy_in(src: Path, dest: Path, sha256: str) -> bool:
-    """Copy a verified file into a published repository unless it is there already (by sha256), through a .part
-    name; True when it was copied."""
+    """Copy a verified file (push: the staged copy, never the bundle's) into a published repository unless it is
+    there already (by sha256), through a .part name created new (open_part); True when it was copied."""
     if dest.is_file() and sha256_file(dest) == sha256:
         return False
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.part")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    fd = open_part(tmp)
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as fh:
+            shutil.copyfileobj(fh, out, 1 << 20)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return True
 
 
@@ -168,19 +190,29 @@ def read_since(path: Path) -> tuple[dict[str, Any], str]:
 
 def fetch(source: str, dest: Path, ca: Path | None) -> None:
     """A file from an http(s) URL (the system CAs and ca trusted), a file: URL (apt names local archives so) or a path
-    on this machine, into dest atomically (through a .part name: a killed fetch leaves no half file under dest)."""
+    on this machine, into dest atomically (through a .part name created new, open_part: a killed fetch leaves no half
+    file under dest, and a planted .part symlink is removed, never written through)."""
     tmp = dest.with_name(f".{dest.name}.part")
-    if source.startswith("file:"):
-        shutil.copyfile(urllib.parse.unquote(urllib.parse.urlparse(source).path), tmp)
-    elif source.startswith(("http://", "https://")):
-        ctx = ssl.create_default_context()
-        if ca:
-            ctx.load_verify_locations(cafile=str(ca))
-        with urllib.request.urlopen(source, timeout=120, context=ctx) as resp, open(tmp, "wb") as out:  # noqa: S310
-            shutil.copyfileobj(resp, out, 1 << 20)
-    else:
-        shutil.copyfile(Path(source).expanduser(), tmp)
-    os.replace(tmp, dest)
+    fd = open_part(tmp)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if source.startswith("file:"):
+                with open(urllib.parse.unquote(urllib.parse.urlparse(source).path), "rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+            elif source.startswith(("http://", "https://")):
+                ctx = ssl.create_default_context()
+                if ca:
+                    ctx.load_verify_locations(cafile=str(ca))
+                with urllib.request.urlopen(source, timeout=120, context=ctx) as resp:  # noqa: S310
+                    shutil.copyfileobj(resp, out, 1 << 20)
+            else:
+                with open(Path(source).expanduser(), "rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # ---------------------------------------------------------------- credentials and CA

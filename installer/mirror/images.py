@@ -23,8 +23,15 @@ skipped; once the registry stops answering (connection refused, no route), the i
 not tried instead of each retrying against it. Credentials come from registry.pullSecret (env vars or docker config file) through a temporary
 0600 authfile, never on a command line; the site CA (registry.ca) through a temporary cert dir.
 
+Before the first image is pushed, every blob of every image is read ONCE from the bundle and copied, while it is
+hashed, into a private staging directory outside the bundle (installer.mirror.staging; stage()): manifests and indexes
+bounded and parsed only from the staged copy, configs and layers of exactly the size their manifest gives. A blob that
+does not match its digest stops push with exit 2 before anything reached the registry; skopeo reads only the staged
+copy, so a file of the bundle swapped after its check is never pushed.
+
 skopeo 1.9 reads only OCI-typed manifests back from an OCI layout; push therefore hands skopeo each image as a
-`dir:` copy made of hard links into the layout (any manifest type, nothing copied on disk).
+`dir:` directory made of hard links into the STAGED layout (any manifest type; both lie in the private staging
+directory, nothing there is the bundle's).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from installer.errors import ConfigError, PreflightError
+from installer.mirror import staging
 from installer.mirror.bundle import IMAGE, SCHEMA, bundle_for_push, catalog_record, load_for_update, write_lock
 from installer.mirror.common import ALL_PLATFORMS as ALL_PLATFORMS
 from installer.mirror.common import DEFAULT_JOBS as DEFAULT_JOBS
@@ -364,8 +372,9 @@ class Layout:
 
     @contextlib.contextmanager
     def as_dir(self, digest: str) -> Iterator[Path]:
-        """The image as a skopeo `dir:` directory, made of hard links (copies across file systems) into the layout.
-        Every blob is checked as closure() checks it before it is linked."""
+        """The image as a skopeo `dir:` directory next to the layout, made of hard links (copies across file systems)
+        into it: push calls it on the staged layout only (never the bundle's). Every blob is checked as closure()
+        checks it before it is linked."""
         self.closure(digest)
         with tempfile.TemporaryDirectory(prefix="gpu-install-image-", dir=self.path.parent) as tmp:
             root = Path(tmp)
@@ -671,28 +680,125 @@ def space_needed(layout: Layout, images: Sequence[ImageArtifact], upstream: Mapp
 # ---------------------------------------------------------------- push
 
 
-def push(site: Site, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
-         jobs: int = DEFAULT_JOBS, lock: Mapping[str, Any] | None = None) -> Outcome:
-    """Every image of a complete, verified bundle to its destination in registry.host -- recomputed from the site for
-    each entry's source (check_images: a lock naming another destination is refused, exit 2, before anything is
-    copied) --, digests preserved and checked, jobs images at a time. The layout must lie inside the bundle and every
-    blob be a regular file there matching its digest. lock: the lock the command verified (bundle_for_push: its
-    signature and completeness), else read here with bundle_for_push. Raises TransferFailures (exit 4)."""
-    jobs = _jobs(jobs)
-    lock = bundle_for_push(bundle) if lock is None else lock
+@dataclass(frozen=True)
+class StagedImages:
+    """The lock's image entries (check_images) and the staged layout holding every blob of each, each blob read once
+    from the bundle, copied and matched with its digest (stage)."""
+
+    entries: list[ImageEntry]
+    layout: Layout
+
+
+def _stage_blob(src: Layout, dst: Layout, digest: str, *, size: int | None, limit: int | None) -> None:
+    """The blob digest of the bundle's layout src copied into the staged layout dst (staging.copy_verified: opened
+    once, a regular file inside the bundle, size bytes or at most limit, its bytes hashing to digest); nothing when dst
+    holds it already (staged and checked before). LayoutError naming the blob otherwise."""
+    target = dst.blob(digest)
+    if os.path.lexists(target):
+        return
+    path = src.blob(digest)  # inside the bundle, symlinks resolved
+    try:
+        staging.copy_verified(path, target, sha256=digest.split(":", 1)[1], size=size, limit=limit)
+    except staging.Mismatch as exc:
+        if exc.kind == "digest":
+            raise LayoutError(f"blob {digest} does not match its digest") from None
+        if exc.kind == "size" and size is not None:
+            raise LayoutError(f"blob {digest} does not match its digest ({exc})") from None
+        raise LayoutError(f"blob {digest}: {exc}" if exc.kind == "type" else
+                          f"blob {digest}: {str(exc).replace('it may have', 'a manifest or index may have')}") \
+            from None
+
+
+def _stage_manifests(src: Layout, dst: Layout, digest: str, blobs: dict[str, int]) -> None:
+    """Every manifest and index of digest (itself included) staged from src into dst and parsed from the staged copy,
+    as Layout.closure walks them (bounded depth, no cycles); the blobs the manifests reference, with their sizes,
+    added to blobs (staged later: _stage_blob). LayoutError naming the blob that is wrong."""
+    done: set[str] = set()
+
+    def walk(d: str, path: tuple[str, ...]) -> None:
+        if d in path:
+            raise LayoutError(f"blob {d}: an index that lists itself (through {' -> '.join((*path, d))})")
+        if len(path) >= MAX_DEPTH:
+            raise LayoutError(f"blob {d}: indexes nested more than {MAX_DEPTH} deep ({' -> '.join(path)})")
+        if d in done:
+            return
+        _stage_blob(src, dst, d, size=None, limit=MAX_JSON)
+        manifests, refs = dst._children(d, dst._json(d))
+        for m in manifests:
+            walk(m, (*path, d))
+        for b, size in refs:
+            if size is None:
+                raise LayoutError(f"blob {b}: manifest {d} gives no size for it")
+            if blobs.setdefault(b, size) != size:
+                raise LayoutError(f"blob {b}: manifests give it {blobs[b]} and {size} bytes")
+        done.add(d)
+
+    walk(digest, ())
+
+
+def stage(site: Site, bundle: Path, lock: Mapping[str, Any], into: staging.Staging, *,
+          also_needs: int = 0) -> StagedImages:
+    """Every image of the lock (check_images first: exit 2 before anything is read) staged into a layout of its own
+    under into.path: the bundle's index.json read once and required to name each entry's digest as its refName; then
+    every manifest and index (at most MAX_JSON bytes each) copied and hashed, parsed only from the staged copy; then,
+    after into.reserve() of the referenced blobs' sizes plus also_needs (what the charts, files and packages will
+    need: exit 8 when it does not fit), every config and layer copied while it is hashed, exactly the size its
+    manifest gives. Nothing is hard-linked to the bundle; nothing of the bundle is read again afterwards.
+    ConfigError (exit 2) naming the image and the blob when anything is not what its digest says."""
     entries = check_images(site, lock, bundle)  # every destination recomputed from the site, before anything else
-    layout = Layout(inside_bundle(bundle, lock.get("layout") or LAYOUT, "layout"), root=bundle)
+    src = Layout(inside_bundle(bundle, lock.get("layout") or LAYOUT, "layout"), root=bundle)
+    dst = Layout(into.path / "images", root=into.path)
+    (dst.path / "blobs" / "sha256").mkdir(parents=True, mode=0o700)
     hint = "the bundle was damaged in transit: pull it again and carry the whole directory"
+    names: dict[str, str] = {}
     try:
         if entries:  # a bundle without images (charts and files only) has no index.json
-            layout.read_index()
+            names = {str((m.get("annotations") or {}).get(REF_NAME)): str(m.get("digest")) for m in src.read_index()}
     except LayoutError as exc:
         raise ConfigError(f"{bundle}: {exc}", hint=hint) from None
+    blobs: dict[str, int] = {}
+    owner: dict[str, ImageEntry] = {}
+
+    def problem(exc: Exception) -> str:
+        return str(exc) if "does not match its digest" in str(exc) else f"blob missing or unreadable ({exc})"
+
     for e in entries:
-        problem = layout.verify(str(e.get("digest"))) if layout.digest_of(str(e.get("refName"))) == e.get("digest") \
-            else f"the layout does not name {e.get('digest')} as {e.get('refName')}"
-        if problem:
-            raise ConfigError(f"{bundle}: image {e.get('source')}: {problem}", hint=hint)
+        if names.get(str(e["refName"])) != e["digest"]:
+            raise ConfigError(f"{bundle}: image {e['source']}: the layout does not name {e['digest']} as "
+                              f"{e['refName']}", hint=hint)
+        known = set(blobs)
+        try:
+            _stage_manifests(src, dst, e["digest"], blobs)
+        except (LayoutError, OSError) as exc:
+            raise ConfigError(f"{bundle}: image {e['source']}: {problem(exc)}", hint=hint) from None
+        owner.update({b: e for b in blobs if b not in known})
+    into.reserve(sum(size for d, size in blobs.items() if not os.path.lexists(dst.blob(d))) + also_needs)
+    for b, size in blobs.items():
+        try:
+            _stage_blob(src, dst, b, size=size, limit=None)
+        except (LayoutError, OSError) as exc:
+            raise ConfigError(f"{bundle}: image {owner[b]['source']}: {problem(exc)}", hint=hint) from None
+    return StagedImages(entries, dst)
+
+
+def push(site: Site, bundle: Path, *, config_json: bytes | None, progress: Progress = lambda e: None,
+         jobs: int = DEFAULT_JOBS, lock: Mapping[str, Any] | None = None, staged: StagedImages | None = None,
+         staging_dir: Path | None = None) -> Outcome:
+    """Every image of a complete, verified bundle to its destination in registry.host -- recomputed from the site for
+    each entry's source (check_images: a lock naming another destination is refused, exit 2, before anything is
+    copied) --, digests preserved and checked, jobs images at a time. skopeo reads each image from the STAGED copy
+    (stage: every blob read once from the bundle, copied and matched with its digest before the first image is
+    pushed): what the bundle holds after that is never read. staged: what `mirror push` staged with the charts and
+    packages; else staged here, in a staging directory under staging_dir removed afterwards. lock: the lock the
+    command verified (bundle_for_push: its signature and completeness), else read here with bundle_for_push. Raises
+    TransferFailures (exit 4)."""
+    jobs = _jobs(jobs)
+    lock = bundle_for_push(bundle) if lock is None else lock
+    if staged is None:
+        with staging.staging(staging_dir, bundle) as into:
+            return push(site, bundle, config_json=config_json, progress=progress, jobs=jobs, lock=lock,
+                        staged=stage(site, bundle, lock, into))
+    entries, layout = staged.entries, staged.layout
     reg = site.registry
     secrets = secrets_of(config_json)
     outcome = Outcome()
