@@ -559,3 +559,122 @@ def test_resume_reruns_helm_after_its_own_failed_upgrade(tmp_path, monkeypatch):
     rig.run(resume=True)
     assert rig.steps("helm") == ["v23.9.2"] and rig.saved().applied == st.Revision(6, "v23.9.2")
     assert rig.saved().phase == "done"
+
+
+# ---------------------------------------------------------------- --resume holds the state file to the plan
+
+
+def _failed_canary(tmp_path, monkeypatch) -> tuple[Rig, dict]:
+    """Three nodes in three batches (the canary, gpu-b, gpu-c); the canary's validation failed: the state file as
+    the run wrote it, and the log cleared."""
+    rig = Rig(tmp_path, monkeypatch, max_parallel=1)
+    rig.write_plan()
+    rig.fail[("validate", "gpu-a")] = ValidationFindings("validate gpu-a: 1 check(s) failed")
+    with pytest.raises(ValidationFindings):
+        rig.run()
+    rig.log.clear()
+    return rig, json.loads(rig.state_file.read_text())
+
+
+def _canary_done(d: dict) -> None:
+    d["batches"][0]["status"] = "done"
+
+
+def _merge_2_and_3(d: dict) -> None:
+    _canary_done(d)
+    d["batches"][1]["nodes"] += d["batches"].pop(2)["nodes"]
+
+
+def _swap_2_and_3(d: dict) -> None:
+    d["batches"][1]["nodes"], d["batches"][2]["nodes"] = d["batches"][2]["nodes"], d["batches"][1]["nodes"]
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (_merge_2_and_3, "its batches are not those of --plan {plan}: batch 2: the state file has gpu-b, gpu-c, the "
+                     "plan gpu-b"),
+    (_swap_2_and_3, "batch 2: the state file has gpu-c, the plan gpu-b"),
+    (lambda d: d["batches"][2].update(nodes=["gpu-x"]), "batch 3: the state file has gpu-x, the plan gpu-c"),
+    (lambda d: d["batches"][0].update(canary=False), "batch 1: the state file has gpu-a, the plan gpu-a (canary)"),
+    (lambda d: d["batches"].pop(), "the state file has 2 batch(es), the plan 3"),
+    (_canary_done, "batch 1 (gpu-a) is recorded done, but its recorded steps are not a passed run of the batch "
+                   "(recorded: cordon gpu-a ok, drain gpu-a ok, driver ok, reboot gpu-a ok, validate failed;"),
+    (lambda d: (_canary_done(d), d["batches"][0].pop("steps")), "batch 1 (gpu-a) is recorded done, but no step of "
+                                                                 "it is recorded (its validate among them)"),
+    (lambda d: d["batches"][1].update(status="done", steps=[]), "batch 2 (gpu-b) is recorded done after batch 1 "
+                                                                "is failed"),
+    (lambda d: d.update(phase="done"), "phase is done, but batch(es) 1, 2, 3 are not"),
+])
+def test_resume_refuses_a_state_whose_batches_the_run_cannot_have_written(tmp_path, monkeypatch, edit, named):
+    """A hand-edited state file (the failed canary marked done, batches merged, reordered or renamed, a batch done
+    out of order) is refused before the cluster is read: exit 2 naming the file, the batch and what differs, nothing
+    drained, the file as it was."""
+    rig, doc = _failed_canary(tmp_path, monkeypatch)
+    edit(doc)
+    rig.state_file.write_text(json.dumps(doc))
+    before = rig.state_file.read_bytes()
+    monkeypatch.setattr("installer.upgrade.cluster.read", lambda *a, **k: pytest.fail("read the cluster"))
+    with pytest.raises(ConfigError) as err:
+        rig.run(resume=True)
+    msg = err.value.message
+    assert err.value.exit_code == 2 and msg.startswith(f"upgrade state file {rig.state_file}: ")
+    assert named.format(plan=rig.plan_file) in msg
+    hint = err.value.hint or ""
+    assert f"--state {rig.state_file} --yes" in hint and f"mv {rig.state_file} {rig.state_file}.abandoned" in hint
+    assert "gpu-install upgrade plan -s site.yaml -i hosts.yml -o FILE" in hint
+    assert rig.log == [] and rig.state_file.read_bytes() == before
+
+
+def test_resume_refuses_a_plan_file_whose_batches_are_not_its_nodes(tmp_path, monkeypatch):
+    """The plan file and the state file merged alike: the plan's own batches are recomputed from its nodes and
+    limits (nodes.batches, as upgrade plan made them) and the edit is refused (exit 2)."""
+    rig, state_doc = _failed_canary(tmp_path, monkeypatch)
+    _merge_2_and_3(state_doc)
+    rig.state_file.write_text(json.dumps(state_doc))
+    plan = json.loads(rig.plan_file.read_text())
+    plan["batches"][1]["nodes"] += plan["batches"].pop(2)["nodes"]
+    rig.plan_file.write_text(json.dumps(plan))
+    with pytest.raises(ConfigError) as err:
+        rig.run(resume=True)
+    assert err.value.message == (f"--plan {rig.plan_file}: batches: batch 2: the plan file's has gpu-b, gpu-c, its "
+                                 "nodes' gpu-b")
+    assert err.value.exit_code == 2 and rig.log == []
+
+
+def test_each_step_of_a_batch_is_recorded_with_its_outcome(tmp_path, monkeypatch):
+    rig, doc = _failed_canary(tmp_path, monkeypatch)
+    assert doc["batches"][0]["steps"] == [
+        {"step": "cordon", "node": "gpu-a", "outcome": "ok"}, {"step": "drain", "node": "gpu-a", "outcome": "ok"},
+        {"step": "driver", "node": None, "outcome": "ok"}, {"step": "reboot", "node": "gpu-a", "outcome": "ok"},
+        {"step": "validate", "node": None, "outcome": "failed"}]
+    assert doc["batches"][1]["steps"] == [] and doc["batches"][1]["status"] == "pending"
+    rig.run(resume=True)  # the canary again from its start: its steps are this attempt's
+    rec = rig.saved()
+    assert [(s.step, s.node, s.outcome) for s in rec.batches[0].steps] == [
+        ("cordon", "gpu-a", "ok"), ("drain", "gpu-a", "ok"), ("driver", None, "ok"), ("reboot", "gpu-a", "ok"),
+        ("validate", None, "ok"), ("uncordon", "gpu-a", "ok")]
+    assert all(b.status == "done" for b in rec.batches) and rec.phase == "done"
+    rig.log.clear()
+    out = rig.run(resume=True)  # done and consistent: nothing to resume
+    assert out.message == "already done" and rig.log == []
+
+
+def test_operator_mode_records_the_release_step(tmp_path, monkeypatch):
+    rig = Rig(tmp_path, monkeypatch, driver={"mode": "operator"})
+    rig.cluster = Cluster("v23.6.2", revision=3)
+    rig.write_plan()
+    monkeypatch.setitem(sys.modules, "installer.upgrade.operator_rollout", FakeOperatorRollout(rig.log, {}))
+    rig.run()
+    assert [[(s.step, s.outcome) for s in b.steps] for b in rig.saved().batches] == [[("release", "ok")]] * 2
+    st.check_history(rig.saved(), rig.state_file)
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    ("[" * 200_000 + "]" * 200_000, "nested more than 64 levels deep"),
+    ('{"schema": "gpu-install.upgrade-state/v1", "schema": "x"}', "key 'schema' is given twice in one object"),
+])
+def test_a_state_file_nested_deep_or_with_a_key_twice_is_refused(tmp_path, content, named):
+    path = tmp_path / "s.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        st.load(path)
+    assert err.value.message.startswith(f"upgrade state file {path}: {named}") and err.value.exit_code == 2
