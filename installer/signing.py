@@ -4,8 +4,11 @@ The bundle lock is signed with an Ed25519 key (ED25519), the install evidence wi
 ecdsa-sha2-nistp256, the scheme cosign verifies, the signature DER-encoded); both keys are kept the same way.
 
 A key home holds one key pair, generated on first use and kept: the private key as PKCS#8 PEM (PRIVATE, mode 0600,
-created with O_CREAT|O_EXCL and linked into place whole, the home 0700) and its public half as SubjectPublicKeyInfo PEM
-(PUBLIC), the file the other side pins. A key's fingerprint, its keyid in every envelope, is the sha256 of its DER
+created with O_CREAT|O_EXCL and linked into place whole) and its public half as SubjectPublicKeyInfo PEM (PUBLIC), the
+file the other side pins. The home is the current user's own (private_home: created 0700 when missing; an existing one
+that is a symlink, belongs to someone else or is open to group or others is refused, never repaired), and so is the
+private key file: a key someone else could have put there is never used. The site's GnuPG home is held to the same
+rules (gnupg_home). A key's fingerprint, its keyid in every envelope, is the sha256 of its DER
 SubjectPublicKeyInfo -- what `openssl pkey -pubin -in signing-key.pub.pem -outform DER | sha256sum` prints on either
 side, with or without gpu-install, so it can be compared out of band.
 
@@ -22,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import pwd
 import re
 import secrets
 import stat
@@ -52,7 +56,11 @@ ED25519 = "ed25519"  # the bundle key
 ECDSA_P256 = "ecdsa-sha2-nistp256"  # the evidence key: ECDSA on P-256 with SHA-256 (cosign's default)
 ALGORITHMS = {ED25519: "Ed25519", ECDSA_P256: "ECDSA P-256"}
 
-MAX_ENVELOPE_BYTES = 64 << 20  # the payload is a lock or a statement: megabytes at most; base64 adds a third
+# A lock of 2,000 images and 5,000 packages is 3.2 MiB (4.3 MiB signed); a release's own is ~100 KiB. Both caps are
+# checked before anything is decoded or parsed, so refusing a file costs no memory, and parsing one within the cap at
+# most ~20 bytes of memory per byte of input (JSON objects).
+MAX_ENVELOPE_BYTES = 8 << 20  # an envelope (a signed lock or statement), the lock beside it, evidence wrapping one
+MAX_PAYLOAD_BYTES = 6 << 20  # what an envelope may sign: base64 makes it 8 MiB, the envelope's cap
 MAX_KEY_BYTES = 16 << 10  # an Ed25519 PEM is ~120 bytes, a P-256 one ~180
 MAX_SIGNATURES = 16
 MAX_SIG_BYTES = 1024  # an Ed25519 signature is 64 bytes, a DER ECDSA P-256 one at most 72
@@ -119,9 +127,85 @@ def fingerprint(key: Key) -> str:
     return key.keyid
 
 
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _own(path: Path, st: os.stat_result, what: str, hint: str, *, directory: bool, open_bits: int = 0o077) -> None:
+    """path (st: its lstat) is what it should be (a directory, else a regular file; never a symlink), belongs to the
+    current user and has none of open_bits set. ConfigError naming the path, the owner and mode found and the fix."""
+    mode = stat.S_IMODE(st.st_mode)
+    found = f"owner {_user(st.st_uid)}, mode {mode:04o}"
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"{path}: {what} is a symbolic link (to {os.readlink(path)}), which is never followed",
+                          hint=hint)
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(st.st_mode):
+        raise ConfigError(f"{path}: {what} is not a {'directory' if directory else 'regular file'}", hint=hint)
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"{path}: {what} belongs to another user ({found}), not to you ({_user(os.geteuid())}): "
+                          "a key kept there could be theirs", hint=hint)
+    if mode & open_bits:
+        fix = f"chmod {'700' if directory else '600'} {path}" if open_bits == 0o077 else f"chmod go-w {path}"
+        risk = "could have put a key there" if mode & 0o022 else "can read what is in it"
+        raise ConfigError(f"{path}: {what} is open to group or others ({found}): someone else {risk}",
+                          hint=f"{fix} if it is yours and no one else could have written to it; otherwise {hint}")
+
+
+def private_home(home: Path, what: str, hint: str) -> Path:
+    """home as a directory of the current user's alone: created (mode 0700, parents as needed) when it does not exist;
+    an existing one must be a directory itself (a symlink is refused, never followed), belong to the current user and
+    have no permission bits for group or others. An existing home is never changed (no chmod: a home others could
+    write may hold a key they put there). ConfigError naming the path, what was found and the fix otherwise. hint: the
+    way to give another directory."""
+    try:
+        st = os.lstat(home)
+    except FileNotFoundError:
+        try:
+            home.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(home, 0o700)
+        except FileExistsError:
+            pass  # made at the same moment by a concurrent first use: checked below as any existing home
+        except OSError as exc:
+            raise ConfigError(f"{home}: cannot create {what} ({exc.strerror})", hint=hint) from None
+        st = os.lstat(home)
+    except OSError as exc:
+        raise ConfigError(f"{home}: cannot use it as {what} ({exc.strerror})", hint=hint) from None
+    _own(home, st, what, hint, directory=True)
+    return home
+
+
+GNUPG_KEYRINGS = ("pubring.kbx", "pubring.gpg", "trustdb.gpg")  # public: gpg writes them 0644 under umask 022
+GNUPG_SECRETS = ("private-keys-v1.d", "secring.gpg")
+
+
+def gnupg_home(home: Path, hint: str) -> Path:
+    """A GnuPG home as private_home, and the key material gpg keeps in it the current user's too, none of it a
+    symlink: the keyrings writable by no one else, the secret keys (private-keys-v1.d and each file in it) open to no
+    one else. gpg only warns about unsafe permissions and goes on; this refuses (ConfigError naming the file)."""
+    private_home(home, "the GnuPG home", hint)
+    for name in (*GNUPG_KEYRINGS, *GNUPG_SECRETS):
+        path = home / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        directory = name == "private-keys-v1.d"
+        _own(path, st, f"GnuPG's {name}", hint, directory=directory,
+             open_bits=0o077 if name in GNUPG_SECRETS else 0o022)
+        if directory:
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                _own(Path(entry.path), entry.stat(follow_symlinks=False), f"the GnuPG secret key {entry.name}", hint,
+                     directory=False)
+    return home
+
+
 def read_bounded(path: Path, limit: int, what: str, hint: str, *, private: bool = False) -> bytes:
     """A regular file's bytes (never a FIFO or device: opened non-blocking, checked by fstat before reading), at most
-    limit bytes; with private, also no symlink and no access for group or others. ConfigError naming the file."""
+    limit bytes; with private, also no symlink, the current user's own and no access for group or others. ConfigError
+    naming the file."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if private else 0)
     try:
         fd = os.open(path, flags)
@@ -133,6 +217,11 @@ def read_bounded(path: Path, limit: int, what: str, hint: str, *, private: bool 
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{path}: {what} is not a regular file", hint=hint)
+        if private and st.st_uid != os.geteuid():
+            raise ConfigError(f"{path}: {what} belongs to another user ({_user(st.st_uid)}), not to you "
+                              f"({_user(os.geteuid())}): it could be their key, never one to sign with",
+                              hint="remove it (a new key is generated on first use, to be pinned again) or give a key "
+                                   "home of your own; pin only a key whose fingerprint you compared out of band")
         if private and st.st_mode & 0o077:
             raise ConfigError(f"{path}: {what} is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
                               hint=f"chmod 600 {path}; if others may have read it, make a new key and pin that one")
@@ -151,21 +240,11 @@ def read_bounded(path: Path, limit: int, what: str, hint: str, *, private: bool 
 def load_or_create(home: Path, algorithm: str = ED25519, *, env: str = BUNDLE_KEY_ENV) -> SigningKey:
     """The key pair in home, generated the first time (algorithm: ED25519 or ECDSA_P256): the private key written
     once, mode 0600, never replaced; the public PEM (re)written beside it from the private key. ConfigError naming the
-    file when the home or key cannot be used (a key of another algorithm included). env: the variable that names the
-    home, for the hint."""
+    file when the home or key cannot be used: a home or key file that is a symlink, belongs to another user or is open
+    to others (private_home, read_bounded), or a key of another algorithm than the home's purpose. env: the variable
+    that names the home, for the hint."""
     hint = f"give a directory of your own with --key-home (or {env}); the key is generated there once"
-    try:
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        mode = stat.S_IMODE(os.stat(home).st_mode)
-        if mode & 0o077:
-            # made private only when it is the key's own directory: never a shared one given by mistake (/tmp, ~)
-            others = sorted(p.name for p in home.iterdir() if p.name not in (PRIVATE, PUBLIC))
-            if others:
-                raise ConfigError(f"{home}: not a directory of the signing key's own (mode {mode:04o}, it holds "
-                                  f"{', '.join(others[:3])}{' …' if len(others) > 3 else ''})", hint=hint)
-            os.chmod(home, 0o700)
-    except OSError as exc:
-        raise ConfigError(f"{home}: cannot use it as the signing key's directory ({exc.strerror})", hint=hint) from None
+    private_home(home, "the signing key's directory", hint)
     path = home / PRIVATE
     created = False
     if not path.exists() and not path.is_symlink():
@@ -219,7 +298,12 @@ def load_public_key(path: Path, hint: str, algorithm: str = ED25519) -> SSlibKey
 
 
 def sign(key: SigningKey, payload: bytes, payload_type: str) -> bytes:
-    """A DSSE envelope (JSON) of payload signed by key."""
+    """A DSSE envelope (JSON) of payload signed by key; ConfigError when payload is more than an envelope may carry
+    (MAX_PAYLOAD_BYTES: the other side would refuse it)."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise ConfigError(f"the {payload_type} to sign is {len(payload)} bytes, more than the {MAX_PAYLOAD_BYTES} a "
+                          "signature envelope carries (the other side refuses larger ones)",
+                          hint="sign less at once (a bundle of fewer images or packages)")
     envelope = Envelope(payload, payload_type, {})
     envelope.sign(key.signer)
     return (json.dumps(envelope.to_dict(), indent=2) + "\n").encode()
@@ -247,24 +331,31 @@ def _b64(text: Any, field: str, limit: int) -> bytes:
         raise ValueError(f"{field} is not base64") from None
 
 
-def parse_envelope(data: bytes) -> Envelope:
-    """A DSSE envelope from untrusted bytes; ValueError saying what is wrong."""
-    if len(data) > MAX_ENVELOPE_BYTES:
-        raise ValueError(f"more than {MAX_ENVELOPE_BYTES} bytes")
+def parse_json(data: bytes, limit: int = MAX_ENVELOPE_BYTES) -> Any:
+    """JSON from untrusted bytes: at most limit of them (checked before anything is decoded), UTF-8, no key given
+    twice in any object, nesting the parser can follow. ValueError saying what is wrong."""
+    if len(data) > limit:
+        raise ValueError(f"more than {limit} bytes")
     try:
-        doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except UnicodeDecodeError:
         raise ValueError("not UTF-8 text") from None
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg}, line {exc.lineno})") from None
+
+
+def parse_envelope(data: bytes) -> Envelope:
+    """A DSSE envelope from untrusted bytes (at most MAX_ENVELOPE_BYTES, refused before parsing); ValueError saying
+    what is wrong."""
+    doc = parse_json(data)
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     if set(doc) != {"payload", "payloadType", "signatures"}:
         raise ValueError("a DSSE envelope has exactly payload, payloadType and signatures; this one has "
                          + (", ".join(sorted(doc)) or "nothing"))
-    payload = _b64(doc["payload"], "payload", MAX_ENVELOPE_BYTES)
+    payload = _b64(doc["payload"], "payload", MAX_PAYLOAD_BYTES)
     payload_type = doc["payloadType"]
     if not isinstance(payload_type, str) or not 0 < len(payload_type) <= MAX_FIELD_CHARS:
         raise ValueError("payloadType is not a short string")

@@ -79,18 +79,24 @@ def test_the_key_is_generated_once_private_and_reused(tmp_path):
     assert sorted(p.name for p in (tmp_path / "home").iterdir()) == sorted([signing.PRIVATE, signing.PUBLIC])
 
 
-def test_an_existing_home_is_made_private_only_when_it_is_the_keys_own(tmp_path):
+def test_an_existing_home_is_used_only_when_it_is_private_and_never_made_so(tmp_path):
+    """A home others can open is refused as it is, never chmod-ed: once others could write it, a key in it may be
+    one they put there (more cases, other users' homes and symlinks: tests/unit/test_key_homes.py)."""
     home = tmp_path / "home"
-    home.mkdir(mode=0o755)
+    home.mkdir(mode=0o700)
+    os.chmod(home, 0o700)
+    assert signing.load_or_create(home).created  # an empty private directory of the user's own is used as it is
     os.chmod(home, 0o755)
-    signing.load_or_create(home)
-    assert stat.S_IMODE(home.stat().st_mode) == 0o700
-    shared = tmp_path / "shared"  # e.g. --key-home /tmp or ~ by mistake: refused, its mode left alone
+    with pytest.raises(ConfigError, match=rf"{home}: the signing key's directory is open to group or others \(owner "
+                                          r"uid 0 \(root\), mode 0755\): someone else can read what is in it") as e:
+        signing.load_or_create(home)
+    assert e.value.hint.startswith(f"chmod 700 {home} if it is yours")
+    assert stat.S_IMODE(home.stat().st_mode) == 0o755
+    shared = tmp_path / "shared"  # e.g. --key-home /tmp by mistake: refused, its mode left alone, no key made
     shared.mkdir()
     os.chmod(shared, 0o1777)
     (shared / "someone-else.txt").write_text("x")
-    with pytest.raises(ConfigError, match=rf"{shared}: not a directory of the signing key's own \(mode 1777, it "
-                                          r"holds someone-else.txt\)"):
+    with pytest.raises(ConfigError, match=rf"{shared}: .* mode 1777\): someone else could have put a key there"):
         signing.load_or_create(shared)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777 and not (shared / signing.PRIVATE).exists()
 

@@ -1,6 +1,7 @@
-"""`mirror push --repo-dir` of the OS packages (the air-gapped side): every package file of the lock checked by
-sha256, then each OS gets a repository signed by the site's key (apt: pool/ + dists/gpu-install/, InRelease and
-Release.gpg; dnf: repodata/ by createrepo_c with repomd.xml.asc), the key generated once in the signing home."""
+"""`mirror push --repo-dir` of the OS packages (the air-gapped side): every package file of the lock read once from
+the bundle into push's private staging directory and checked there by sha256 (installer.mirror.staging), then each OS
+gets a repository signed by the site's key (apt: pool/ + dists/gpu-install/, InRelease and Release.gpg; dnf:
+repodata/ by createrepo_c with repomd.xml.asc) from the staged copies, the key generated once in the signing home."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from installer.mirror.packages.tools import (
     _run,
     _tool,
 )
+from installer.mirror.staging import Staging, staging
 from installer.util import atomic_write, sha256_file
 
 
@@ -45,7 +47,13 @@ def verify(bundle: Path, lock: Mapping[str, Any]) -> list[PackageEntry]:
     return out
 
 
+SIGNING_HOME_HINT = ("give `mirror push --signing-home` (or GPU_INSTALL_SIGNING_HOME) a directory of your own: the "
+                     "site key is generated there on first use, and packages.key must then pin that key")
+
+
 def signing_home(given: Path | None = None) -> Path:
+    """The GnuPG home of the site's package key: --signing-home, else $GPU_INSTALL_SIGNING_HOME, else
+    <state dir>/signing. Only where it is: site_key checks it before gpg uses it."""
     if given:
         return given
     from installer.ansible import state_dir
@@ -61,9 +69,12 @@ def _gpg(home: Path, *argv: str, stdin: str | None = None) -> subprocess.Complet
 
 
 def site_key(home: Path, say: Say = lambda m: None) -> tuple[str, str]:
-    """The site signing key in home, generated once: (fingerprint, armored public key)."""
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(home, 0o700)
+    """The site signing key in home, generated once: (fingerprint, armored public key). The home is created 0700 or,
+    when it exists, must be the current user's alone, as must the keys gpg keeps in it (signing.gnupg_home:
+    ConfigError naming the file otherwise; never chmod-ed, never followed through a symlink)."""
+    from installer import signing
+
+    signing.gnupg_home(home, SIGNING_HOME_HINT)
     proc = _gpg(home, "--with-colons", "--list-secret-keys", KEY_NAME)
     fprs = [ln.split(":")[9] for ln in proc.stdout.splitlines() if ln.startswith("fpr:")]
     if not fprs:
@@ -94,10 +105,36 @@ def _sign(home: Path, fpr: str, path: Path, out: Path, clear: bool = False) -> N
     os.replace(tmp, out)
 
 
+def needs(lock: Mapping[str, Any]) -> int:
+    """The bytes staging the lock's package files takes (their sizes in the lock)."""
+    return sum(e["size"] for e in lock.get(PACKAGES) or []
+               if isinstance(e, dict) and isinstance(e.get("size"), int) and e["size"] > 0)
+
+
+def stage(bundle: Path, lock: Mapping[str, Any], into: Staging) -> list[tuple[PackageEntry, Path]]:
+    """Every package file (and upstream key file) of the lock staged: every entry (and packageBase entry) of plain
+    shape first (check_entry), then each file read once from the bundle, copied while hashed and matched with the
+    lock's sha256 and size (Staging.take). ConfigError (exit 2) naming the first that is not. The entries, each with
+    its staged copy: the only file publish reads."""
+    for i, e in enumerate(lock.get(BASE) or []):
+        check_entry(bundle / lockfile.LOCK, BASE, i, e)
+    entries = [check_entry(bundle / lockfile.LOCK, PACKAGES, i, e) for i, e in enumerate(lock.get(PACKAGES) or [])]
+    return [(entry, into.take(bundle, entry["file"], e.get("sha256"), e.get("size"), f"packages[{i}] file"))
+            for i, (entry, e) in enumerate(zip(entries, lock.get(PACKAGES) or [], strict=True))]
+
+
 def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | None = None,
-            say: Say = lambda m: None) -> list[str]:
-    """The lock's packages into signed repositories under repo_dir/packages/<os>/; what was done, as lines."""
-    entries = verify(bundle, lock)
+            say: Say = lambda m: None, *, staged: list[tuple[PackageEntry, Path]] | None = None,
+            staging_dir: Path | None = None) -> list[str]:
+    """The lock's packages into signed repositories under repo_dir/packages/<os>/, each file (and the upstream keys)
+    from its STAGED copy (stage: read once from the bundle, matched with the lock), never the bundle's; what was done,
+    as lines. staged: what `mirror push` staged with the images and charts; else staged here, under staging_dir,
+    removed afterwards."""
+    if staged is None:
+        with staging(staging_dir, bundle) as into:
+            return publish(bundle, lock, repo_dir, home, say, staged=stage(bundle, lock, into))
+    copy = {id(e): path for e, path in staged}
+    entries = [e for e, _ in staged]
     require_base(lock, repo_dir)
     if not entries:
         return []
@@ -114,14 +151,13 @@ def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | 
         root = repo_dir / PACKAGES / os_tag
         manager = str(items[0].get("manager"))
         if manager == "apt":
-            copied = sum(copy_in(bundle / str(e["file"]), root / "pool" / COMPONENT / Path(str(e["file"])).name,
-                                  str(e["sha256"])) for e in items)
+            copied = sum(copy_in(copy[id(e)], root / "pool" / COMPONENT / Path(str(e["file"])).name,
+                                 str(e["sha256"])) for e in items)
             _apt_index(root, home, fpr)
         elif manager == "dnf":
             pkgs = [e for e in items if not e.get("key")]
-            copied = sum(copy_in(bundle / str(e["file"]), root / Path(str(e["file"])).name, str(e["sha256"]))
-                         for e in pkgs)
-            keys = "".join((bundle / str(e["file"])).read_text() for e in items if e.get("key"))
+            copied = sum(copy_in(copy[id(e)], root / Path(str(e["file"])).name, str(e["sha256"])) for e in pkgs)
+            keys = "".join(copy[id(e)].read_text() for e in items if e.get("key"))
             if not (root / UPSTREAM_KEYS).is_file() or (root / UPSTREAM_KEYS).read_text() != keys:
                 atomic_write(root / UPSTREAM_KEYS, keys)
             _rpm_index(root, home, fpr)
