@@ -69,6 +69,11 @@ def _feature_rules(block: BaseModel) -> None:
 
 
 class Operator(Block):
+    model_config = ConfigDict(json_schema_extra={"allOf": [  # _sha256_of_a_chart_file()
+        {"if": {"required": ["chartSha256"], "properties": {"chartSha256": {"type": "string"}}},
+         "then": {"required": ["chart"], "properties": {"chart": {"type": "string", "not": {"pattern": "://"}}}}},
+    ]})
+
     version: VersionText = Field(description="GPU Operator release from the catalog, e.g. v24.9.2",
                                  json_schema_extra=rules(integer={"minimum": 0}))
     namespace: str = Field("gpu-operator", description="namespace the operator is installed into",
@@ -79,11 +84,35 @@ class Operator(Block):
         None, description="GPU Operator chart: directory, .tgz or oci://<registry>/<path>/gpu-operator "
         "(--chart / GPU_INSTALL_CHART override it); a relative path is relative to the site file"
     )
+    chartSha256: str | None = Field(
+        None, description="sha256 of the chart archive (.tgz) operator.chart names, 64 lower-case hex digits as "
+        "`gpu-install mirror push` prints it: apply, operator install and upgrade install only a chart file with "
+        "this digest (docs/airgap.md)", json_schema_extra=rules({"pattern": "^[0-9a-f]{64}$"})
+    )
 
     @field_validator("namespace", "releaseName")
     @classmethod
     def _dns_label(cls, v: str) -> str:
         return dns_label(v)
+
+    @field_validator("chartSha256")
+    @classmethod
+    def _chart_sha256(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError("not a sha256: give the 64 lower-case hex digits `gpu-install mirror push` prints as "
+                             "operator.chartSha256 (sha256sum of the chart .tgz)")
+        return v
+
+    @model_validator(mode="after")
+    def _sha256_of_a_chart_file(self) -> Operator:
+        if self.chartSha256 and not self.chart:
+            raise ValueError("operator.chartSha256 pins the chart archive operator.chart names: set operator.chart to "
+                             "that .tgz too (`gpu-install mirror push` prints both)")
+        if self.chartSha256 and self.chart and "://" in self.chart:
+            raise ValueError(f"operator.chartSha256 is the sha256 of a chart archive (.tgz), and operator.chart "
+                             f"{self.chart} is a reference helm pulls itself: set operator.chart to the bundle's .tgz "
+                             "that `gpu-install mirror push` prints next to the sha256, or remove operator.chartSha256")
+        return self
 
 
 #: fields whose value may be a secret pasted by mistake: messages about them never show it

@@ -231,6 +231,14 @@ CROSS = [
                  "runfileSha256": None}}, False),
     ({"driver": {"mode": "runfile", "runfile": "http://f.lab/NVIDIA-Linux-x86_64-535.216.03.run",
                  "runfileSha256": "a" * 64}}, True),
+    # operator.chartSha256: 64 lower-case hex digits, the digest of the .tgz operator.chart names
+    ({"operator": {"version": "v24.9.2", "chart": "b/charts/gpu-operator-v24.9.2.tgz", "chartSha256": "a" * 64}}, True),
+    ({"operator": {"version": "v24.9.2", "chart": "x.tgz", "chartSha256": None}}, True),
+    ({"operator": {"version": "v24.9.2", "chartSha256": "a" * 64}}, False),
+    ({"operator": {"version": "v24.9.2", "chart": "oci://r.lab/charts/gpu-operator", "chartSha256": "a" * 64}}, False),
+    ({"operator": {"version": "v24.9.2", "chart": "x.tgz", "chartSha256": "A" * 64}}, False),
+    ({"operator": {"version": "v24.9.2", "chart": "x.tgz", "chartSha256": "a" * 63}}, False),
+    ({"operator": {"version": "v24.9.2", "chart": "x.tgz", "chartSha256": "sha256:" + "a" * 64}}, False),
     # extenders: prioritizeVerb needs a positive weight; at most one binds
     ({"scheduler": {"extenders": [{**EXTENDER, "prioritizeVerb": "p"}]}}, False),
     ({"scheduler": {"extenders": [{**EXTENDER, "prioritizeVerb": "p", "weight": 0}]}}, False),
