@@ -3,7 +3,8 @@ probe, then installer/validate/nvsmi.py and node.py on what it printed.
 
 The connection comes from the inventory as Ansible would use it: ansible_host, ansible_port, ansible_user,
 ansible_ssh_private_key_file, ansible_password / ansible_ssh_pass (never logged), and from ansible_ssh_common_args
-`-o UserKnownHostsFile=…`, `-o GlobalKnownHostsFile=…`, `-o StrictHostKeyChecking=yes|accept-new|no`,
+and ansible_ssh_extra_args (both, in that order, the first value of an option winning, as ssh reads what Ansible
+passes it) `-o UserKnownHostsFile=…`, `-o GlobalKnownHostsFile=…`, `-o StrictHostKeyChecking=yes|accept-new|no`,
 `-o ProxyJump=…` / `-J …` and `-o ProxyCommand=…`. Host keys are checked as OpenSSH checks them
 (installer/validate/knownhosts.py).
 
@@ -89,10 +90,14 @@ class Probe:
     statuses: dict[str, int] = field(default_factory=dict)  # `$M status NAME N` lines: exit statuses by name
 
 
-def ssh_options(common_args: str | None) -> dict[str, str]:
-    """-o Key=Value / -oKey=Value / -J x of ansible_ssh_common_args as {lowercased key: value}."""
+def ssh_options(*args: str | None) -> dict[str, str]:
+    """-o Key=Value / -oKey=Value / -o 'Key Value' / -J x of the argument strings (ansible_ssh_common_args, then
+    ansible_ssh_extra_args: the order Ansible puts them on ssh's command line) as {lowercased key: value}, read as
+    OpenSSH reads its command line: the FIRST value given for an option is the one in effect (a later -o of the same
+    option is ignored), and ProxyJump (-J) and ProxyCommand compete -- whichever comes first keeps the other out.
+    Words are split as Ansible splits them (shlex)."""
     out: dict[str, str] = {}
-    words = shlex.split(common_args or "")
+    words = [w for a in args for w in shlex.split(a or "")]
     i = 0
     while i < len(words):
         w = words[i]
@@ -106,13 +111,17 @@ def ssh_options(common_args: str | None) -> dict[str, str]:
             i += 1
             continue
         if w.startswith("-J"):
-            out["proxyjump"] = value
+            k, v = "proxyjump", value
         elif "=" in value:
             k, v = value.split("=", 1)
-            out[k.strip().lower()] = v.strip()
         elif " " in value:
             k, v = value.split(" ", 1)
-            out[k.strip().lower()] = v.strip()
+        else:
+            continue
+        k, v = k.strip().lower(), v.strip()
+        if k in out or (k in ("proxyjump", "proxycommand") and ("proxyjump" in out or "proxycommand" in out)):
+            continue  # OpenSSH: the first obtained value wins (ssh_config(5)); ProxyJump/ProxyCommand compete
+        out[k] = v
     return out
 
 
@@ -133,7 +142,10 @@ def connect(t: Target, timeout: float) -> Any:
     from installer.validate.knownhosts import KnownHosts
 
     v = t.vars
-    opts = ssh_options(v.get("ansible_ssh_common_args") or v.get("ansible_ssh_extra_args"))
+    # Ansible's ssh connection plugin (ansible/plugins/connection/ssh.py, Connection._build_command: the loop over
+    # ('ssh_common_args', '{subsystem}_extra_args')) puts the common args on ssh's command line first, then the extra
+    # args, each split with shlex; ssh then keeps the first value of each option
+    opts = ssh_options(v.get("ansible_ssh_common_args"), v.get("ansible_ssh_extra_args"))
     known = KnownHosts.from_options(opts)
     user = str(v.get("ansible_user") or getpass.getuser())
     key = v.get("ansible_ssh_private_key_file")

@@ -182,6 +182,24 @@ def test_default_refuses_an_unknown_key_naming_host_and_fix(node, home):
     assert snapshot(home) == before
 
 
+def test_common_and_extra_args_are_read_as_ssh_reads_them_from_ansible(node, home, tmp_path):
+    """Ansible gives ssh the common args, then the extra args; ssh keeps each option's first value. A
+    StrictHostKeyChecking=no in the extra args does not switch off the =yes of the common args (the node is refused
+    before a credential is sent), and the extra args are read even when common args are set (a known_hosts file
+    named only there is used)."""
+    extra = {"ansible_ssh_extra_args": "-o StrictHostKeyChecking=no"}
+    checks = probe.run([target(node, "-o StrictHostKeyChecking=yes", **extra)], lambda _t: Expectations(), timeout=10)
+    check = next(c for c in checks if c.check == "node.reachable")
+    assert check.status == "unreachable" and "is not in known_hosts" in check.message, check
+    assert node.log["auth"] == [] and node.log["exec"] == []
+    given = tmp_path / "lab_known_hosts"
+    given.write_text(node.line())
+    extra = {"ansible_ssh_extra_args": f"-o UserKnownHostsFile={given} -o StrictHostKeyChecking=yes"}
+    checks = probe.run([target(node, "-o ConnectTimeout=3", **extra)], lambda _t: Expectations(), timeout=10)
+    assert next(c for c in checks if c.check == "node.reachable").status == "pass"
+    assert node.log["auth"] == ["probe"]
+
+
 def test_accept_new_appends_only_to_the_file_given(node, home, tmp_path):
     given = tmp_path / "lab_known_hosts"
     given.write_text("# lab nodes\nother.lab ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHxd2fCYuvzwJNpy7OpCdHWlJXbrqvVJCh4wM1lPz7Pd")

@@ -23,12 +23,31 @@ def output(smi: str, rc: int = 0, lspci: str = "", modules: str = "nvidia\nnvidi
 
 def test_ssh_options_from_ansible_common_args():
     opts = probe.ssh_options("-o UserKnownHostsFile=/lab/known_hosts -o StrictHostKeyChecking=yes "
-                             "-oProxyJump=jump@bastion:2222 -o 'ProxyCommand ssh -W %h:%p gw' -J other")
-    assert opts["userknownhostsfile"] == "/lab/known_hosts" and opts["stricthostkeychecking"] == "yes"
-    assert opts["proxycommand"] == "ssh -W %h:%p gw" and opts["proxyjump"] == "other"
-    assert probe.ssh_options(None) == {}
-    assert probe._split_userhost("jump@bastion:2222", "me") == ("jump", "bastion", 2222)
-    assert probe._split_userhost("bastion", "me") == ("me", "bastion", 22)
+                             "-oGlobalKnownHostsFile=/etc/ssh/lab_hosts -o 'ProxyCommand ssh -W %h:%p gw'")
+    assert opts == {"userknownhostsfile": "/lab/known_hosts", "stricthostkeychecking": "yes",
+                    "globalknownhostsfile": "/etc/ssh/lab_hosts", "proxycommand": "ssh -W %h:%p gw"}
+    assert probe.ssh_options("-oProxyJump=jump@bastion:2222") == {"proxyjump": "jump@bastion:2222"}
+    assert probe.ssh_options("-J other") == {"proxyjump": "other"}
+    assert probe.ssh_options(None) == {} and probe.ssh_options(None, None) == {}
+
+
+@pytest.mark.parametrize("common, extra, want", [
+    # OpenSSH keeps the first value of an option; Ansible puts the common args before the extra args
+    ("-o StrictHostKeyChecking=yes", "-o StrictHostKeyChecking=no", "yes"),
+    ("-o StrictHostKeyChecking=yes -o StrictHostKeyChecking=no", None, "yes"),
+    ("-oStricthostkeychecking=accept-new", "-o 'StrictHostKeyChecking no'", "accept-new"),
+    # the extra args are read even when common args are set
+    ("-o ConnectTimeout=3", "-o StrictHostKeyChecking=no", "no"),
+    (None, "-o StrictHostKeyChecking=accept-new", "accept-new"),
+])
+def test_ssh_options_first_value_wins_over_common_then_extra_args(common, extra, want):
+    assert probe.ssh_options(common, extra)["stricthostkeychecking"] == want
+
+
+def test_proxyjump_and_proxycommand_compete_the_first_wins():
+    """ssh_config(5): ProxyJump and ProxyCommand compete, whichever is specified first prevents the other."""
+    assert probe.ssh_options("-o ProxyJump=a -o 'ProxyCommand nc %h %p' -J b") == {"proxyjump": "a"}
+    assert probe.ssh_options("-o 'ProxyCommand nc %h %p'", "-J b -o ProxyJump=c") == {"proxycommand": "nc %h %p"}
 
 
 def test_parse_probe_sections_and_incomplete_output():
