@@ -56,9 +56,10 @@ ED25519 = "ed25519"  # the bundle key
 ECDSA_P256 = "ecdsa-sha2-nistp256"  # the evidence key: ECDSA on P-256 with SHA-256 (cosign's default)
 ALGORITHMS = {ED25519: "Ed25519", ECDSA_P256: "ECDSA P-256"}
 
-# A lock of 2,000 images and 5,000 packages is 3.2 MiB (4.3 MiB signed); a release's own is ~100 KiB. Both caps are
-# checked before anything is decoded or parsed, so refusing a file costs no memory, and parsing one within the cap at
-# most ~20 bytes of memory per byte of input (JSON objects).
+# A lock of 2,000 images and 5,000 packages is 3.2 MiB (4.3 MiB signed); a release's own is ~100 KiB. The caps are
+# checked before anything is decoded or parsed: refusing a file over them reads none of it (no memory), and the worst
+# file within them (8 MiB of empty JSON objects) peaks at ~200 MiB while parsed, where 62 MiB under the old 64 MiB
+# cap took 1.5 GiB.
 MAX_ENVELOPE_BYTES = 8 << 20  # an envelope (a signed lock or statement), the lock beside it, evidence wrapping one
 MAX_PAYLOAD_BYTES = 6 << 20  # what an envelope may sign: base64 makes it 8 MiB, the envelope's cap
 MAX_KEY_BYTES = 16 << 10  # an Ed25519 PEM is ~120 bytes, a P-256 one ~180

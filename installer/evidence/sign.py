@@ -44,12 +44,15 @@ def envelope(key: signing.SigningKey, payload: bytes, *, sigstore: bool = False)
 
 def unwrap(data: bytes, source: Path) -> tuple[bytes, str | None]:
     """The DSSE envelope's bytes in data (the envelope itself, or a Sigstore bundle v0.3 holding it) and the bundle's
-    public-key hint. Nothing is trusted here: signing.verify() checks the envelope."""
+    public-key hint. Parsed as strictly as a plain envelope (signing.parse_json: at most MAX_ENVELOPE_BYTES, checked
+    before parsing; a key given twice anywhere, the wrapper's or its dsseEnvelope's, is refused: readers that keep the
+    first and readers that keep the last would see different envelopes). Nothing else is trusted here:
+    signing.verify() checks the envelope."""
     hint = "give the evidence file `gpu-install evidence create` wrote"
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ConfigError(f"{source}: not JSON", hint=hint) from None
+        doc = signing.parse_json(data)  # size-bounded first, then no key twice in the bundle or its dsseEnvelope
+    except ValueError as exc:
+        raise ConfigError(f"{source}: not an evidence file: {exc}", hint=hint) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: not a JSON object", hint=hint)
     if "dsseEnvelope" not in doc and "mediaType" not in doc:
