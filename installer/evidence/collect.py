@@ -11,7 +11,6 @@ credential-looking keys are redacted.
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import shlex
 import socket
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from installer.errors import ConfigError
 from installer.evidence.model import CHART, IMAGE, LOCK, SITE, VALIDATE, VALUES, Subject, sha256
+from installer.safefile import json_value, parse_json
 
 if TYPE_CHECKING:
     from installer.plan import Plan
@@ -147,10 +147,7 @@ def controller_files(plan: Plan, site_path: str, *, bundle: Path | None, chart: 
     summaries = []
     for report in reports:
         data = read_file(report, "validate report")
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise ConfigError(f"{report}: not JSON", hint="give the file `gpu-install validate --json` wrote") from None
+        doc = parse_json(data, f"validate report {report}", hint="give the file `gpu-install validate --json` wrote")
         if not isinstance(doc, dict):
             raise ConfigError(f"{report}: not a validate report", hint="give the file `gpu-install validate --json` "
                                                                       "wrote")
@@ -361,8 +358,8 @@ def node_facts(text: str, secrets: Sequence[str] = ()) -> dict[str, Any]:
     installed: dict[str, Any] = {}
     for name, body in sorted(records.items()):
         try:
-            doc = json.loads(body)
-        except (json.JSONDecodeError, RecursionError):
+            doc = json_value(body)
+        except ValueError:
             installed[name] = "(not JSON)"
             continue
         installed[name] = redact_value(doc, secrets) if isinstance(doc, dict) else "(not a JSON object)"

@@ -80,10 +80,12 @@ def statement(subjects: Sequence[Subject], predicate: Mapping[str, Any]) -> dict
 def parse(payload: bytes) -> tuple[list[Subject], dict[str, Any]]:
     """A signed payload back into subjects and predicate; ValueError saying what is wrong (after the signature was
     verified, so this is the signer's mistake or another kind of statement)."""
+    from installer.safefile import json_value
+
     try:
-        doc = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ValueError("the signed payload is not JSON") from None
+        doc = json_value(payload)  # bounded depth, a key given twice refused
+    except ValueError as exc:
+        raise ValueError(f"the signed payload is not a JSON statement: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError("the signed payload is not a JSON object")
     _check(doc)
