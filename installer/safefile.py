@@ -55,13 +55,20 @@ def read_yaml(path: Path, what: str = "file") -> Any:
     return parse_yaml(read_text(path, what), str(path))
 
 
-def parse_yaml(text: str, where: str) -> Any:
+def parse_yaml(text: str, where: str, *, aliases: bool = True) -> Any:
     """YAML with the mistakes YAML itself forgives refused: a key given twice in one mapping (both lines named),
-    nesting deep enough to exhaust the parser."""
+    nesting deep enough to exhaust the parser. aliases=False (YAML someone else wrote, read for a few fields: a
+    Chart.yaml) refuses any alias (*name, a << merge) where it appears, before anything is built: a "billion laughs"
+    document stays the size of its text."""
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
-        pass
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if not aliases and self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise ConfigError(f"{where}:{mark.line + 1}:{mark.column + 1}: a YAML alias (*name), which this file "
+                                  "has no use for: refused", hint="write the value out instead of referring to it")
+            return super().compose_node(parent, index)
 
     def mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}

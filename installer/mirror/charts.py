@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import ssl
 import subprocess
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.mirror import bundle as lockfile
@@ -69,6 +69,7 @@ sha256_of = sha256_file  # the name the push, verify and tests call
 
 HELM_TIMEOUT = 600.0
 MAX_CHART_YAML = 1 << 20
+MAX_CHART_BYTES = 100 << 20  # helm's MaxDecompressedChartSize: the most a chart archive unpacks to
 
 
 # ---------------------------------------------------------------- helm
@@ -97,21 +98,63 @@ def _helm(argv: Sequence[str], env: Mapping[str, str], secrets: Sequence[str] = 
 
 
 def chart_identity(tgz: Path) -> tuple[str, str]:
-    """(name, version) from the Chart.yaml at the top of a chart archive; ValueError when it is not a chart."""
+    """(name, version) from the Chart.yaml at the top of a chart archive -- the file helm reads -- checked before
+    anything uses them; ValueError saying what is wrong otherwise (the callers name the chart). The archive holds
+    exactly one <dir>/Chart.yaml (helm merges every one it finds, so a second could rename the chart helm pushes),
+    and at most MAX_CHART_BYTES unpacked (helm's own limit); Chart.yaml is read to at most MAX_CHART_YAML bytes and
+    parsed strictly (installer.safefile.parse_yaml: duplicate keys and any YAML alias refused, so a "billion laughs"
+    document is refused as it is read instead of expanding); name is a string of helm's name rule
+    (installer.mirror.lock.CHART_NAME) and version a SemVer string (CHART_VERSION) of at most 128 characters."""
+    from installer.errors import GpuInstallError
+    from installer.mirror.lock import CHART_NAME, CHART_VERSION
+    from installer.safefile import parse_yaml
+
+    found: list[tuple[str, bytes]] = []
+    unpacked = 0
     try:
         with tarfile.open(tgz, "r:gz") as tar:
-            for member in tar.getmembers():
-                parts = member.name.split("/")
-                if len(parts) == 2 and parts[1] == "Chart.yaml" and member.isfile():
-                    if member.size > MAX_CHART_YAML:
-                        raise ValueError(f"Chart.yaml of {member.size} bytes (at most {MAX_CHART_YAML})")
-                    fh = tar.extractfile(member)
-                    doc = yaml.safe_load(fh.read() if fh else b"")
-                    if isinstance(doc, dict) and doc.get("name") and doc.get("version"):
-                        return str(doc["name"]), str(doc["version"])
-    except (tarfile.TarError, OSError, yaml.YAMLError, EOFError) as exc:
-        raise ValueError(f"not a chart archive ({exc})") from None
-    raise ValueError("no Chart.yaml with a name and version at the top of the archive")
+            for member in tar:
+                unpacked += max(member.size, 0)
+                if unpacked > MAX_CHART_BYTES:
+                    raise ValueError(f"an archive of more than {MAX_CHART_BYTES} bytes unpacked (helm refuses it)")
+                # helm drops the first path component and cleans the rest: a/./Chart.yaml is its Chart.yaml too
+                rest = member.name.replace("\\", "/").split("/", 1)[1:]
+                if not rest or posixpath.normpath(rest[0]) != "Chart.yaml" or member.isdir():
+                    continue
+                if not member.isfile() or member.size > MAX_CHART_YAML:
+                    raise ValueError(f"{member.name[:200]}: not a file of at most {MAX_CHART_YAML} bytes")
+                fh = tar.extractfile(member)
+                data = fh.read(MAX_CHART_YAML + 1) if fh else b""
+                found.append((member.name[:200], data[:MAX_CHART_YAML + 1]))
+                if len(found) > 1:
+                    raise ValueError(f"two Chart.yaml files ({found[0][0]}, {found[1][0]}): helm would merge them")
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"not a chart archive ({str(exc)[:200]})") from None
+    if not found:
+        raise ValueError("no Chart.yaml at the top of the archive")
+    where, data = found[0]
+    try:
+        doc = parse_yaml(data.decode("utf-8"), where, aliases=False)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    except GpuInstallError as exc:
+        raise ValueError(exc.message) from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: not a mapping")
+    name, version = doc.get("name"), doc.get("version")
+    if not isinstance(name, str) or not CHART_NAME.fullmatch(name):
+        raise ValueError(f"{where}: name {_shown(name)} is not a chart name (a string of lower-case letters, digits "
+                         "and '-', at most 63)")
+    if not isinstance(version, str) or len(version) > 128 or not CHART_VERSION.fullmatch(version):
+        raise ValueError(f"{where}: version {_shown(version)} is not a SemVer version string (at most 128 "
+                         "characters)")
+    return name, version
+
+
+def _shown(value: Any) -> str:
+    """A Chart.yaml value in a message: a string's repr cut to 100 characters, anything else by its type only (its
+    repr could be any size)."""
+    return repr(value[:100]) if isinstance(value, str) else f"of type {type(value).__name__}"
 
 
 def oci_ref(site: Site, name: str) -> str:
