@@ -22,7 +22,10 @@ In order:
 7. operator mode: the labels restored (operator_rollout.lift_all); the state's phase `done`.
 
 --resume continues the run recorded in the state file for the same plan hash: the finished batches are not run
-again, the batch that was running starts over (every step is safe to repeat). The stale-plan check is then not the
+again, the batch that was running starts over (every step is safe to repeat). The state file is first held to the
+plan and to what the run can have written (check_batches, exit 2, nothing changed): its batches exactly those
+recomputed from the plan document (installer.upgrade.nodes.batches, as upgrade plan made them), a done batch only with
+every step of it recorded passed (state.check_history) -- a failed batch becomes done only by running again. The stale-plan check is then not the
 hash (the run itself changed what it covers: the Helm revision, the nodes' cordons and labels) but what the run
 expects: the release at the revision the run's helm upgrade made (or, before it, at the revision recorded), with the
 target's chart and the same rendered values (their hash), the same Kubernetes version.
