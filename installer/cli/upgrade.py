@@ -5,8 +5,8 @@ reached; 7: the API server or helm answered with an error.
 `gpu-install upgrade apply --plan FILE --yes [--resume]`: that plan applied batch by batch (installer.upgrade.apply).
 Exit 0: done (or nothing to do); 2: bad flags, plan file or state file (with --resume also a state file whose
 batches are not the plan's or that claims a batch done without its recorded steps), no --yes; 3: a stale plan,
-blockers, images missing from the mirror, an unfinished run recorded; 4: a node step failed (drain, driver role, reboot); 5: unreachable; 6: a
-batch's validation failed; 7: helm or the API server failed.
+blockers, images missing from the mirror, an unfinished run recorded; 4: a node step failed (drain, driver role,
+reboot); 5: unreachable; 6: a batch's validation failed; 7: helm or the API server failed.
 
 `gpu-install upgrade rollback [--to-revision N] [--yes]`: helm rollback to the revision before the upgrade (CRDs never
 downgraded), host drivers back to their recorded version batch by batch (installer.upgrade.rollback); without --yes a
