@@ -105,7 +105,9 @@ class RunResult:
 
 
 def check_extravars(extravars: dict[str, Any], path: str = "") -> None:
-    """Refuse anything that looks like a credential: extravars end up on disk and in process lists."""
+    """Refuse anything that looks like a credential: extravars end up on disk and in process lists. That is a key
+    named like one, or a URL carrying user:password@ anywhere in a value (the site model refuses those in its URL
+    fields; this holds for whatever else builds extravars)."""
     for key, value in extravars.items():
         where = f"{path}{key}"
         if SECRET_KEY.search(str(key)):
@@ -117,7 +119,23 @@ def check_extravars(extravars: dict[str, Any], path: str = "") -> None:
             check_extravars(value, f"{where}.")
         elif not isinstance(value, (str, int, float, bool, list, type(None))):
             raise GpuInstallError(f"extravar {where!r}: {type(value).__name__} is not JSON")
+        elif _url_credentials(value):
+            raise ConfigError(f"extravar {where!r} holds a URL with a user name or password (user:password@): it "
+                              "would be written to the run's env/extravars file and the process list",
+                              hint="remove the credentials from the URL in the site file (docs/site.md: where each "
+                                   "kind of URL takes its credentials)")
     json.dumps(extravars)  # typed JSON or nothing
+
+
+def _url_credentials(value: Any) -> bool:
+    """Whether value (a string, or a list or mapping holding one at any depth) holds a URL with user[:password]@."""
+    from installer.patterns import strip_userinfo
+
+    if isinstance(value, str):
+        return strip_userinfo(value) != value
+    if isinstance(value, dict):
+        return any(_url_credentials(v) for v in value.values())
+    return isinstance(value, list) and any(_url_credentials(v) for v in value)
 
 
 def state_dir() -> Path:

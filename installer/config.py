@@ -52,8 +52,10 @@ from installer.patterns import (
     URL_PREFIX,
     chart_repository,
     dns_label,
+    no_userinfo,
     package_url,
     registry_host,
+    strip_userinfo,
     upstream_mirror,
 )
 from installer.safefile import read_yaml
@@ -95,6 +97,11 @@ class Operator(Block):
     def _dns_label(cls, v: str) -> str:
         return dns_label(v)
 
+    @field_validator("chart")
+    @classmethod
+    def _chart_without_credentials(cls, v: str | None) -> str | None:
+        return v if v is None else no_userinfo(v, CHART_REGISTRY_CREDENTIALS)
+
     @field_validator("chartSha256")
     @classmethod
     def _chart_sha256(cls, v: str | None) -> str | None:
@@ -118,12 +125,37 @@ class Operator(Block):
 #: fields whose value may be a secret pasted by mistake: messages about them never show it
 CREDENTIAL_FIELDS = {"usernameEnv", "passwordEnv", "dockerConfigFile"}
 
+#: where each kind of URL takes its credentials instead of user:password@ (the fix a refused URL's message gives)
+CHART_REGISTRY_CREDENTIALS = ("log helm in to the registry beforehand (`helm registry login REGISTRY --username USER "
+                              "--password-stdin`), or give the chart .tgz `gpu-install mirror push` prints with its "
+                              "sha256")
+CHART_REPOSITORY_CREDENTIALS = ("give them as mirror.chartCredentials.usernameEnv/passwordEnv, the names of environment "
+                                "variables holding them (helm reads them from a 0600 file, never from its command line)")
+RUNFILE_CREDENTIALS = ("the nodes fetch driver.runfile without credentials: serve it in the site's file mirror without "
+                       "them (driver.runfileSha256 proves what it serves), or download it where the credentials are "
+                       "and give driver.runfile as a path on the controller")
+PACKAGE_SOURCE_CREDENTIALS = ("gpu-install takes no credentials for an upstream package repository: give one reachable "
+                              "without them (an internal mirror or proxy), or a copy on this machine as file:///…")
+SITE_PACKAGES_CREDENTIALS = ("the nodes read packages.url without credentials (its index is signed with the site key, "
+                             "packages.key): serve `mirror push --repo-dir` DIR without them inside the site")
+EXTENDER_CREDENTIALS = "kube-scheduler calls an extender without credentials in its URL (enableHTTPS for TLS)"
+
 
 def holds_credential(loc: list[str] | tuple[str, ...]) -> bool:
     """A field path that is a credential field, lies inside one, or holds one (registry, registry.pullSecret: a
     value given for them may carry a pasted secret): messages never show what was given there."""
     parts = [str(p) for p in loc]
     return bool(set(parts) & CREDENTIAL_FIELDS) or parts in (["registry"], ["registry", "pullSecret"])
+
+
+class ChartCredentials(Block):
+    """The user and password of an http(s) chart repository (mirror.chartRepository), referenced by the names of the
+    environment variables holding them, never written inline (as registry.pullSecret)."""
+
+    usernameEnv: str = Field(description="name of the env var holding the chart repository's user name",
+                             pattern=ENV_NAME)
+    passwordEnv: str = Field(description="name of the env var holding the chart repository's password/token",
+                             pattern=ENV_NAME)
 
 
 class PullSecret(Block):
@@ -245,6 +277,11 @@ class Driver(Block):
         if not re.fullmatch(r"(100|[1-9][0-9]?)%|[1-9][0-9]*", v):
             raise ValueError(f"{v!r} is neither a host count nor a percentage such as 25%")
         return int(v) if v.isdigit() else v
+
+    @field_validator("runfile")
+    @classmethod
+    def _runfile_without_credentials(cls, v: str | None) -> str | None:
+        return v if v is None else no_userinfo(v, RUNFILE_CREDENTIALS)
 
     @field_validator("runfileSha256")
     @classmethod
@@ -460,6 +497,7 @@ class Extender(Block):
     @field_validator("urlPrefix")
     @classmethod
     def _url(cls, v: str) -> str:
+        no_userinfo(v, EXTENDER_CREDENTIALS)
         if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", v):
             raise ValueError(f"{v!r} is not an http(s) URL such as http://127.0.0.1:3456/scheduler")
         return v
@@ -560,7 +598,7 @@ class PackageSource(Block):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        return package_url(v)
+        return package_url(no_userinfo(v, PACKAGE_SOURCE_CREDENTIALS))
 
     @field_validator("suite")
     @classmethod
@@ -594,6 +632,7 @@ class Packages(Block):
     def _url(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        no_userinfo(v, SITE_PACKAGES_CREDENTIALS)
         if len(v) > 2048 or not re.match(URL_PREFIX, v):
             shown = v if len(v) <= 80 else v[:77] + "..."
             raise ValueError(f"{shown!r} is not an http(s) URL such as http://repo.example.com/gpu-install")
@@ -616,6 +655,10 @@ class Mirror(Block):
         description="Helm chart repository the GPU Operator chart (gpu-operator at operator.version) is mirrored from: "
         "an http(s) repository URL (index.yaml) or oci://<registry>[/<path>] (the chart is <that>/gpu-operator)",
         json_schema_extra=rules({"pattern": CHART_REPOSITORY, "maxLength": 2048}))
+    chartCredentials: ChartCredentials | None = Field(
+        None, description="the user and password `mirror pull` gives mirror.chartRepository (http(s) or oci://) when "
+        "it needs them: usernameEnv/passwordEnv, the names of environment variables holding them (helm reads them "
+        "from a 0600 file in its own temporary home); never in the URL")
 
     upstream: dict[str, str] = Field(
         default_factory=dict,
@@ -641,7 +684,7 @@ class Mirror(Block):
     @field_validator("chartRepository")
     @classmethod
     def _chart_repository(cls, v: str) -> str:
-        return chart_repository(v)
+        return chart_repository(no_userinfo(v, CHART_REPOSITORY_CREDENTIALS))
 
     @field_validator("packageRepositories")
     @classmethod
@@ -715,7 +758,7 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
     for item in overrides or []:
         path = item.split("=", 1)[0]
         # named in messages as given -- except a credential field's value, which is never shown
-        flags[path] = f"{path}=…" if holds_credential(path.split(".")) else item
+        flags[path] = f"{path}=…" if holds_credential(path.split(".")) else strip_userinfo(item)
         apply_set(data, item)
     site = parse_site(data, source=str(path), flags=flags)
     # file references: ~ is the user's home; a relative path is relative to the site file, not to where the command runs
@@ -825,7 +868,7 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "missing":
         return f"{path}: required field is missing"
     got = err.get("input")
-    text = repr(got)
+    text = strip_userinfo(repr(got))
     shown = "" if isinstance(got, (dict, list)) else f" (got {text if len(text) <= 80 else text[:77] + '...'})"
     if holds_credential(loc):
         shown = ""  # never echo what may be a password pasted into the wrong field

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from installer.config_base import Block, ImageOverride, VersionText, rules
-from installer.patterns import DNS_LABEL, DURATION, LABEL_KEY, URL_PREFIX, dns_label
+from installer.patterns import DNS_LABEL, DURATION, LABEL_KEY, URL_PREFIX, dns_label, no_userinfo
 
 
 class Nos(Block):
@@ -124,6 +124,8 @@ class GpuManager(Block):
     @field_validator("extenderUrl")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
+        if v is not None:
+            no_userinfo(v, "kube-scheduler calls the extender without credentials in its URL")
         if v is not None and not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", v):
             raise ValueError(f"{v!r} is not an http(s) URL such as http://gpu-quota-admission.kube-system.svc:3456/scheduler")
         return v

@@ -29,6 +29,7 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
 from installer.errors import EXIT_CANCELLED, EXIT_INTERNAL, ConfigError, GpuInstallError
+from installer.patterns import strip_userinfo
 
 PREFLIGHT = "gpu-install.preflight/v1"
 APPLY = "gpu-install.apply/v1"
@@ -42,7 +43,6 @@ EVIDENCE_VERIFY = "gpu-install.evidence-verify/v1"
 VALIDATE = "gpu-install.validate/v1"
 REDACTED = "***"
 _STRICT = ConfigDict(extra="forbid", strict=True)
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 
 
 # ---------------------------------------------------------------- the shapes (docs/json.md)
@@ -516,12 +516,6 @@ def hide(text: str, secrets: Iterable[str] = ()) -> str:
         else:
             text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(s)}(?![A-Za-z0-9])", REDACTED, text)
     return strip_userinfo(text)
-
-
-def strip_userinfo(text: str) -> str:
-    """text with the user[:password]@ part of every URL in it replaced with ***@ (what is printed, recorded or
-    signed of a URL)."""
-    return _URL_USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
 
 
 def redact(value: Any, secrets: Iterable[str] = ()) -> Any:

@@ -29,13 +29,13 @@ REPOSITORY = (rf"^(?:{PATH_COMPONENT}|{_PATH_COMPONENT_NO_DOT}(?:/{PATH_COMPONEN
 DNS_LABEL = r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$"
 SECRET_NAME = r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$"
 DURATION = r"^(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|ms|s|m|h))+$"
-URL_PREFIX = r"^https?://[^/\s?#]+(?:/[^\s?#]*)?$"
+URL_PREFIX = r"^https?://[^/\s?#@]+(?:/[^\s?#]*)?$"
 EXTENDED_RESOURCE = (r"^(?![^/]*kubernetes\.io/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)+"
                      r"/[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 KUBERNETES_VERSION = r"^v?[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[-+][0-9A-Za-z.-]+)?$"
 #: mirror.chartRepository: an http(s) chart repository (index.yaml under it) or oci://<registry>[/<path>] (the chart is
 #: <that>/gpu-operator); chart_repository() decides, this describes it
-CHART_REPOSITORY = (rf"^(?:https?://[^/\s?#]+(?:/[^\s?#]*)?"
+CHART_REPOSITORY = (rf"^(?:https?://[^/\s?#@]+(?:/[^\s?#]*)?"
                     rf"|oci://{REGISTRY_HOST}(?:/{PATH_COMPONENT})*/?)$")
 DEFAULT_CHART_REPOSITORY = "https://helm.ngc.nvidia.com/nvidia"
 #: mirror.upstream values: where `mirror pull` reads an upstream registry's images instead, registry[:port][/path]
@@ -56,7 +56,7 @@ LABEL_KEY = (r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z
 OS_TAG = r"^[a-z][a-z0-9]*[0-9]+(?:\.[0-9]+)*$"
 #: an apt suite (jammy, bookworm-updates) or a flat repository's directory ending in '/' ("/", "./x86_64/")
 APT_SUITE = r"^(?:[A-Za-z0-9][A-Za-z0-9._~+-]*|[A-Za-z0-9._~+/-]*/)$"
-PACKAGE_URL = r"^(?:https?://[^/\s?#]+(?:/[^\s?#]*)?|file:///[^\s?#]*)$"
+PACKAGE_URL = r"^(?:https?://[^/\s?#@]+(?:/[^\s?#]*)?|file:///[^\s?#]*)$"
 
 #: how a message words a field's pattern (the site model's schema patterns, as pydantic reports a mismatch)
 PATTERN_TEXT = {
@@ -65,6 +65,25 @@ PATTERN_TEXT = {
 }
 
 _DOMAIN_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+#: the user[:password]@ of a URL: everything between "scheme://" and the authority's last '@'
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s?#\\]*@")
+
+
+def strip_userinfo(text: str) -> str:
+    """text with the user[:password]@ of every URL in it replaced with ***@: how a URL is printed, recorded or
+    signed (a password with an unencoded '@' is hidden whole)."""
+    return _URL_USERINFO.sub(lambda m: m.group("scheme") + "***@", text)
+
+
+def no_userinfo(v: str, fix: str) -> str:
+    """v, refused (ValueError, the URL shown without its credentials) when it is a URL carrying user[:password]@:
+    a credential there would reach command lines (/proc), the progress, plans and the signed bundle lock. fix says
+    where this kind of source takes its credentials instead."""
+    scheme, sep, rest = v.partition("://")
+    if sep and "@" in re.split(r"[/?#\\]", rest, maxsplit=1)[0]:
+        raise ValueError("the URL carries a user name or password (user:password@), which would reach command "
+                         f"lines, the progress, plans and the signed bundle lock: remove it; {fix}")
+    return v
 
 
 def image_tag(v: str, what: str = "version") -> str:

@@ -26,6 +26,7 @@ from installer import content, platforms
 from installer.catalog import has_path
 from installer.errors import ConfigError
 from installer.facts import Node, with_next_kernels
+from installer.patterns import strip_userinfo
 
 if TYPE_CHECKING:
     from installer.artifacts import Image
@@ -98,8 +99,8 @@ class ChartArtifact:
         return ref in (self.name, f"{self.name}:{self.version}", self.ref, self.file, f"{self.repository}/{self.name}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "repository": self.repository,
-                "type": "oci" if self.oci else "http", "ref": self.ref, "file": self.file,
+        return {"name": self.name, "version": self.version, "repository": strip_userinfo(self.repository),
+                "type": "oci" if self.oci else "http", "ref": strip_userinfo(self.ref), "file": self.file,
                 "needs": [n.as_dict() for n in self.needs]}
 
 
@@ -120,7 +121,7 @@ class FileArtifact:
         return ref in (self.source, self.name)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "name": self.name, "sha256": self.sha256,
+        return {"source": strip_userinfo(self.source), "name": self.name, "sha256": self.sha256,
                 "needs": [n.as_dict() for n in self.needs]}
 
 
@@ -246,7 +247,7 @@ def chart_artifacts(plan: Plan) -> list[ChartArtifact]:
     site = plan.site
     chart = ChartArtifact(CHART_NAME, chart_version(plan), site.mirror.chartRepository, (
         Need("GPU Operator chart", f"operator.version={plan.release.version}"),
-        Need("GPU Operator chart", f"mirror.chartRepository={site.mirror.chartRepository}"
+        Need("GPU Operator chart", f"mirror.chartRepository={strip_userinfo(site.mirror.chartRepository)}"
              + ("" if "mirror" in site.model_fields_set and "chartRepository" in site.mirror.model_fields_set
                 else " (default)"))))
     from installer import features
@@ -264,7 +265,7 @@ def runfile_artifact(plan: Plan) -> FileArtifact | None:
     rv = plan.role_vars
     source = str(rv[f"{DRIVER_ROLE}_runfile"])
     return FileArtifact(source, source.rsplit("/", 1)[-1], rv.get(f"{DRIVER_ROLE}_runfile_sha256") or None,
-                        (Need(DRIVER_ROLE, "driver.mode=runfile"), Need(DRIVER_ROLE, f"driver.runfile={source}")))
+                        (Need(DRIVER_ROLE, "driver.mode=runfile"), Need(DRIVER_ROLE, f"driver.runfile={strip_userinfo(source)}")))
 
 
 def chart_version(plan: Plan) -> str:
@@ -523,7 +524,7 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
     version = str(rv[f"{DRIVER_ROLE}_package_version"])
     variables = {**rv, f"{DRIVER_ROLE}_package_version": version}
     version_need = Need(DRIVER_ROLE, f"driver.version={site.driver.version}" if site.driver.version else
-                        (f"driver.runfile={site.driver.runfile}" if mode == "runfile" else
+                        (f"driver.runfile={strip_userinfo(site.driver.runfile or '')}" if mode == "runfile" else
                          f"driver.version unset: the role's default branch {version}"))
     mode_need = Need(DRIVER_ROLE, f"driver.mode={mode}")
     os_need = _os_need(plan, DRIVER_ROLE, os_tag)
