@@ -264,34 +264,43 @@ def cmd_push(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from installer.config import load_site
-    from installer.mirror import charts, images, packages
+    from installer.mirror import charts, images, packages, staging
     from installer.mirror.bundle import bundle_for_push
-    from installer.mirror.lock import check_images
+    from installer.mirror.lock import check_charts, check_images
+    from installer.mirror.packages.publish import needs as package_bytes
+    from installer.mirror.packages.publish import stage as stage_packages
 
     site = load_site(args.site, args.set)
     bundle = Path(args.bundle)
     lock = bundle_for_push(bundle, _trusted(site, args))  # signature and completeness before any credential is read
     check_images(site, lock, bundle)  # every destination from the site, before anything is read or copied
-    charts.verify(bundle, lock, site)  # every chart, file and package: the plan's, by sha256, before any push
-    packages.verify(bundle, lock)
+    check_charts(site, bundle, lock)  # every chart and file: the plan's
     if lock.get("packages") and not args.repo_dir:
         from installer.errors import ConfigError
 
         raise ConfigError(f"{bundle}: the bundle holds OS packages and --repo-dir is not given",
                           hint="give --repo-dir DIR (a directory a web server of the site serves to the nodes): "
                                "push publishes the packages there as signed repositories")
-    creds = _credentials(site)
-    report = _Report(args.quiet, "pushing")
-    try:
-        outcome = images.push(site, bundle, config_json=creds, progress=report, jobs=args.jobs, lock=lock)
-    finally:
-        report.close()
-    done = charts.push(site, bundle, lock, config_json=creds, repo_dir=Path(args.repo_dir) if args.repo_dir else None,
-                       say=say(args) or (lambda m: None))
-    if args.repo_dir:
-        done += packages.publish(bundle, lock, Path(args.repo_dir),
-                                 Path(args.signing_home) if args.signing_home else None,
-                                 say=say(args) or (lambda m: None))
+    # every file the lock names read ONCE from the bundle into a private staging directory and matched there (exit 2
+    # before anything is pushed or published); from here on only the staged copies are used; removed however push ends
+    with staging.staging(Path(args.staging_dir) if args.staging_dir else None, bundle) as into:
+        staged_images = images.stage(site, bundle, lock, into, also_needs=charts.needs(lock) + package_bytes(lock))
+        staged_charts = charts.stage(bundle, lock, site, into)
+        staged_packages = stage_packages(bundle, lock, into)
+        creds = _credentials(site)
+        report = _Report(args.quiet, "pushing")
+        try:
+            outcome = images.push(site, bundle, config_json=creds, progress=report, jobs=args.jobs, lock=lock,
+                                  staged=staged_images)
+        finally:
+            report.close()
+        done = charts.push(site, bundle, lock, config_json=creds,
+                           repo_dir=Path(args.repo_dir) if args.repo_dir else None,
+                           say=say(args) or (lambda m: None), staged=staged_charts)
+        if args.repo_dir:
+            done += packages.publish(bundle, lock, Path(args.repo_dir),
+                                     Path(args.signing_home) if args.signing_home else None,
+                                     say=say(args) or (lambda m: None), staged=staged_packages)
     _summary(f"pushed {bundle} to {site.registry.host}", outcome, args.quiet, report)
     if not args.quiet:
         import sys
@@ -471,6 +480,11 @@ def register(sub: Any) -> None:
     p.add_argument("--signing-home", metavar="DIR",
                    help="GnuPG home holding the site's package signing key, generated there on first use and kept "
                         "(env GPU_INSTALL_SIGNING_HOME; default <state dir>/signing)")
+    p.add_argument("--staging-dir", metavar="DIR",
+                   help="where push makes its private staging directory (0700, removed afterwards): every bundle file "
+                        "is read once and copied there, checked, and only that copy pushed or published; needs as "
+                        "much free space as the bundle's files (env GPU_INSTALL_STAGING_DIR; default the system's "
+                        "temporary directory)")
     _trusted_arg(p)
     _jobs_arg(p)
     quiet_arg(p)

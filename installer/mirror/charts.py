@@ -9,8 +9,11 @@ it gives one. Each is recorded in the lock (sections "charts" and "files") with 
 what the bundle already holds with that sha256. helm runs with its config, cache and data in a temporary directory:
 the user's repositories and registry logins are neither used nor changed.
 
-push: before anything is pushed, every chart and file of the lock is checked against its sha256 (a damaged or
-tampered one is refused, naming it). Then the chart goes into registry.host as an OCI artifact,
+push: before anything is pushed, every chart and file of the lock is read once from the bundle and copied, while it
+is hashed, into push's private staging directory (installer.mirror.staging), and the copy matched with the lock's
+sha256 and size (a damaged or tampered one is refused, naming it); from then on only the staged copy is used -- helm
+pushes it, the repository gets it --, never the bundle's file again. Then the chart goes into registry.host as an OCI
+artifact,
 oci://<registry.host>/<registry.prefix>/charts/<name>:<version> (registry.ca as --ca-file; the site credentials in
 a temporary 0600 registry config, never on a command line), verified by pulling it back (same sha256); one already
 there with the same sha256 is not pushed again. With --repo-dir DIR the chart also goes into a static chart
@@ -29,6 +32,7 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +62,7 @@ from installer.mirror.lock import (
     file_entry,
     safe_name,
 )
+from installer.mirror.staging import Staging, staging
 from installer.util import sha256_file
 
 if TYPE_CHECKING:
@@ -288,6 +293,46 @@ def verify(bundle: Path, lock: Mapping[str, Any],
     return charts, files
 
 
+@dataclass(frozen=True)
+class StagedCharts:
+    """The lock's charts and files (checked entries), each with its staged copy: what push and publish use."""
+
+    charts: list[tuple[ChartEntry, Path]]
+    files: list[tuple[FileEntry, Path]]
+
+
+def needs(lock: Mapping[str, Any]) -> int:
+    """The bytes staging the lock's charts and files takes (their sizes in the lock)."""
+    return sum(e["size"] for e in [*(lock.get(CHARTS) or []), *(lock.get(FILES) or [])]
+               if isinstance(e, dict) and isinstance(e.get("size"), int) and e["size"] > 0)
+
+
+def stage(bundle: Path, lock: Mapping[str, Any], site: Site | None, into: Staging) -> StagedCharts:
+    """Every chart and file of the lock (check_charts first, with site) staged: read once from the bundle, copied while
+    hashed, matched with the lock's sha256 and size (Staging.take); a chart archive is then checked to be the chart
+    its entry names, read from the staged copy. ConfigError (exit 2) naming the first that is not."""
+    if site is not None:
+        check_charts(site, bundle, lock)
+    charts: list[tuple[ChartEntry, Path]] = []
+    for e in lock.get(CHARTS) or []:
+        chart = chart_entry(bundle, e)
+        rel = chart["file"]
+        path = into.take(bundle, rel, e.get("sha256"), e.get("size"), f"{CHARTS} entry")
+        try:
+            identity = chart_identity(path)
+        except ValueError as exc:
+            raise ConfigError(f"{bundle}: {rel}: {exc}", hint=HINT_DAMAGED) from None
+        if identity != (e.get("name"), e.get("version")):
+            raise ConfigError(f"{bundle}: {rel}: the archive is chart {identity[0][:100]} {identity[1][:100]}, "
+                              f"the lock says {e.get('name')} {e.get('version')}", hint=HINT_FORGED)
+        charts.append((chart, path))
+    files: list[tuple[FileEntry, Path]] = []
+    for e in lock.get(FILES) or []:
+        file = file_entry(bundle, e)
+        files.append((file, into.take(bundle, file["file"], e.get("sha256"), e.get("size"), f"{FILES} entry")))
+    return StagedCharts(charts, files)
+
+
 @contextlib.contextmanager
 def _registry_config(config_json: bytes | None, env: Mapping[str, str]) -> Iterator[None]:
     """The site credentials as helm's registry config (docker config.json format), 0600, in helm's temp dir."""
@@ -301,10 +346,15 @@ def _registry_config(config_json: bytes | None, env: Mapping[str, str]) -> Itera
 
 
 def push(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: bytes | None, repo_dir: Path | None,
-         say: Say = lambda m: None) -> list[str]:
-    """The verified charts into the site registry (and repo_dir), the files into repo_dir; what was done, as lines.
-    Raises ChartFailures (exit 4)."""
-    charts, files = verify(bundle, lock, site)
+         say: Say = lambda m: None, staged: StagedCharts | None = None, staging_dir: Path | None = None) -> list[str]:
+    """The charts into the site registry (and repo_dir), the files into repo_dir, each from its STAGED copy (stage:
+    read once from the bundle, matched with the lock); what was done, as lines. staged: what `mirror push` staged
+    with the images and packages; else staged here, under staging_dir, removed afterwards. Raises ChartFailures
+    (exit 4)."""
+    if staged is None:
+        with staging(staging_dir, bundle) as into:
+            return push(site, bundle, lock, config_json=config_json, repo_dir=repo_dir, say=say,
+                        staged=stage(bundle, lock, site, into))
     reg = site.registry
     secrets = secrets_of(config_json)
     done: list[str] = []
@@ -313,8 +363,7 @@ def push(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: byte
         tls = ["--ca-file", str(reg.ca)] if reg.ca else []
         if reg.insecure:
             tls = ["--insecure-skip-tls-verify"]
-        for e in charts:
-            tgz = bundle / str(e["file"])
+        for e, tgz in staged.charts:
             ref = oci_ref(site, str(e["name"]))
             with tempfile.TemporaryDirectory(prefix="gpu-install-chart-") as tmp:
                 rc, _ = _helm(["pull", ref, "--version", str(e["version"]), "--destination", tmp, *tls], env, secrets)
@@ -340,7 +389,7 @@ def push(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: byte
                     continue
                 done.append(f"chart {ref}:{e['version']} pushed")
     if repo_dir is not None:
-        done += publish(bundle, charts, files, repo_dir, say)
+        done += publish(staged, repo_dir, say)
     if failed:
         raise ChartFailures(f"{len(failed)} chart(s) could not be pushed to {reg.host}:\n"
                             + "\n".join(f"  {f}" for f in failed),
@@ -349,21 +398,23 @@ def push(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: byte
     return done
 
 
-def publish(bundle: Path, charts: Sequence[ChartEntry], files: Sequence[FileEntry], repo_dir: Path,
-            say: Say = lambda m: None) -> list[str]:
-    """Charts into repo_dir/charts (+ index.yaml), files into repo_dir/files (+ SHA256SUMS); unchanged ones stay."""
+def publish(staged: StagedCharts, repo_dir: Path, say: Say = lambda m: None) -> list[str]:
+    """The staged charts into repo_dir/charts (+ index.yaml), the staged files into repo_dir/files (+ SHA256SUMS),
+    copied from the staging directory (never from the bundle); unchanged ones stay."""
     done: list[str] = []
     changed_charts = False
-    items: Sequence[ChartEntry | FileEntry]
-    for section, items in ((CHARTS, charts), (FILES, files)):
+    charts = [e for e, _ in staged.charts]
+    files = [e for e, _ in staged.files]
+    items: Sequence[tuple[ChartEntry, Path] | tuple[FileEntry, Path]]
+    for section, items in ((CHARTS, staged.charts), (FILES, staged.files)):
         if not items:
             continue
         out = repo_dir / section
         out.mkdir(parents=True, exist_ok=True)
-        for e in items:
+        for e, copy in items:
             name = e["file"].split("/", 1)[1]
             dest = out / name
-            if not copy_in(bundle / e["file"], dest, e["sha256"]):
+            if not copy_in(copy, dest, e["sha256"]):
                 continue
             changed_charts |= section == CHARTS
             done.append(f"{section[:-1]} {dest}")

@@ -429,7 +429,7 @@ def test_a_chart_archive_that_is_another_chart_is_refused(tmp_path, spy):
     lock = _with_chart(bundle, "gpu-operator", "v24.9.2")
     tgz = bundle / "charts" / "gpu-operator-v24.9.2.tgz"
     _chart_tgz(tgz, "payments", "v24.9.2")  # helm push takes the name from Chart.yaml, not from the lock
-    lock["charts"][0].update(sha256=charts.sha256_of(tgz))
+    lock["charts"][0].update(sha256=charts.sha256_of(tgz), size=tgz.stat().st_size)
     with pytest.raises(ConfigError, match="the archive is chart payments v24.9.2, the lock says gpu-operator"):
         charts.push(_site(), bundle, lock, config_json=None, repo_dir=None)
     assert spy() == []
