@@ -142,8 +142,10 @@ def plan_batches(path: str, doc: Mapping[str, Any]) -> tuple[Batch, ...]:
                 or not isinstance(n.get("blockers"), list):
             raise _bad_plan(path, f"nodes[{i}] ({n['name']}): not {{name, action, present, ready, cordoned, "
                                   "blockers}")
-        plans.append(NodePlan(n["name"], n["action"], (), tuple(Blocker(n["name"], str(b), "") for b in n["blockers"]),
-                              flags["cordoned"], flags["ready"], None, flags["present"]))
+        plans.append(NodePlan(name=n["name"], action=n["action"], evicts=(),
+                              blockers=tuple(Blocker(n["name"], str(b), "") for b in n["blockers"]),
+                              cordoned=flags["cordoned"], ready=flags["ready"], upgrade_state=None,
+                              present=flags["present"]))
     try:
         limit = node_side.max_unavailable_arg(str(doc["maxUnavailable"]))
         batches, _ = node_side.batches(plans, int(doc["maxParallel"]), limit)
