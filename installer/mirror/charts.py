@@ -63,6 +63,7 @@ from installer.mirror.lock import (
     safe_name,
 )
 from installer.mirror.staging import Staging, staging
+from installer.patterns import strip_userinfo
 from installer.util import sha256_file
 
 if TYPE_CHECKING:
@@ -172,17 +173,78 @@ def oci_ref(site: Site, name: str) -> str:
 # ---------------------------------------------------------------- pull
 
 
-def _pull_chart(c: ChartArtifact, dest: Path, ca: Path | None, env: Mapping[str, str]) -> str | None:
-    """helm pull c into dest; None when done, else why not."""
+#: the name helm knows a chart repository with credentials by, in the repositories file of its temporary home
+UPSTREAM_REPO = "gpu-install-upstream"
+
+
+def chart_login(site: Site) -> tuple[str, str] | None:
+    """(user, password) for mirror.chartRepository from the environment variables mirror.chartCredentials names;
+    None without that field. ConfigError (exit 2) naming a variable that is not set."""
+    cred = site.mirror.chartCredentials
+    if cred is None:
+        return None
+    values = []
+    for field, name in (("usernameEnv", cred.usernameEnv), ("passwordEnv", cred.passwordEnv)):
+        value = os.environ.get(name)
+        if not value:
+            raise ConfigError(f"mirror.chartCredentials.{field}: environment variable {name} is not set",
+                              hint=f"export {name} with the chart repository's "
+                                   f"{'user name' if field == 'usernameEnv' else 'password/token'}")
+        values.append(value)
+    return values[0], values[1]
+
+
+def _private_file(path: Path, data: bytes) -> None:
+    """data into a new file only this user can read (0600, O_CREAT|O_EXCL|O_NOFOLLOW: never one planted there)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def login_files(repository: str, login: tuple[str, str], ca: Path | None, env: Mapping[str, str]) -> list[str]:
+    """The chart repository's credentials where helm reads them in its temporary home (helm_env), 0600 files, never
+    its command line: an http(s) repository as the entry UPSTREAM_REPO of its repositories file (helm pull
+    UPSTREAM_REPO/<chart> after `helm repo update`), an oci:// one as its registry config (docker config.json).
+    Returns the secrets to hide from helm's messages."""
+    import base64
+    import json
+
+    import yaml
+
+    user, password = login
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    if repository.startswith("oci://"):
+        host = repository[len("oci://"):].split("/", 1)[0]
+        _private_file(Path(env["HELM_REGISTRY_CONFIG"]), json.dumps({"auths": {host: {"auth": auth}}}).encode())
+    else:
+        entry = {"name": UPSTREAM_REPO, "url": repository, "username": user, "password": password,
+                 "caFile": str(ca) if ca else "", "certFile": "", "keyFile": "", "insecure_skip_tls_verify": False,
+                 "pass_credentials_all": False}
+        _private_file(Path(env.get("HELM_REPOSITORY_CONFIG") or f"{env['HELM_CONFIG_HOME']}/repositories.yaml"),
+                      yaml.safe_dump({"apiVersion": "", "repositories": [entry]}).encode())
+    return [password, auth]
+
+
+def _pull_chart(c: ChartArtifact, dest: Path, ca: Path | None, env: Mapping[str, str],
+                secrets: Sequence[str] | None = None) -> str | None:
+    """helm pull c into dest; None when done, else why not. secrets: c's repository is logged in (login_files),
+    these are hidden from helm's messages."""
     with tempfile.TemporaryDirectory(prefix="gpu-install-chart-", dir=dest.parent) as tmp:
-        argv = ["pull", f"{c.repository}/{c.name}" if c.oci else c.name, "--version", c.version, "--destination", tmp]
-        if not c.oci:
+        named = secrets is not None and not c.oci  # the repositories file's entry, which holds the credentials
+        argv = ["pull", f"{c.repository}/{c.name}" if c.oci else f"{UPSTREAM_REPO}/{c.name}" if named else c.name,
+                "--version", c.version, "--destination", tmp]
+        if not c.oci and not named:
             argv += ["--repo", c.repository]
         if ca:
             argv += ["--ca-file", str(ca)]
-        rc, msg = _helm(argv, env)
+        if named:
+            rc, msg = _helm(["repo", "update", UPSTREAM_REPO], env, secrets or ())
+            if rc != 0:
+                return strip_userinfo(msg)
+        rc, msg = _helm(argv, env, secrets or ())
         if rc != 0:
-            return msg
+            return strip_userinfo(msg)
         got = list(Path(tmp).glob("*.tgz"))
         if len(got) != 1:
             return f"helm pull wrote {len(got)} archives"
@@ -217,19 +279,25 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
             say(f"{what}: already in the bundle")
         return prev is not None
 
-    with helm_env() as env:
+    login = chart_login(site)
+    cred = site.mirror.chartCredentials
+    with helm_env() as helm_vars:
+        # helm never sees the credential variables: it reads the credentials from the 0600 files of login_files
+        env = {k: v for k, v in helm_vars.items() if not cred or k not in (cred.usernameEnv, cred.passwordEnv)}
+        secrets = login_files(site.mirror.chartRepository, login, ca, env) if login else None
         for c in charts:
             rel = f"{CHARTS}/{safe_name(c.file, 'chart file')}"
             dest = bundle / rel
             if kept(rel, chart_entries, f"chart {c.name} {c.version}"):
                 continue
-            say(f"chart {c.name} {c.version}: helm pull from {c.repository}")
-            why = _pull_chart(c, dest, ca, env)
+            shown = strip_userinfo(c.repository)  # printed and recorded: never a URL's user:password@
+            say(f"chart {c.name} {c.version}: helm pull from {shown}")
+            why = _pull_chart(c, dest, ca, env, secrets if c.repository == site.mirror.chartRepository else None)
             if why:
-                failed["chart"].append({"ref": c.ref, "error": why})
+                failed["chart"].append({"ref": strip_userinfo(c.ref), "error": why})
                 say(f"chart {c.name} {c.version}: FAILED: {why}")
                 continue
-            chart_entries.append({"name": c.name, "version": c.version, "repository": c.repository, "file": rel,
+            chart_entries.append({"name": c.name, "version": c.version, "repository": shown, "file": rel,
                                   "sha256": sha256_of(dest), "size": dest.stat().st_size})
     for f in files:
         rel = f"{FILES}/{safe_name(f.name, 'file name')}"
@@ -237,20 +305,21 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
         if kept(rel, file_entries, f"file {f.name}"):
             continue
         dest.parent.mkdir(exist_ok=True)
-        say(f"file {f.name}: from {f.source}")
+        source = strip_userinfo(f.source)  # printed and recorded: never a URL's user:password@
+        say(f"file {f.name}: from {source}")
         try:
             fetch(f.source, dest, ca)
         except (OSError, ValueError, ssl.SSLError) as exc:
-            failed["file"].append({"ref": f.source, "error": str(getattr(exc, "reason", None) or exc)})
+            failed["file"].append({"ref": source, "error": strip_userinfo(str(getattr(exc, "reason", None) or exc))})
             say(f"file {f.name}: FAILED: {exc}")
             continue
         digest = sha256_of(dest)
         if f.sha256 and digest != f.sha256.lower():
             dest.unlink()
-            failed["file"].append({"ref": f.source, "error": f"sha256 {digest}, the site file says {f.sha256}"})
+            failed["file"].append({"ref": source, "error": f"sha256 {digest}, the site file says {f.sha256}"})
             say(f"file {f.name}: FAILED: sha256 mismatch")
             continue
-        file_entries.append({"name": f.name, "source": f.source, "file": rel, "sha256": digest,
+        file_entries.append({"name": f.name, "source": source, "file": rel, "sha256": digest,
                              "size": dest.stat().st_size})
     lockfile.put_section(bundle, "chart", CHARTS, chart_entries, failed["chart"])
     lockfile.put_section(bundle, "file", FILES, file_entries, failed["file"])
