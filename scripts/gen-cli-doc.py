@@ -32,6 +32,10 @@ ENVIRONMENT = {
                          "`runs/<time>-<playbook>/`, one 0700 ansible-runner record per node run",
     "GPU_INSTALL_SIGNING_HOME": "GnuPG home of the site's package signing key (`mirror push --repo-dir`; generated "
                                 "there on first use and kept; default `<state root>/signing`)",
+    "GPU_INSTALL_STAGING_DIR": "where `mirror push` makes its private staging directory (0700, removed afterwards; "
+                               "every bundle file is copied there and checked before it is used; needs as much free "
+                               "space as the bundle's files; default the system's temporary directory; "
+                               "`--staging-dir` overrides it)",
     "GPU_INSTALL_BUNDLE_KEY_HOME": "directory of the bundle signing key (Ed25519) that `mirror pull` signs the bundle lock "
                                    "with (generated there on first use and kept; its public half `signing-key.pub.pem` is "
                                    "what the air-gapped side pins in `mirror.trustedKeys`; default "
