@@ -680,6 +680,18 @@ class Mirror(Block):
         "exported them (<key home>/signing-key.pub.pem), carried across once and compared by fingerprint; `mirror push` "
         "and `mirror verify --bundle` accept a bundle only when its lock is signed by one of them (with --trusted-key); "
         "a relative path is relative to the site file")
+    maxBundleAge: StrictInt | None = Field(
+        None, ge=1, le=3650,
+        description="air-gapped side: the oldest bundle, in days since `mirror pull` signed its lock, that `mirror "
+        "push` and `mirror verify --bundle` accept (an older one, or one without a creation time, exit 2); unset: "
+        "a bundle older than 30 days is only warned about")
+
+    @field_validator("maxBundleAge", mode="before")
+    @classmethod
+    def _max_bundle_age(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 3650):
+            raise ValueError("must be a whole number of days from 1 to 3650, such as 30 (no unit)")
+        return v
 
     @field_validator("chartRepository")
     @classmethod

@@ -272,7 +272,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     site = load_site(args.site, args.set)
     bundle = Path(args.bundle)
-    lock = bundle_for_push(bundle, _trusted(site, args))  # signature and completeness before any credential is read
+    lock = bundle_for_push(bundle, _trusted(site, args), site.mirror.maxBundleAge)  # signature, completeness, age
     check_images(site, lock, bundle)  # every destination from the site, before anything is read or copied
     check_charts(site, bundle, lock)  # every chart and file: the plan's
     if lock.get("packages") and not args.repo_dir:
@@ -350,7 +350,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from installer.mirror import verify
-    from installer.mirror.bundle import signed_lock
+    from installer.mirror.bundle import bundle_for_push
 
     plan = resolve_plan(args)
     site = plan.site
@@ -359,7 +359,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.bundle:
         bundle = Path(args.bundle)
-        lock = signed_lock(bundle, _trusted(site, args))
+        # what push requires first: the signature, completeness (a failed image), images at all, the bundle's age
+        lock = bundle_for_push(bundle, _trusted(site, args), site.mirror.maxBundleAge)
         wanted = verify.from_lock(site, lock, bundle)
         charts_found = verify.charts(site, bundle, lock, config_json=_credentials(site))
         charts_found += check_repo(site, lock=lock)

@@ -11,6 +11,10 @@ The checksum file catches damage (a resumed pull, `sha256sum -c`); what the air-
 bundle.lock.json.dsse: a DSSE envelope (installer.signing) whose payload is the exact bytes of the lock, signed at
 finish() by the connected side's bundle key. signed_lock() verifies it against the public keys the site pinned
 (mirror.trustedKeys, --trusted-key) and returns the lock parsed from the signed payload, never from the file beside it.
+
+finish() also records when it signed ("created", UTC, RFC 3339): a signature does not expire, so an older genuinely
+signed bundle of the same release would verify forever; check_bundle() (push and `mirror verify --bundle`) warns on a
+bundle older than WARN_AGE_DAYS and refuses one older than mirror.maxBundleAge.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +42,10 @@ CHECKSUM = LOCK + ".sha256"
 SIGNATURE = LOCK + ".dsse"
 PAYLOAD_TYPE = "application/vnd.gpu-install.bundle-lock+json"
 IMAGE = "image"
+CREATED_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # RFC 3339, UTC, whole seconds: what finish() writes and nothing else
+WARN_AGE_DAYS = 30  # a bundle older than this is named (and refused only past mirror.maxBundleAge)
+MAX_AGE_FIELD = "mirror.maxBundleAge"
+SKEW = timedelta(days=1)  # a lock "created" further ahead than this: one of the two clocks is wrong
 FIRST_TIME = ("first time: on the connected side `gpu-install mirror pull` signs the lock and prints its key's fingerprint and "
               "where the public key is (<key home>/signing-key.pub.pem); carry that .pem across once, out of band, "
               "compare its fingerprint (openssl pkey -pubin -in FILE -outform DER | sha256sum) and list it in the "
@@ -132,24 +143,103 @@ def _parse(lock_path: Path, raw: bytes, hint: str) -> dict[str, Any]:
     return lock
 
 
-def bundle_for_push(bundle: Path, trusted: Sequence[Path] | None = None) -> dict[str, Any]:
-    """The signed lock (signed_lock) of a complete bundle (exit 2 naming the problem otherwise). Without trusted, the
-    lock this process verified for the bundle before (the command verifies once, with the pinned keys, before reading
-    any credential; the steps after it take the lock from here), and a bundle not verified so far is refused."""
+def bundle_for_push(bundle: Path, trusted: Sequence[Path] | None = None, max_age: int | None = None) -> dict[str, Any]:
+    """The signed lock (signed_lock) of a complete bundle, checked by check_bundle (exit 2 naming the problem
+    otherwise; max_age: mirror.maxBundleAge). Without trusted, the lock this process verified for the bundle before
+    (the command verifies once, with the pinned keys, before reading any credential; the steps after it take the lock
+    from here, its completeness checked again, its age not), and a bundle not verified so far is refused."""
     if trusted is not None:
         lock = signed_lock(bundle, trusted)
-    elif bundle.resolve() in _VERIFIED:
-        lock = _parse(bundle / LOCK, _VERIFIED[bundle.resolve()], "")
-    else:
+        check_bundle(bundle, lock, max_age)
+        return lock
+    if bundle.resolve() not in _VERIFIED:
         raise ConfigError(f"{bundle}: the bundle's signature was not verified", hint=FIRST_TIME)
-    if lock.get("complete") is not True:
-        failed = [str(f.get("source") or f.get("ref")) for f in lock.get("failed") or [] if isinstance(f, dict)]
-        raise ConfigError(f"{bundle}: the bundle is incomplete" + (f" (failed: {', '.join(failed)})" if failed else ""),
-                          hint="run gpu-install mirror pull again on the connected side until it exits 0")
-    images = lock.get("images")
-    if not isinstance(images, list):
-        raise ConfigError(f"{bundle / LOCK}: no image list")
+    lock = _parse(bundle / LOCK, _VERIFIED[bundle.resolve()], "")
+    check_complete(bundle, lock)
     return lock
+
+
+def check_complete(bundle: Path, lock: Mapping[str, Any]) -> None:
+    """The (signed) lock is of a complete bundle that carries images: ConfigError (exit 2) otherwise, naming what the
+    pull could not get (its "failed" entries, each source or reference and error bounded). Push and `mirror verify
+    --bundle` both check this: an incomplete bundle is never pushed, and never verified green. A lock with no image
+    at all (neither carried nor in "base") is refused too: every site's plan deploys images (the GPU Operator's own),
+    so such a lock is no pull of a site's plan."""
+    hint = "run gpu-install mirror pull again on the connected side until it exits 0, and carry that bundle"
+    if lock.get("complete") is not True:
+        failed = [f for f in lock.get("failed") or [] if isinstance(f, dict)]
+        names = [str(f.get("source") or f.get("ref"))[:200] for f in failed[:20]]
+        more = f", and {len(failed) - 20} more" if len(failed) > 20 else ""
+        what = f" (failed: {', '.join(names)}{more})" if names else " (its pull did not finish)"
+        raise ConfigError(f"{bundle}: the bundle is incomplete{what}", hint=hint)
+    images, base = lock.get("images"), lock.get("base") or []
+    if not isinstance(images, list) or not isinstance(base, list):
+        raise ConfigError(f"{bundle / LOCK}: no image list", hint=hint)
+    if not images and not base:
+        raise ConfigError(f"{bundle / LOCK}: the bundle carries no image (and builds on none): a site's plan always "
+                          "has images, so this is not the pull of one", hint=hint)
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def created_now() -> str:
+    """The current time as finish() records it in the lock's "created"."""
+    return datetime.now(UTC).strftime(CREATED_FORMAT)
+
+
+def check_age(bundle: Path, lock: Mapping[str, Any], max_age: int | None, *, now: datetime | None = None,
+              warn: Callable[[str], None] = _warn) -> None:
+    """The (signed) lock's "created" against now: warn (a line on stderr) when the bundle is older than WARN_AGE_DAYS,
+    ConfigError (exit 2) naming its age and MAX_AGE_FIELD when it is older than max_age days. A lock without
+    "created" (signed by an older gpu-install) is warned about, and refused only when max_age is set; a "created"
+    that is not what finish() writes is refused; one more than SKEW ahead of this clock is warned about, and refused
+    when max_age is set (it would keep the bundle young past its limit)."""
+    now = now or datetime.now(UTC)
+    where = f"{bundle / LOCK}"
+    fix = ("pull a new bundle of this release on the connected side (gpu-install mirror pull) and carry it across"
+           + (f", or raise {MAX_AGE_FIELD} in the site file" if max_age is not None else ""))
+    raw = lock.get("created")
+    if raw is None:
+        if max_age is not None:
+            raise ConfigError(f"{where}: the lock records no creation time (a bundle from an older gpu-install), so "
+                              f"its age cannot be checked against {MAX_AGE_FIELD} ({max_age} days)", hint=fix)
+        warn(f"{where}: the lock records no creation time (a bundle from an older gpu-install): its age is unknown; "
+             f"pull a new bundle to have it checked ({MAX_AGE_FIELD} refuses such a bundle)")
+        return
+    try:
+        if not isinstance(raw, str) or not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", raw):
+            raise ValueError
+        created = datetime.strptime(raw, CREATED_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        raise ConfigError(f"{where}: created {str(raw)[:60]!r} is not a UTC time as mirror pull writes it "
+                          "(YYYY-MM-DDTHH:MM:SSZ)", hint=fix) from None
+    age = now - created
+    if age < -SKEW:
+        line = (f"{where}: created {raw}, {-age.days} day(s) ahead of this machine's clock (now "
+                f"{now.strftime(CREATED_FORMAT)}): the connected side's clock or this one is wrong")
+        if max_age is not None:
+            raise ConfigError(line + f", and the age cannot be checked against {MAX_AGE_FIELD}",
+                              hint="set the wrong clock right and pull the bundle again")
+        warn(line)
+        return
+    if max_age is not None and age > timedelta(days=max_age):
+        raise ConfigError(f"{bundle}: the bundle is {age.days} days old (created {raw}), older than "
+                          f"{MAX_AGE_FIELD} ({max_age} days): an old bundle may lack fixes the release got since",
+                          hint=fix)
+    if age > timedelta(days=WARN_AGE_DAYS):
+        warn(f"{bundle}: the bundle is {age.days} days old (created {raw})"
+             + (f"; {MAX_AGE_FIELD} refuses it past {max_age} days" if max_age is not None
+                else f"; set {MAX_AGE_FIELD} in the site file to refuse bundles past an age"))
+
+
+def check_bundle(bundle: Path, lock: Mapping[str, Any], max_age: int | None, *, now: datetime | None = None,
+                 warn: Callable[[str], None] = _warn) -> None:
+    """What push and `mirror verify --bundle` require of a signed lock before anything else: check_complete and
+    check_age (max_age: mirror.maxBundleAge, days)."""
+    check_complete(bundle, lock)
+    check_age(bundle, lock, max_age, now=now, warn=warn)
 
 
 def load_for_update(bundle: Path) -> dict[str, Any]:
@@ -177,12 +267,14 @@ def put_section(bundle: Path, kind: str, section: str, entries: Sequence[Mapping
 
 
 def finish(bundle: Path, key: SigningKey) -> dict[str, Any]:
-    """Mark the bundle complete when no artifact of any kind failed (else incomplete) and sign the lock with key (the
-    connected side's bundle key): SIGNATURE, a DSSE envelope of the lock's exact bytes. The lock, as written."""
+    """Mark the bundle complete when no artifact of any kind failed (else incomplete), record the time ("created",
+    created_now()) and sign the lock with key (the connected side's bundle key): SIGNATURE, a DSSE envelope of the
+    lock's exact bytes. The lock, as written."""
     from installer import signing
 
     lock = read_lock(bundle, verify=True)
     lock["complete"] = not lock.get("failed")
+    lock["created"] = created_now()
     write_lock(bundle, lock)
     raw = (bundle / LOCK).read_bytes()
     if raw != lock_text(lock).encode():

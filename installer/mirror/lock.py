@@ -193,7 +193,7 @@ def check_images(site: Site, lock: Mapping[str, Any], bundle: Path) -> list[Imag
     '..' is refused), its digest a sha256 and its reference name the layout's name for the source; the layout's path
     lies inside the bundle (inside_bundle). Each entry comes back with "destination" set to the recomputed one; push
     writes there and nowhere else. The lock's "base" entries (an incremental bundle: only read) must name references
-    in registry.host."""
+    in registry.host, each at a sha256 digest."""
     where = f"{bundle}/{LOCK}"
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
@@ -239,10 +239,17 @@ def check_images(site: Site, lock: Mapping[str, Any], bundle: Path) -> list[Imag
                     "component": str(e.get("component") or ""), "refName": ref_name(source), "digest": digest,
                     "size": _size(e),
                     "blobs": [b for b in blobs if isinstance(b, str)] if isinstance(blobs, list) else []})
-    for i, e in enumerate(lock.get("base") or []):
+    base = lock.get("base") or []
+    if not isinstance(base, list):
+        raise ConfigError(f"{where}: base is not a list", hint=HINT_FORGED)
+    for i, e in enumerate(base):
         dest = e.get("destination") if isinstance(e, dict) else None
         if not isinstance(dest, str) or not dest.startswith(f"{host}/") or not REFERENCE.fullmatch(dest):
             raise ConfigError(f"{where}: base[{i}]: destination {str(dest)[:200]!r} is not a reference in {host}",
+                              hint=HINT_FORGED)
+        digest = e.get("digest")
+        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+            raise ConfigError(f"{where}: base[{i}] ({dest}): digest {str(digest)[:100]!r} is not sha256:<64 hex>",
                               hint=HINT_FORGED)
     return out
 

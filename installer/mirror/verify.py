@@ -33,11 +33,15 @@ def from_plan(images: Sequence[ImageArtifact]) -> list[Wanted]:
 
 def from_lock(site: Site, lock: Mapping[str, Any], bundle: Path) -> list[Wanted]:
     """The images of a bundle's (verified) lock, each with its digest, at the destination the site computes for its
-    source. The whole lock is checked first as push checks it (ConfigError, exit 2, naming the entry): images
-    (installer.mirror.lock.check_images), charts and files (installer.mirror.lock.check_charts), package entries
-    (installer.mirror.lock.check_entry): nothing the lock names is read from anywhere else."""
+    source, and the images an incremental bundle builds on ("base": push requires the registry to hold them), each
+    at its digest. The whole lock is checked first as push checks it (ConfigError, exit 2, naming the entry): complete
+    and carrying images (installer.mirror.bundle.check_complete), images (installer.mirror.lock.check_images), charts
+    and files (installer.mirror.lock.check_charts), package entries (installer.mirror.lock.check_entry): nothing the
+    lock names is read from anywhere else."""
     from installer.mirror import lock as entries
-    from installer.mirror.bundle import LOCK
+    from installer.mirror.bundle import LOCK, check_complete
+
+    check_complete(bundle, lock)
 
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "
@@ -47,7 +51,9 @@ def from_lock(site: Site, lock: Mapping[str, Any], bundle: Path) -> list[Wanted]
     for section in (entries.PACKAGES, entries.BASE):
         for i, e in enumerate(lock.get(section) or []):
             entries.check_entry(bundle / LOCK, section, i, e)
-    return [Wanted(e["source"], e["destination"], e["digest"]) for e in images]
+    base = [Wanted(str(e.get("source"))[:300], str(e.get("destination")), str(e.get("digest")))
+            for e in lock.get("base") or [] if isinstance(e, dict)]
+    return [*(Wanted(e["source"], e["destination"], e["digest"]) for e in images), *base]
 
 
 def charts(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: bytes | None) -> list[str]:
@@ -79,7 +85,13 @@ def charts(site: Site, bundle: Path, lock: Mapping[str, Any], *, config_json: by
 def require(site: Site, wanted: Sequence[Wanted], *, config_json: bytes | None, jobs: int = DEFAULT_JOBS,
             what: str = "", more: Sequence[str] = ()) -> int:
     """check(), raising PreflightError (exit 3) naming every missing or different image (and the lines of more:
-    other artifacts found missing); the number of images checked."""
+    other artifacts found missing); the number of images checked. Nothing to check is ConfigError (exit 2), never a
+    pass: every site's plan deploys images (the GPU Operator's own), so an empty list is a plan or lock gone wrong."""
+    if not wanted:
+        raise ConfigError(f"no image {what}to check in {site.registry.host}: a site's plan always has images (the "
+                          "GPU Operator's own), so nothing was verified",
+                          hint="check the site file (operator.version, components) and, with --bundle, that the "
+                               "bundle is the complete pull of this site's plan")
     findings = check(site, wanted, config_json=config_json, jobs=jobs)
     if findings or more:
         raise PreflightError(
