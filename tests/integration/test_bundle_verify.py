@@ -23,7 +23,7 @@ from tests.integration.test_mirror_images import CANARY, CANARY_USER, _plan_imag
 from tests.integration.test_mirror_images import env as env  # noqa: F401 - the module's registries (a fixture)
 
 
-def _site_with(env: dict, tmp_path: Path, **mirror) -> Path:  # noqa: F811
+def _site_with(env: dict, tmp_path: Path, **mirror) -> Path:
     doc = yaml.safe_load(env["site"].read_text())
     doc["mirror"].update(mirror)
     site = tmp_path / f"site-{len(list(tmp_path.glob('site-*')))}.yaml"
