@@ -187,6 +187,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     artifacts = plan.artifacts(())
     if artifacts.packages and not args.skip_packages:
         packages.check_sources(plan.site, artifacts.packages)  # bad input: before anything is fetched
+    charts.chart_login(plan.site)  # mirror.chartCredentials' variables set (exit 2): before anything is fetched
     key = signing.load_or_create(signing.key_home(Path(args.key_home) if args.key_home else None))
     if key.created and not args.quiet:
         import sys

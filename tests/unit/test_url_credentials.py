@@ -138,3 +138,22 @@ def test_chart_credentials_are_env_names_and_never_reach_mirror_plan(cli, write_
     assert "mirror.chartCredentials.passwordEnv" in err.value.message and PASSWORD not in err.value.message
     with pytest.raises(ConfigError, match="mirror.chartCredentials.passwordEnv: required field is missing"):
         parse_site(_site({"mirror": {"chartCredentials": {"usernameEnv": "CHART_USER"}}}))
+
+
+def test_mirror_pull_with_an_unset_chart_credential_stops_before_anything(cli, write_site, monkeypatch, tmp_path):
+    """The chart login's variables are checked with the rest of the input: exit 2 naming the variable before an
+    image is pulled or the bundle key is made."""
+    from installer.mirror import images
+
+    pulled: list[object] = []
+    monkeypatch.setattr(images, "pull", lambda *a, **k: pulled.append(a))
+    monkeypatch.setenv("CHART_USER", "robot")
+    monkeypatch.delenv("CHART_PASSWORD", raising=False)
+    site = write_site(_site({"mirror": {"chartRepository": "https://charts.example.com/nvidia", "chartCredentials": {
+        "usernameEnv": "CHART_USER", "passwordEnv": "CHART_PASSWORD"}}}))
+    key_home = tmp_path / "key-home"
+    rc, _, err = cli("mirror", "pull", "-s", site, "--os", "ubuntu22.04", "-o", tmp_path / "bundle",
+                     "--key-home", key_home, "-q")
+    assert rc == 2, err
+    assert "mirror.chartCredentials.passwordEnv: environment variable CHART_PASSWORD is not set" in err
+    assert pulled == [] and not key_home.exists() and not (tmp_path / "bundle").exists()
