@@ -59,9 +59,10 @@ def inputs(plan: Plan, *, stages: bool, mirror_check: bool, chart: str | None = 
 
         docker_config_json(plan.site.registry)  # the file the site names (read, never shown), as apply reads it
     if chart:
-        from installer.operator import check_chart_ref, check_chart_version
+        from installer.operator import check_chart_version, load_chart
 
-        check_chart_version(plan, check_chart_ref(chart))
+        loaded = load_chart(plan, chart)  # read once, held against operator.chartSha256 / a bundle's signed lock
+        check_chart_version(plan, loaded.ref, loaded.source)
     if plan.inventory is not None and mirror_check:
         artifacts(plan, images=stages)
 

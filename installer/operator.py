@@ -14,11 +14,22 @@ applied server-side with the field manager `gpu-install` (conflicts forced: helm
 install), and helm runs with --skip-crds: one owner, the same path on first install and upgrade.
 uninstall(purge_crds=True) deletes them once the release is gone and no custom resource of theirs is left. Kubernetes API calls go through installer.kube, Helm through
 installer.helm. A second install with the same chart and values changes nothing and reports so.
+
+The chart (load_chart): a chart archive (.tgz) is read once, while it is hashed, into a private copy (a 0700
+temporary directory of this process), and helm -- the install, the CRDs, Chart.yaml's checks -- is only ever given
+that copy, so the file cannot change between its check and its use. Its sha256 is bound when operator.chartSha256 is
+set (for the file operator.chart names) or when the file lies in a bundle directory (<bundle>/charts/<file>, beside
+bundle.lock.json or its signature): then the lock must verify with the site's pinned keys (mirror.trustedKeys,
+installer.mirror.bundle.signed_lock) and list the file. A chart of another sha256 is refused (ConfigError, exit 2,
+naming both digests and where the expected one comes from) before anything is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +82,158 @@ def check_chart_ref(chart_ref: str | os.PathLike[str] | None) -> str:
     raise ConfigError(f"chart {ref} not found", hint="give a chart directory, a .tgz, or an oci:// reference")
 
 
+#: a GPU Operator chart archive is a few hundred KiB; a file past this is no chart and is not read past it
+MAX_CHART_BYTES = 64 << 20
+SHA256_FIELD = "operator.chartSha256"
+
+
+@dataclass(frozen=True)
+class Chart:
+    """The chart a command installs (load_chart): ref is what helm is given -- the private copy of a .tgz, a chart
+    directory, an oci:// reference; source is the chart as it was named; sha256 is the digest of the archive read
+    (None for a directory or an oci:// reference); pinned_by says where the sha256 it was held against came from
+    (None: nothing pinned it)."""
+
+    ref: str
+    source: str
+    sha256: str | None = None
+    pinned_by: str | None = None
+
+    def describe(self) -> str:
+        """`PATH (sha256 …, as operator.chartSha256 pins it)` for progress lines."""
+        if self.sha256 is None:
+            return self.source
+        return self.source + f" (sha256 {self.sha256}" + (f", as {self.pinned_by} pins it)" if self.pinned_by
+                                                          else ", not pinned)")
+
+
+#: (chart as named, the pin) -> the chart read: a command reads a chart archive once (upgrade apply's plan check
+#: and its helm upgrade install the same bytes)
+_LOADED: dict[tuple[str, str | None], Chart] = {}
+
+
+def _bundle_of(path: Path) -> Path | None:
+    """The bundle directory a chart file lies in: <bundle>/charts/<file> where <bundle> holds the bundle lock or its
+    signature (either one: a bundle whose signature was removed is still a bundle, and its unsigned lock is refused)."""
+    from installer.mirror.bundle import LOCK, SIGNATURE
+
+    bundle = path.parent.parent
+    if path.parent.name == "charts" and any(os.path.lexists(bundle / n) for n in (LOCK, SIGNATURE)):
+        return bundle
+    return None
+
+
+def chart_pin(plan: Plan, ref: str) -> tuple[str, str] | None:
+    """(expected sha256, where it comes from) for a local chart: operator.chartSha256 when the chart is the file
+    operator.chart names, else the entry of the signed lock of the bundle the file lies in (verified with the site's
+    pinned keys); None when neither applies (an oci:// reference: helm pulls it). ConfigError (exit 2) for a bundle
+    whose lock does not verify or does not list the file."""
+    op = plan.site.operator
+    if ref.startswith("oci://"):
+        return None
+    given = Path(os.path.abspath(ref))
+    if op.chartSha256 and op.chart and os.path.abspath(op.chart) == str(given):
+        return op.chartSha256, f"{SHA256_FIELD} in the site file"
+    for path in dict.fromkeys((given, Path(os.path.realpath(ref)))):  # the file as named, and where a link leads
+        bundle = _bundle_of(path)
+        if bundle is None:
+            continue
+        from installer.mirror.bundle import SIGNATURE, signed_lock
+
+        where = f"the signed lock of bundle {bundle} ({SIGNATURE})"
+        try:
+            lock = signed_lock(bundle, plan.site.mirror.trustedKeys)
+        except ConfigError as exc:
+            also = f"or set {SHA256_FIELD} to the sha256 `gpu-install mirror push` printed for the chart"
+            raise ConfigError(f"chart {ref} lies in bundle {bundle}, whose lock cannot be verified: {exc.message}",
+                              hint=f"{exc.hint}; {also}" if exc.hint else also) from None
+        rel = f"charts/{path.name}"
+        for entry in lock.get("charts") or []:
+            if isinstance(entry, dict) and entry.get("file") == rel:
+                want = str(entry.get("sha256"))
+                return want, where
+        raise ConfigError(f"chart {ref}: {rel} is not a chart {where} lists",
+                          hint="name a chart the bundle carries (`gpu-install mirror push` prints it) or pull the "
+                               "bundle again on the connected side")
+    return None
+
+
+def _read_private(src: Path, dest: Path) -> str:
+    """Copy src to dest (created new, 0600) in one read while hashing it: a regular file, not a symlink, at most
+    MAX_CHART_BYTES. The sha256 of what was copied; ConfigError naming src otherwise."""
+    hint = "give the chart archive itself (a .tgz `helm package` or `gpu-install mirror pull` made)"
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "a symbolic link" if os.path.islink(src) else exc.strerror or str(exc)
+        raise ConfigError(f"chart {src}: cannot be read ({why})", hint=hint) from None
+    digest = hashlib.sha256()
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"chart {src}: not a regular file", hint=hint)
+        if st.st_size > MAX_CHART_BYTES:
+            raise ConfigError(f"chart {src}: {st.st_size} bytes, more than a chart's {MAX_CHART_BYTES}", hint=hint)
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        stack.callback(os.close, out)
+        size = 0
+        while chunk := os.read(fd, 1 << 20):
+            size += len(chunk)
+            if size > MAX_CHART_BYTES:
+                raise ConfigError(f"chart {src}: grew past {MAX_CHART_BYTES} bytes while it was read", hint=hint)
+            digest.update(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+    return digest.hexdigest()
+
+
+def load_chart(plan: Plan, chart_ref: str | os.PathLike[str] | None) -> Chart:
+    """The chart to install, checked (see the module's docstring): an archive is read once into a private copy,
+    hashed and held against its pin (chart_pin); a directory or an oci:// reference is given to helm as it is -- refused
+    where a pin applies (a directory has no single digest). The same chart named again in this process is not read
+    again. ConfigError (exit 2) for a chart missing, unreadable or not the pinned one, nothing touched."""
+    import shutil
+    import tempfile
+    import weakref
+
+    ref = check_chart_ref(chart_ref)
+    source = str(chart_ref)
+    pin = chart_pin(plan, source)
+    key = (os.path.abspath(source) if not source.startswith("oci://") else source, pin[0] if pin else None)
+    if key in _LOADED:
+        return _LOADED[key]
+    if ref.startswith("oci://"):
+        return Chart(ref, source)
+    if os.path.isdir(ref):
+        if pin is not None:
+            raise ConfigError(
+                f"chart {source} is a directory, and {pin[1]} pins a chart archive's sha256 (a directory has no "
+                "single digest)",
+                hint=f"give the .tgz itself (`helm package {source}`, or the bundle's charts/ file), or remove "
+                     f"{SHA256_FIELD} to install a chart directory")
+        return Chart(ref, source)
+    tmp = tempfile.mkdtemp(prefix="gpu-install-chart-")
+    copy = Path(tmp) / (Path(ref).name if Path(ref).name.endswith(".tgz") else "chart.tgz")
+    try:
+        got = _read_private(Path(os.path.realpath(source)), copy)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if pin is not None and got != pin[0]:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(
+            f"chart {source} has sha256 {got}, but {pin[1]} says {pin[0]}: it is not the chart that was "
+            "signed and pushed, and it was not installed",
+            hint="carry the bundle across again (or name the chart `gpu-install mirror push` printed, with its "
+                 f"sha256 as {SHA256_FIELD}); nothing was changed")
+    chart = Chart(str(copy), source, got, pin[1] if pin else None)
+    weakref.finalize(chart, shutil.rmtree, tmp, True)  # the copy goes with the process
+    _LOADED[key] = chart
+    return chart
+
+
 @dataclass
 class InstallReport:
     release: helm.ReleaseState
@@ -113,10 +276,16 @@ class Prepared:
     the rendered values (checked against the release's keys), the pull Secret (credentials resolved from
     the environment) and the kubeconfig file. Missing pieces raise ConfigError (exit 2)."""
 
-    chart: str
+    chart: str  # what helm is given (Chart.ref: an archive's private copy)
     values: dict[str, Any]
     secret_body: dict[str, Any] | None
     kubeconfig: Path
+    source: Chart | None = None  # the chart as named and checked (load_chart)
+
+    @property
+    def shown(self) -> str:
+        """The chart as progress lines name it: as given, with its sha256 and pin."""
+        return self.source.describe() if self.source else self.chart
 
 
 def chart_metadata(ref: str) -> dict[str, Any] | None:
@@ -149,11 +318,13 @@ def chart_metadata(ref: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def check_chart_version(plan: Plan, ref: str) -> None:
-    """A GPU Operator chart must be the release the values were rendered for (its keys differ between releases)."""
+def check_chart_version(plan: Plan, ref: str, shown: str | None = None) -> None:
+    """A GPU Operator chart must be the release the values were rendered for (its keys differ between releases).
+    ref: the chart read (a private copy); shown: how messages name it (default: ref)."""
     from installer.catalog import parse_release
 
     meta = chart_metadata(ref)
+    ref = shown or ref
     if not meta or meta.get("name") != "gpu-operator":
         return  # an oci:// reference, or another chart (a site's own packaging): nothing to hold it against
     version = parse_release(str(meta.get("version", "")))
@@ -167,14 +338,16 @@ def check_chart_version(plan: Plan, ref: str) -> None:
 
 def prepare(plan: Plan, kubeconfig: str | os.PathLike[str] | None,
             chart_ref: str | os.PathLike[str] | None) -> Prepared:
+    """What install() needs, checked before anything is touched (Prepared): the chart read and held against its pin
+    (load_chart), its release (check_chart_version, on the copy read), credentials, the kubeconfig."""
     site = plan.site
-    ref = check_chart_ref(chart_ref)
-    check_chart_version(plan, ref)
+    chart = load_chart(plan, chart_ref)
+    check_chart_version(plan, chart.ref, chart.source)
     # credentials resolved before anything is touched: a missing env var changes nothing
     secret_body = kube.pull_secret_body(site.registry, site.operator.namespace) if site.registry.pullSecret else None
     kc = kube.resolve_kubeconfig(kubeconfig)
     kube.api_client(kc)  # a malformed kubeconfig is exit 2 here, before any host is touched
-    return Prepared(ref, plan.values, secret_body, kc)
+    return Prepared(chart.ref, plan.values, secret_body, kc, chart)
 
 
 def check_cluster(plan: Plan, kubeconfig: Path) -> str | None:
@@ -216,7 +389,7 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
     crd_actions = kube.apply_crds(client, crds, timeout=min(120.0, timeout))
     for line in crd_lines(crd_actions):
         say(line)
-    say(f"helm upgrade --install --skip-crds {site.operator.releaseName} {ref} -n {ns}"
+    say(f"helm upgrade --install --skip-crds {site.operator.releaseName} {pre.shown} -n {ns}"
         f"{f' (wait up to {timeout:.0f}s)' if wait else ''}")
     remaining = max(30.0, timeout - (time.monotonic() - t0))
     state = helm.install_or_upgrade(ref, site.operator.releaseName, ns, values, kc, timeout=remaining, wait=wait)
@@ -416,7 +589,7 @@ def uninstall(plan: Plan, kubeconfig: str | os.PathLike[str] | None, yes: bool, 
         raise ConfigError(f"operator uninstall removes the {what}; not confirmed",
                           hint="re-run with --yes to confirm")
     say = progress or _quiet
-    ref = check_chart_ref(chart_ref) if purge_crds else None  # exit 2 before anything is touched
+    ref = load_chart(plan, chart_ref).ref if purge_crds else None  # exit 2 before anything is touched
     kc = kube.resolve_kubeconfig(kubeconfig)
     client = kube.api_client(kc)
     crd_names: list[str] = []

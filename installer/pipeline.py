@@ -178,12 +178,12 @@ def apply_stages(plan: Plan, run: nodes.RunOptions, op: OperatorOptions, summary
         assert prepared is not None
         name = f"release {site.operator.releaseName} in namespace {site.operator.namespace}"
         if run.check:
-            say(f"stage operator (check mode): comparing {name} with chart {prepared.chart}")
+            say(f"stage operator (check mode): comparing {name} with chart {prepared.shown}")
             report = operator.preview(plan, prepared)
             for line in report.lines():
                 say(f"operator: {line}")
             return Result(stages.changed(report.changed, True), report.lines()[-1])
-        say(f"stage operator: {name}, chart {prepared.chart}")
+        say(f"stage operator: {name}, chart {prepared.shown}")
         done = operator.install(plan, prepared, timeout=op.timeout, wait=op.wait,
                                 progress=lambda m: say(f"operator: {m}"))
         return Result(stages.changed(done.changed, False), done.lines()[-2])

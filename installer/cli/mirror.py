@@ -312,6 +312,8 @@ def cmd_push(args: argparse.Namespace) -> int:
             print(f"operator.chart for apply: {(bundle / str(c['file'])).resolve()} (this bundle's copy), or "
                   f"{charts.oci_ref(site, str(c['name']))}:{c['version']} (needs helm on this machine to trust and be "
                   "logged in to the registry)", file=sys.stderr)
+            print(f"operator.chartSha256: {c['sha256']} (with operator.chart set to this bundle's copy: apply, "
+                  "operator install and upgrade install only a file of this sha256)", file=sys.stderr)
     return 0
 
 

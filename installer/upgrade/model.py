@@ -55,6 +55,9 @@ class ReleaseReport:
     blockers: tuple[Blocker, ...]
     driver_changes: bool  # the driver version or mode changes (nodes reload the driver)
     toolkit_changes: bool
+    #: sha256 of the target chart's rendered objects ("objects") and of its CRDs ("crds"), each as canonical JSON;
+    #: empty without a chart
+    target_digests: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

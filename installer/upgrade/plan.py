@@ -6,8 +6,15 @@ target release, with a plan hash, the apply command, the exit code and the text 
 The plan hash is sha256 over the canonical JSON (sorted keys, no spaces) of what `upgrade apply` re-reads and
 compares before it changes anything (hash_inputs): the release's name, namespace, revision, status, chart and
 deployed values; the resourceVersion of each operator CRD; the Kubernetes version; the target release and its
-rendered values; per GPU node: present, Ready, cordoned, the upgrade-state and skip labels, the pods it would evict
-and its blockers; --max-parallel and --max-unavailable. Anything else (pods on other nodes, events) is not covered.
+rendered values; the target chart: the sha256 of its archive, the digests of its rendered objects and of its CRDs,
+and the CRD changes it brings; per GPU node: present, Ready, cordoned, the upgrade-state and skip labels, the pods
+it would evict and its blockers; --max-parallel and --max-unavailable. Anything else (pods on other nodes, events)
+is not covered. So a chart that differs from the one planned with (a template or a CRD more or changed, any byte of
+the archive) makes apply's plan stale.
+
+The target chart is read once (installer.operator.load_chart: a private copy, held against operator.chartSha256 or
+its bundle's signed lock); the plan renders that copy, and within `upgrade apply` the helm upgrade installs the same
+copy.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from installer.upgrade.cluster import SKIP_LABEL, ClusterState
 from installer.upgrade.model import Batch, Blocker, NodePlan, ReleaseReport
 
 if TYPE_CHECKING:
+    from installer.operator import Chart
     from installer.plan import Plan
 
 CLUSTER = node_side.CLUSTER
@@ -52,6 +60,7 @@ class UpgradePlan:
     max_unavailable: str | int
     plan_hash: str
     seconds: float
+    chart: str | None = None  # the target chart as planned: its name, sha256 and pin (Chart.describe)
 
     @property
     def changes(self) -> list[Any]:
@@ -69,9 +78,18 @@ class UpgradePlan:
         return EXIT_PREFLIGHT if self.blockers else EXIT_OK
 
 
+def chart_inputs(chart: Chart | None, report: ReleaseReport) -> dict[str, Any] | None:
+    """The target chart's part of the plan hash: the archive's sha256 (None for a directory or an oci:// reference),
+    the digests of its rendered objects and CRDs, and the CRD changes it brings; None without a chart."""
+    if chart is None:
+        return None
+    return {"sha256": chart.sha256, "objects": report.target_digests.get("objects"),
+            "crds": report.target_digests.get("crds"), "crdChanges": list(report.crd_changes)}
+
+
 def hash_inputs(state: ClusterState, plan: Plan, nodes: list[NodePlan], max_parallel: int,
-                max_unavailable: str | int) -> dict[str, Any]:
-    """What the plan hash covers (see the module's docstring)."""
+                max_unavailable: str | int, chart: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the plan hash covers (see the module's docstring); chart: chart_inputs()."""
     rel = state.release
     labels = {s.name: s.labels for s in state.nodes}
     return {
@@ -81,7 +99,7 @@ def hash_inputs(state: ClusterState, plan: Plan, nodes: list[NodePlan], max_para
             "chart": rel.chart_version, "values": rel.values,
             "crds": {n: ((c.get("metadata") or {}).get("resourceVersion") if isinstance(c, dict) else None)
                      for n, c in sorted(rel.crds.items())}},
-        "target": {"release": plan.release.version, "values": plan.values},
+        "target": {"release": plan.release.version, "values": plan.values, "chart": chart},
         "nodes": [{"name": n.name, "present": n.present, "ready": n.ready, "cordoned": n.cordoned,
                    "upgradeState": n.upgrade_state, "skip": labels.get(n.name, {}).get(SKIP_LABEL),
                    "action": n.action, "evicts": sorted(n.evicts), "blockers": sorted(b.what for b in n.blockers)}
@@ -113,11 +131,16 @@ def release_blockers(state: ClusterState, plan: Plan) -> list[Blocker]:
 def build(plan: Plan, state: ClusterState, client: Any, *, site: str, inventory: str | None,
           chart: str | None = None, max_parallel: int = 1,
           max_unavailable: str | int = node_side.DEFAULT_MAX_UNAVAILABLE, started: float | None = None) -> UpgradePlan:
-    """The plan from the resolved target (plan) and the cluster as read (state)."""
-    from installer.upgrade.release import release_report
+    """The plan from the resolved target (plan) and the cluster as read (state). chart: the target chart (default:
+    what apply installs, installer.upgrade.release.chart_ref; "" for none), read once and checked against its pin
+    (installer.operator.load_chart, ConfigError exit 2) before it is rendered."""
+    from installer.operator import load_chart
+    from installer.upgrade.release import chart_ref, release_report
 
     t0 = time.monotonic() if started is None else started
-    report = release_report(plan, state.release, state.kube_version, client, chart=chart)
+    ref = chart_ref(plan) if chart is None else chart or None
+    loaded = load_chart(plan, ref) if ref else None
+    report = release_report(plan, state.release, state.kube_version, client, chart=loaded.ref if loaded else "")
     action = node_side.node_action(report, plan.site)
     host_driver = plan.role_vars.get("nvidia_driver_package_version")
     nodes = node_side.plan_nodes(state.nodes, action, state.pdbs, plan.site.operator.namespace, plan.site,
@@ -125,10 +148,10 @@ def build(plan: Plan, state: ClusterState, client: Any, *, site: str, inventory:
     bts, batch_blockers = node_side.batches(nodes, max_parallel, max_unavailable)
     blockers = (*release_blockers(state, plan), *report.blockers, *(b for n in nodes for b in n.blockers),
                 *batch_blockers)
-    digest = plan_hash(hash_inputs(state, plan, nodes, max_parallel, max_unavailable))
+    digest = plan_hash(hash_inputs(state, plan, nodes, max_parallel, max_unavailable, chart_inputs(loaded, report)))
     return UpgradePlan(site, inventory, state.kube_version, state.release_status, report, tuple(nodes), bts,
                        tuple(blockers), state.truncated, max_parallel, max_unavailable, digest,
-                       round(time.monotonic() - t0, 3))
+                       round(time.monotonic() - t0, 3), loaded.describe() if loaded else None)
 
 
 def apply_command(up: UpgradePlan, plan_file: str | None) -> str:
@@ -153,7 +176,8 @@ def to_text(up: UpgradePlan, plan_file: str | None = None) -> str:
     lines: list[str] = []
     head = (f"GPU Operator release {cur.name} (namespace {cur.namespace}): revision {cur.revision}, chart "
             f"{cur.chart_version}, {up.release_status or 'status unknown'}" if cur else "GPU Operator: no release")
-    lines += [head, f"Kubernetes {up.kube_version}; target {rep.target_version}", ""]
+    lines += [head, f"Kubernetes {up.kube_version}; target {rep.target_version}"
+              + (f", chart {up.chart}" if up.chart else ""), ""]
     lines += [table("", ["COMPONENT", "CURRENT", "TARGET"],
                     [(c.component, _cell(c.current), _cell(c.target) + ("" if c.current != c.target else " (same)"))
                      for c in rep.changes]), ""]

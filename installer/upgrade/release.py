@@ -18,6 +18,8 @@ release_report(), which renders the target chart with helm and, given a client, 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -332,6 +334,7 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
     baseline = baseline_values(plan, cur_rel) if cur_rel else None
     vdiff = values_diff(cur_rel, current.values if current else {}, tgt, plan.values, secret_values(plan), baseline)
     crd_changes: list[str] = []
+    digests: dict[str, str] = {}
     ref = chart_ref(plan) if chart is None else chart or None  # "": no chart, on purpose
     if ref is None:
         findings.append("no chart (operator.chart, GPU_INSTALL_CHART or --chart): the target's rendered objects and "
@@ -353,6 +356,7 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
                 if name not in old_crds and (obj := kube._crd_raw(client, name)) is not None:
                     old_crds[name] = obj
         crd_changes += crd_diff(old_crds, new_crds)
+        digests = {"objects": canonical_digest(objects), "crds": canonical_digest(new_crds)}
         if client is not None:
             blockers += pruned_fields(new_crds, custom_objects(client, old_crds))
         elif old_crds:
@@ -361,7 +365,14 @@ def release_report(plan: Plan, current: CurrentRelease | None, kube_version: str
         findings.append("rollback restores the Helm revision and its values; CRDs are never downgraded")
     return ReleaseReport(current=current, target_version=tgt.version, changes=tuple(changes),
                          values_diff=tuple(vdiff), crd_changes=tuple(crd_changes), findings=tuple(findings),
-                         blockers=tuple(blockers), driver_changes=drv, toolkit_changes=tk)
+                         blockers=tuple(blockers), driver_changes=drv, toolkit_changes=tk, target_digests=digests)
+
+
+def canonical_digest(value: Any) -> str:
+    """sha256 of a value as canonical JSON (sorted keys, no spaces): the same objects give the same digest whatever
+    their order of keys."""
+    raw = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()
 
 
 def _norm(tag: str) -> str:

@@ -302,6 +302,10 @@ def run(plan: Plan, opts: Options, say: Progress, display: Display | None = None
     pv = preview(plan, opts, say)
     if not opts.yes:
         return Outcome(pv, applied=False)
+    if opts.chart and not pv.helm_done:  # read and held against its pin before anything changes; _helm_back
+        from installer import operator  # gets this same copy
+
+        operator.load_chart(plan, opts.chart)
     kubeconfig = kube.resolve_kubeconfig(opts.kubeconfig)
     out = Outcome(pv, applied=True, revision=pv.current.revision)
     client = kube.api_client(kubeconfig)
@@ -351,7 +355,7 @@ def _helm_back(plan: Plan, opts: Options, pv: Preview, kubeconfig: Path, say: Pr
                      f"{pv.target.revision}") from None
     from installer import operator
 
-    ref = operator.check_chart_ref(opts.chart)
+    ref = operator.load_chart(plan, opts.chart).ref  # read once, held against its pin; helm gets the copy read
     meta = operator.chart_metadata(ref) or {}
     name = f"{meta.get('name')}-{meta.get('version')}"
     if meta and name != pv.target.chart:

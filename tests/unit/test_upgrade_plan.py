@@ -152,6 +152,7 @@ def test_hash_inputs_are_the_documented_ones():
     assert set(inputs) == {"kubernetes", "release", "target", "nodes", "maxParallel", "maxUnavailable"}
     assert set(inputs["release"]) == {"name", "namespace", "revision", "status", "chart", "values", "crds"}
     assert inputs["release"]["crds"] == {"clusterpolicies.nvidia.com": "900"}
+    assert set(inputs["target"]) == {"release", "values", "chart"}  # chart: plan.chart_inputs (test_chart_pin)
 
 
 # ---------------------------------------------------------------- the command line
