@@ -249,8 +249,8 @@ def stale(path: str, doc: Mapping[str, Any], up: UpgradePlan) -> PreflightError:
     from installer.upgrade.plan import to_doc_fields
 
     changes = plan_changes(doc, to_doc_fields(up, path)) or [
-        "what only the hash shows: the deployed values, a CRD's resourceVersion, a node's skip label or the site's "
-        "rendered values"]
+        "what only the hash shows: the deployed values, a CRD's resourceVersion, a node's skip label, the site's "
+        "rendered values or the target chart (its sha256, rendered objects or CRDs)"]
     return PreflightError(f"plan is stale: --plan {path} has hash {doc['planHash']}, the cluster now gives "
                           f"{up.plan_hash}; changed: " + "; ".join(changes),
                           hint="run `gpu-install upgrade plan -o FILE` again, review it, and apply the new plan; "

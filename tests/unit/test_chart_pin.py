@@ -401,3 +401,29 @@ def test_uninstall_purge_crds_and_rollback_take_the_chart_the_same_way(tmp_path,
     monkeypatch.setattr(rb, "preview", lambda plan, opts, say: pv)
     with pytest.raises(ConfigError, match="but operator.chartSha256"):
         rb.run(plan, rb.Options(yes=True, kubeconfig=str(tmp_path / "absent"), chart=str(chart)), lambda m: None)
+
+
+def test_upgrade_apply_refuses_a_plan_reviewed_with_another_chart(tmp_path, monkeypatch):
+    """The plan file was made with the reviewed chart; apply given a chart with a DaemonSet more finds it stale and
+    does nothing; given the reviewed chart (another copy of the same bytes) it applies."""
+    import json
+
+    from installer.errors import PreflightError
+    from installer.upgrade import plan as up
+    from tests.unit.test_upgrade_apply import Rig, plan_doc
+
+    rig = Rig(tmp_path, monkeypatch)
+    reviewed = fixture_chart(tmp_path, "reviewed", archive=True)
+    other = fixture_chart(tmp_path, "other", template=("extra.yaml", EXTRA_DAEMONSET), archive=True)
+    p = up.build(rig.plan, rig.cluster.state(), None, site="site.yaml", inventory="hosts.yml", chart=reviewed,
+                 max_parallel=rig.max_parallel, max_unavailable="100%")
+    rig.plan_file.write_text(json.dumps(plan_doc(p, str(rig.plan_file))))
+    with pytest.raises(PreflightError) as err:
+        rig.run(chart=other)
+    assert err.value.message.startswith("plan is stale") and "the target chart" in err.value.message
+    assert rig.log == [] and not rig.state_file.exists()
+    again = tmp_path / "carried" / Path(reviewed).name
+    again.parent.mkdir()
+    shutil.copy(reviewed, again)
+    out = rig.run(chart=str(again))
+    assert out.plan_hash == p.plan_hash and ("helm", "v23.9.2") in rig.log
