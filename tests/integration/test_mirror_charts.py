@@ -156,6 +156,7 @@ def test_pull_push_repo_dir_and_back(env, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ref = f"oci://{env['reg']}/mirror/charts/gpu-operator"
     assert f"chart {ref}:{VERSION} pushed" in proc.stderr, proc.stderr
+    assert f"\noperator.chartSha256: {_sha(env['src'])} (with operator.chart set to this bundle's copy" in proc.stderr
     for where in (proc.stdout, proc.stderr, *(p.read_text(errors="replace") for p in bundle.rglob("*.json"))):
         assert CANARY not in where and base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode() not in where
     # the registry serves exactly the bundle's bytes (pulled back with helm, logged in from a config of our own)
@@ -215,3 +216,53 @@ def test_missing_chart_version_and_bad_runfile_checksum_leave_the_bundle_incompl
     assert not list((bundle / "files").glob("*.run"))
     proc = _push(env, bundle)
     assert proc.returncode == 2 and "incomplete" in proc.stderr, proc.stderr
+
+
+
+def test_the_bundles_chart_is_bound_to_the_signed_lock_at_apply(env, tmp_path):
+    """The bundle's chart as push names it for apply (operator.chart, with operator.chartSha256 the sha256 the signed
+    lock records): a chart swapped in the bundle afterwards is refused by config check (the check apply and operator
+    install make first), also without operator.chartSha256 (the bundle's lock, verified with the pinned key)."""
+    import io
+    import os
+    import tarfile
+
+    from installer.mirror import bundle as lockfile
+
+    bundle = tmp_path / "bundle"
+    _pull(env, bundle)
+    (entry,) = lockfile.signed_lock(bundle, [env["key_home"] / "signing-key.pub.pem"])["charts"]
+    tgz = bundle / entry["file"]
+    sha = entry["sha256"]
+    assert sha == _sha(env["src"])
+    data = yaml.safe_load(env["site"].read_text())
+    data["mirror"]["trustedKeys"] = [str(env["key_home"] / "signing-key.pub.pem")]
+    e = {**os.environ, "CHART_TEST_USER": CANARY_USER, "CHART_TEST_PASSWORD": CANARY}
+
+    def check(**operator_fields) -> subprocess.CompletedProcess:
+        site = tmp_path / "site.yaml"
+        site.write_text(yaml.safe_dump({**data, "operator": {"version": VERSION, **operator_fields}}))
+        return subprocess.run([str(VENV_BIN / "gpu-install"), "config", "check", "-s", str(site)],
+                              capture_output=True, text=True, env=e, timeout=120)
+
+    for fields in ({"chart": str(tgz), "chartSha256": sha}, {"chart": str(tgz)}):
+        ok = check(**fields)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+    # the bundle's chart swapped: one template more
+    buf = io.BytesIO()
+    with tarfile.open(tgz, "r:gz") as src, tarfile.open(fileobj=buf, mode="w:gz") as out:
+        for m in src.getmembers():
+            out.addfile(m, src.extractfile(m) if m.isfile() else None)
+        extra = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: not-reviewed}\n"
+        info = tarfile.TarInfo("gpu-operator/templates/not-reviewed.yaml")
+        info.size = len(extra)
+        out.addfile(info, io.BytesIO(extra))
+    tgz.write_bytes(buf.getvalue())
+    swapped = _sha(tgz)
+    refused = check(chart=str(tgz), chartSha256=sha)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"has sha256 {swapped}, but operator.chartSha256 in the site file says {sha}" in refused.stderr, \
+        refused.stderr
+    refused = check(chart=str(tgz))
+    assert refused.returncode == 2 and f"has sha256 {swapped}, but the signed lock of bundle" in refused.stderr, \
+        refused.stderr
