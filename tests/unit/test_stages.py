@@ -226,7 +226,7 @@ class Stubs:
         report = SimpleNamespace(changed=True, lines=lambda: ["namespace gpu-operator: created",
                                                               "release gpu-operator (chart): revision 1 deployed",
                                                               "operator install ok in 1.0s: changed"])
-        prepared = SimpleNamespace(chart="chart", kubeconfig=Path("/kc"))
+        prepared = SimpleNamespace(chart="chart", shown="chart", kubeconfig=Path("/kc"))
         run_result = {"site.yml": RunResult("site.yml", {"gpu1": HostStats(changed=3)}, artifacts=Path("/runs/site")),
                       "uninstall.yml": RunResult("uninstall.yml", {"gpu1": HostStats(changed=2)},
                                                  artifacts=Path("/runs/uninstall"))}
