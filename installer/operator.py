@@ -211,8 +211,9 @@ def load_chart(plan: Plan, chart_ref: str | os.PathLike[str] | None) -> Chart:
             raise ConfigError(
                 f"chart {source} is a directory, and {pin[1]} pins a chart archive's sha256 (a directory has no "
                 "single digest)",
-                hint=f"give the .tgz itself (`helm package {source}`, or the bundle's charts/ file), or remove "
-                     f"{SHA256_FIELD} to install a chart directory")
+                hint=(f"give the .tgz itself (`helm package {source}`, or the bundle's charts/ file), or remove "
+                      f"{SHA256_FIELD} to install a chart directory") if pin[1].startswith(SHA256_FIELD) else
+                "a bundle's charts are archives: carry the bundle across again as `gpu-install mirror pull` wrote it")
         return Chart(ref, source)
     tmp = tempfile.mkdtemp(prefix="gpu-install-chart-")
     copy = Path(tmp) / (Path(ref).name if Path(ref).name.endswith(".tgz") else "chart.tgz")

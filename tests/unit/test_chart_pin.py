@@ -427,3 +427,14 @@ def test_upgrade_apply_refuses_a_plan_reviewed_with_another_chart(tmp_path, monk
     shutil.copy(reviewed, again)
     out = rig.run(chart=str(again))
     assert out.plan_hash == p.plan_hash and ("helm", "v23.9.2") in rig.log
+
+
+@needs_upstream
+def test_a_directory_in_place_of_a_bundles_chart_is_refused(tmp_path):
+    bundle, pub = signed_bundle(tmp_path, REAL.read_bytes())
+    chart = bundle / "charts" / NAME
+    chart.unlink()
+    shutil.copytree(FIXTURE, chart)  # a chart directory under the archive's name: helm would install it
+    with pytest.raises(ConfigError, match="is a directory, and the signed lock of bundle") as err:
+        operator.load_chart(bundle_plan(pub), str(chart))
+    assert "a bundle's charts are archives" in (err.value.hint or "")
