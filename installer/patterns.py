@@ -65,13 +65,17 @@ PATTERN_TEXT = {
 }
 
 _DOMAIN_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-#: the user[:password]@ of a URL: everything between "scheme://" and the authority's last '@'
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s?#\\]*@")
+#: the user[:password]@ of a URL: everything between "scheme://" and the authority's last '@'. The scheme is bounded
+#: (RFC 3986 sets no limit, real ones are short): unbounded, each start position in a long run of letters rescans it
+#: to the end, quadratic on a 10 MB value.
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)[^/\s?#\\]*@")
 
 
 def strip_userinfo(text: str) -> str:
     """text with the user[:password]@ of every URL in it replaced with ***@: how a URL is printed, recorded or
     signed (a password with an unencoded '@' is hidden whole)."""
+    if "://" not in text:
+        return text
     return _URL_USERINFO.sub(lambda m: m.group("scheme") + "***@", text)
 
 
