@@ -159,12 +159,12 @@ def bundle_for_push(bundle: Path, trusted: Sequence[Path] | None = None, max_age
     return lock
 
 
-def check_complete(bundle: Path, lock: Mapping[str, Any]) -> None:
-    """The (signed) lock is of a complete bundle that carries images: ConfigError (exit 2) otherwise, naming what the
-    pull could not get (its "failed" entries, each source or reference and error bounded). Push and `mirror verify
-    --bundle` both check this: an incomplete bundle is never pushed, and never verified green. A lock with no image
-    at all (neither carried nor in "base") is refused too: every site's plan deploys images (the GPU Operator's own),
-    so such a lock is no pull of a site's plan."""
+def check_complete(bundle: Path, lock: Mapping[str, Any], *, images_required: bool = False) -> None:
+    """The (signed) lock is of a complete bundle: ConfigError (exit 2) otherwise, naming what the pull could not get
+    (its "failed" entries, each source or reference bounded). Push and `mirror verify --bundle` both check this: an
+    incomplete bundle is never pushed, and never verified green. images_required (verify, which reports the images
+    it found): a lock with no image at all (neither carried nor in "base") is refused too -- every site's plan deploys
+    images (the GPU Operator's own), so such a lock is no pull of a site's plan, and "all 0 images" is no finding."""
     hint = "run gpu-install mirror pull again on the connected side until it exits 0, and carry that bundle"
     if lock.get("complete") is not True:
         failed = [f for f in lock.get("failed") or [] if isinstance(f, dict)]
@@ -175,7 +175,7 @@ def check_complete(bundle: Path, lock: Mapping[str, Any]) -> None:
     images, base = lock.get("images"), lock.get("base") or []
     if not isinstance(images, list) or not isinstance(base, list):
         raise ConfigError(f"{bundle / LOCK}: no image list", hint=hint)
-    if not images and not base:
+    if images_required and not images and not base:
         raise ConfigError(f"{bundle / LOCK}: the bundle carries no image (and builds on none): a site's plan always "
                           "has images, so this is not the pull of one", hint=hint)
 

@@ -41,7 +41,7 @@ def from_lock(site: Site, lock: Mapping[str, Any], bundle: Path) -> list[Wanted]
     from installer.mirror import lock as entries
     from installer.mirror.bundle import LOCK, check_complete
 
-    check_complete(bundle, lock)
+    check_complete(bundle, lock, images_required=True)
 
     if lock.get("registry") != site.registry.host:
         raise ConfigError(f"{bundle}: the bundle was pulled for registry {lock.get('registry')}, the site file names "

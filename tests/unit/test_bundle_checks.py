@@ -79,16 +79,16 @@ def test_a_killed_pull_and_a_long_failure_list_are_named_bounded(tmp_path):
     assert len(exc.value.message) < 20 * 210 + 300
 
 
-def test_a_lock_without_images_never_passes(tmp_path, spy):  # noqa: F811
+def test_a_lock_without_images_never_passes_verify(tmp_path, spy):  # noqa: F811
     """"all 0 images are in …" was a pass: a lock carrying no image and building on none is no pull of a site's
     plan (every plan deploys the GPU Operator's images); an incremental bundle whose images are all in base is."""
     bundle, digest = _bundle(tmp_path)
     lock = _edit(bundle, lambda lock: lock.update(images=[]))
     trusted = _signed(tmp_path, bundle)
-    with pytest.raises(ConfigError, match="the bundle carries no image \\(and builds on none\\)"):
-        b.bundle_for_push(bundle, trusted)
-    with pytest.raises(ConfigError, match="carries no image"):
-        verify.from_lock(_site(), lock, bundle)
+    assert b.bundle_for_push(bundle, trusted)["images"] == []  # push: a bundle of charts and files only is pushed
+    with pytest.raises(ConfigError, match="the bundle carries no image \\(and builds on none\\)") as e:
+        verify.from_lock(_site(), b.bundle_for_push(bundle, trusted), bundle)
+    assert e.value.exit_code == EXIT_USAGE
     base = [{"source": "nvcr.io/nvidia/gpu-operator:v24.9.2", "destination": DESTINATION, "digest": digest}]
     lock = _edit(bundle, lambda lock: lock.update(base=base))
     assert verify.from_lock(_site(), lock, bundle) == [verify.Wanted(base[0]["source"], DESTINATION, digest)]
