@@ -69,25 +69,22 @@ def read_lock(bundle: Path, *, verify: bool = True) -> dict[str, Any]:
     """The bundle's lock; with verify its checksum must match (ConfigError, exit 2, naming the problem)."""
     lock_path, sum_path = bundle / LOCK, bundle / CHECKSUM
     hint = "pull the bundle again (gpu-install mirror pull) and carry the whole directory across"
-    try:
-        raw = lock_path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{lock_path}: cannot read the bundle lock ({exc.strerror})", hint=hint) from None
+    from installer import signing
+
+    # bounded, a regular file only (never a FIFO, never read past the cap): the lock a resumed pull or a checksum
+    # check reads is as untrusted as the signed one
+    raw = signing.read_bounded(lock_path, signing.MAX_ENVELOPE_BYTES, "the bundle lock", hint)
     if verify:
         try:
-            want = sum_path.read_text().split()[0].lower()
-        except (OSError, IndexError):
-            raise ConfigError(f"{sum_path}: the lock's checksum file is missing or empty", hint=hint) from None
+            want = signing.read_bounded(sum_path, 4096, "the lock's checksum file", hint).decode(
+                errors="replace").split()[0].lower()
+        except IndexError:
+            raise ConfigError(f"{sum_path}: the lock's checksum file is empty", hint=hint) from None
         got = hashlib.sha256(raw).hexdigest()
         if got != want:
             raise ConfigError(f"{lock_path}: checksum mismatch (sha256 {got}, {CHECKSUM} says {want}): the lock was "
                               "changed after pull", hint=hint)
-    try:
-        lock = json.loads(raw)
-    except ValueError:
-        raise ConfigError(f"{lock_path}: not valid JSON", hint=hint) from None
-    if not isinstance(lock, dict) or lock.get("schema") != SCHEMA:
-        raise ConfigError(f"{lock_path}: not a {SCHEMA} lock", hint=hint)
+    lock = _parse(lock_path, raw, hint)
     return lock
 
 
@@ -134,10 +131,12 @@ def signed_lock(bundle: Path, trusted: Sequence[Path]) -> dict[str, Any]:
 
 
 def _parse(lock_path: Path, raw: bytes, hint: str) -> dict[str, Any]:
+    from installer.safefile import json_value
+
     try:
-        lock = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ConfigError(f"{lock_path}: not valid JSON", hint=hint) from None
+        lock = json_value(raw)  # depth-bounded, a key given twice refused (json would keep the last one)
+    except ValueError as exc:
+        raise ConfigError(f"{lock_path}: not valid JSON ({exc})", hint=hint) from None
     if not isinstance(lock, dict) or lock.get("schema") != SCHEMA:
         raise ConfigError(f"{lock_path}: not a {SCHEMA} lock", hint=hint)
     return lock

@@ -236,3 +236,43 @@ def test_the_checks_pass_the_unforged_lock(tmp_path):
     charts.verify(bundle, lock, _site())
     assert [w.destination for w in verify.from_lock(_site(), json.loads((bundle / b.LOCK).read_text()), bundle)] \
         == [DESTINATION]
+
+
+# ---------------------------------------------------------------- the lock as a resumed pull or a checksum reads it
+
+
+def _with_checksum(bundle: Path, raw: bytes) -> None:
+    import hashlib
+
+    (bundle / b.LOCK).write_bytes(raw)
+    (bundle / b.CHECKSUM).write_text(f"{hashlib.sha256(raw).hexdigest()}  {b.LOCK}\n")
+
+
+def test_read_lock_refuses_a_lock_nested_too_deeply_or_with_a_key_twice_as_exit_2(tmp_path):
+    """A lock whose checksum file matches is still untrusted (whoever edits the lock rewrites its checksum): nesting
+    200,000 deep is exit 2, not a RecursionError traceback; a key given twice is refused (json keeps the last)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    _with_checksum(bundle, b'{"schema": "' + b.SCHEMA.encode() + b'", "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+    with pytest.raises(ConfigError, match="not valid JSON .*nest") as exc:
+        b.read_lock(bundle)
+    assert exc.value.exit_code == EXIT_USAGE
+    _with_checksum(bundle, json.dumps({"schema": b.SCHEMA}).encode()[:-1] + b', "schema": "other"}')
+    with pytest.raises(ConfigError, match="twice"):
+        b.read_lock(bundle)
+    assert b.load_for_update(bundle) == {}  # a resumed pull starts afresh instead of failing
+
+
+def test_read_lock_never_blocks_on_a_fifo_and_never_reads_past_its_bound(tmp_path):
+    import os
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    os.mkfifo(bundle / b.LOCK)  # no writer: a plain read would block forever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        b.read_lock(bundle)
+    (bundle / b.LOCK).unlink()
+    with open(bundle / b.LOCK, "wb") as fh:
+        fh.truncate(signing.MAX_ENVELOPE_BYTES + 1)
+    with pytest.raises(ConfigError, match="more than the"):
+        b.read_lock(bundle, verify=False)
