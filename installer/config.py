@@ -134,8 +134,9 @@ CHART_REPOSITORY_CREDENTIALS = ("give them as mirror.chartCredentials.usernameEn
 RUNFILE_CREDENTIALS = ("the nodes fetch driver.runfile without credentials: serve it in the site's file mirror without "
                        "them (driver.runfileSha256 proves what it serves), or download it where the credentials are "
                        "and give driver.runfile as a path on the controller")
-PACKAGE_SOURCE_CREDENTIALS = ("gpu-install takes no credentials for an upstream package repository: give one reachable "
-                              "without them (an internal mirror or proxy), or a copy on this machine as file:///…")
+PACKAGE_SOURCE_CREDENTIALS = ("give them as mirror.packageRepositories.<os>[].credentials.usernameEnv/passwordEnv, the "
+                              "names of environment variables holding them (apt and dnf read them from a 0600 file, "
+                              "never from their command line)")
 SITE_PACKAGES_CREDENTIALS = ("the nodes read packages.url without credentials (its index is signed with the site key, "
                              "packages.key): serve `mirror push --repo-dir` DIR without them inside the site")
 EXTENDER_CREDENTIALS = "kube-scheduler calls an extender without credentials in its URL (enableHTTPS for TLS)"
@@ -155,6 +156,16 @@ class ChartCredentials(Block):
     usernameEnv: str = Field(description="name of the env var holding the chart repository's user name",
                              pattern=ENV_NAME)
     passwordEnv: str = Field(description="name of the env var holding the chart repository's password/token",
+                             pattern=ENV_NAME)
+
+
+class PackageCredentials(Block):
+    """The user and password of an http(s) upstream package repository (mirror.packageRepositories.<os>[]), referenced
+    by the names of the environment variables holding them, never written inline (as mirror.chartCredentials)."""
+
+    usernameEnv: str = Field(description="name of the env var holding the package repository's user name",
+                             pattern=ENV_NAME)
+    passwordEnv: str = Field(description="name of the env var holding the package repository's password/token",
                              pattern=ENV_NAME)
 
 
@@ -594,11 +605,23 @@ class PackageSource(Block):
                                   description="apt only: the components of the suite (not for a flat repository)")
     key: Path = Field(description="the repository's OpenPGP public key (armored or binary): apt checks the "
                                   "suite's Release signature with it, dnf pulls refuse packages it did not sign")
+    credentials: PackageCredentials | None = Field(
+        None, description="the user and password `mirror pull` gives this http(s) repository when it needs them: "
+        "usernameEnv/passwordEnv, the names of environment variables holding them (apt reads them from an auth.conf, "
+        "dnf from the .repo file, both 0600 in a private work directory; the files are fetched with HTTP Basic "
+        "authentication sent to URLs under this url only); never in the URL")
 
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
         return package_url(no_userinfo(v, PACKAGE_SOURCE_CREDENTIALS))
+
+    @model_validator(mode="after")
+    def _credentials_over_http(self) -> PackageSource:
+        if self.credentials is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"credentials: {self.url} is not an http(s) URL; a file:/// copy needs no login "
+                             "(leave credentials out)")
+        return self
 
     @field_validator("suite")
     @classmethod

@@ -188,10 +188,19 @@ def read_since(path: Path) -> tuple[dict[str, Any], str]:
     return lock, sha
 
 
-def fetch(source: str, dest: Path, ca: Path | None) -> None:
+#: (repository URL, user, password): HTTP Basic credentials fetch sends to URLs under that repository only
+Login = tuple[str, str, str]
+
+
+def fetch(source: str, dest: Path, ca: Path | None, logins: Sequence[Login] = ()) -> None:
     """A file from an http(s) URL (the system CAs and ca trusted), a file: URL (apt names local archives so) or a path
     on this machine, into dest atomically (through a .part name created new, open_part: a killed fetch leaves no half
-    file under dest, and a planted .part symlink is removed, never written through)."""
+    file under dest, and a planted .part symlink is removed, never written through).
+
+    logins: the Authorization: Basic header goes with a request -- the first one and any a redirect leads to -- only
+    when its URL is under one of these repository URLs (same scheme, host and port, the path below the repository's;
+    urllib's password manager decides, and sends it as an unredirected header): a redirect to another host, port,
+    scheme or path never carries it. The password is in no message (urllib's errors name the URL and status only)."""
     tmp = dest.with_name(f".{dest.name}.part")
     fd = open_part(tmp)
     try:
@@ -203,7 +212,13 @@ def fetch(source: str, dest: Path, ca: Path | None) -> None:
                 ctx = ssl.create_default_context()
                 if ca:
                     ctx.load_verify_locations(cafile=str(ca))
-                with urllib.request.urlopen(source, timeout=120, context=ctx) as resp:  # noqa: S310
+                handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=ctx)]
+                if logins:
+                    known = urllib.request.HTTPPasswordMgrWithPriorAuth()
+                    for url, user, password in logins:
+                        known.add_password(None, url.rstrip("/") + "/", user, password, is_authenticated=True)
+                    handlers.append(urllib.request.HTTPBasicAuthHandler(known))
+                with urllib.request.build_opener(*handlers).open(source, timeout=120) as resp:  # noqa: S310
                     shutil.copyfileobj(resp, out, 1 << 20)
             else:
                 with open(Path(source).expanduser(), "rb") as fh:

@@ -27,7 +27,7 @@ CASES = [
      "mirror.chartCredentials.usernameEnv/passwordEnv"),
     ("mirror.packageRepositories.ubuntu22.04.0.url", {"mirror": {"packageRepositories": {"ubuntu22.04": [
         {"url": f"https://robot:{PASSWORD}@apt.example.com/ubuntu", "suite": "jammy", "key": "ubuntu.asc"}]}}},
-     "file:///"),
+     "mirror.packageRepositories.<os>[].credentials.usernameEnv/passwordEnv"),
     ("packages.url", {"packages": {"url": f"http://robot:{PASSWORD}@repo.example.com/gpu-install", "key": "k.asc"}},
      "without them inside the site"),
     ("driver.runfile", {"driver": {"mode": "runfile", "runfile": f"https://robot:{PASSWORD}@files.example.com/{RUNFILE}",

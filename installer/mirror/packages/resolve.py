@@ -1,9 +1,15 @@
 """`mirror pull` of the OS packages (the connected side): each OS's closure resolved by its own package manager
 (apt, dnf) against the site's upstream repositories, fetched into the bundle, checked (apt: the signed index's
-sha256; dnf: each rpm's signature against the OS's keys only, with rpmkeys) and recorded in the lock."""
+sha256; dnf: each rpm's signature against the OS's keys only, with rpmkeys) and recorded in the lock.
+
+A repository's credentials (mirror.packageRepositories.<os>[].credentials: the names of two environment variables)
+reach apt as an auth.conf and dnf as its .repo file, both 0600 in the private work directory, and the files fetched
+here as an HTTP Basic header for URLs under that repository only; never a command line, the tools' environment (the
+variables are dropped from it), a message (redacted), the lock or the plan."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -17,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from installer.errors import ConfigError
 from installer.mirror import bundle as lockfile
-from installer.mirror.common import PackageFailures, Say, fetch, incomplete, read_since, reusable
+from installer.mirror.common import Login, PackageFailures, Say, fetch, incomplete, read_since, redact, reusable
 from installer.mirror.lock import Failure, PackageEntry
 from installer.mirror.packages.tools import (
     APT_ARCH,
@@ -73,15 +79,72 @@ def check_sources(site: Site, sets: Sequence[OsPackages]) -> None:
                                   hint="the repository's OpenPGP public key file (armored or binary)") from None
             if not data.strip():
                 raise ConfigError(f"{where}.key: {src.key} is empty", hint="the repository's OpenPGP public key")
+            _login(src, where)  # its credentials' variables set and usable (exit 2), before anything is fetched
+
+
+def _login(src: PackageSource, where: str) -> Login | None:
+    """(url, user, password) of a repository with credentials, from the environment variables they name; None without
+    credentials. ConfigError (exit 2) naming the field and the variable -- never its value -- when one is unset or
+    empty, or holds what apt's auth.conf, dnf's .repo file or HTTP Basic cannot carry (whitespace, a control
+    character; a ':' in the user name)."""
+    cred = src.credentials
+    if cred is None:
+        return None
+    values: list[str] = []
+    for field, name, what in (("usernameEnv", cred.usernameEnv, "user name"),
+                              ("passwordEnv", cred.passwordEnv, "password/token")):
+        value = os.environ.get(name)
+        if not value:
+            raise ConfigError(f"{where}.credentials.{field}: environment variable {name} is not set",
+                              hint=f"export {name} with the package repository's {what} before mirror pull")
+        if any(c.isspace() or not c.isprintable() for c in value) or (field == "usernameEnv" and ":" in value):
+            raise ConfigError(f"{where}.credentials.{field}: environment variable {name} holds whitespace, a control "
+                              f"character{' or a colon' if field == 'usernameEnv' else ''}, which apt's auth.conf, "
+                              "dnf's .repo file and HTTP Basic authentication cannot carry",
+                              hint=f"use a {what} without them (a token for the repository)")
+        values.append(value)
+    return src.url, values[0], values[1]
+
+
+def _secrets(logins: Sequence[Login]) -> list[str]:
+    """What a message must never show of these logins: each password and its Basic token (user:password, base64)."""
+    return [x for _, user, password in logins
+            for x in (password, base64.b64encode(f"{user}:{password}".encode()).decode())]
+
+
+def _tool_env(site: Site) -> dict[str, str]:
+    """This process's environment without the variables any package repository's credentials name: apt, dnf and rpm
+    never see them (they read the credentials from the work directory's 0600 files)."""
+    names = {n for sources in site.mirror.packageRepositories.values() for src in sources if src.credentials
+             for n in (src.credentials.usernameEnv, src.credentials.passwordEnv)}
+    return {k: v for k, v in os.environ.items() if k not in names}
+
+
+def _private_file(path: Path, text: str) -> None:
+    """text into a new file only this user can read (0600, O_CREAT|O_EXCL|O_NOFOLLOW: never one planted there)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
 
 
 # ---------------------------------------------------------------- resolution (what the distro tools say)
 
 
-def _apt_conf(work: Path, sources: Sequence[PackageSource], ca: Path | None) -> dict[str, str]:
-    """A private apt: configuration, sources, lists, an empty dpkg status; the environment that selects it."""
-    for d in ("lists/partial", "archives/partial", "conf.d", "preferences.d", "trusted.d"):
+def _apt_conf(work: Path, sources: Sequence[PackageSource], ca: Path | None, logins: Sequence[Login] = (),
+              env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A private apt: configuration, sources, lists, an empty dpkg status; the environment that selects it (env, by
+    default this process's, with APT_CONFIG). logins: written to work/auth.conf (0600), the only login file apt
+    reads (Dir::Etc::netrc; netrcparts an empty directory of work, never the system's), one `machine` line per
+    repository: scheme, host, port and the path below the repository's URL."""
+    for d in ("lists/partial", "archives/partial", "conf.d", "preferences.d", "trusted.d", "auth.conf.d"):
         (work / d).mkdir(parents=True, exist_ok=True)
+    if logins:
+        lines = []
+        for url, user, password in logins:
+            parts = urllib.parse.urlsplit(url)
+            lines.append(f"machine {parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}/ login {user} "
+                         f"password {password}\n")
+        _private_file(work / "auth.conf", "".join(lines))
     (work / "status").write_text("")
     lines = []
     for src in sources:
@@ -102,24 +165,27 @@ def _apt_conf(work: Path, sources: Sequence[PackageSource], ca: Path | None) -> 
         "APT::Get::AllowUnauthenticated": "0", "Acquire::AllowInsecureRepositories": "0",
         "Acquire::AllowDowngradeToInsecureRepositories": "0", "Acquire::Languages": "none",
         "APT::Sandbox::User": "root" if os.geteuid() == 0 else "",
+        "Dir::Etc::netrc": work / "auth.conf" if logins else "/dev/null", "Dir::Etc::netrcparts": work / "auth.conf.d",
     }
     if ca:
         conf["Acquire::https::CaInfo"] = ca.resolve()
     text = "".join(f'{k} "{v}";\n' for k, v in conf.items() if not (k == "APT::Sandbox::User" and not v))
     text += f'APT::Architectures {{ "{APT_ARCH}"; }};\n'
     (work / "apt.conf").write_text(text)
-    return {**os.environ, "APT_CONFIG": str(work / "apt.conf"), "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+    return {**(os.environ if env is None else env), "APT_CONFIG": str(work / "apt.conf"),
+            "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
 
 
 _PRINT_URI = re.compile(r"^'(?P<uri>[^']+)' (?P<file>\S+) (?P<size>\d+) (?P<hash>\S+)")
 
 
-def _apt_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | None, work: Path, dest: Path) -> list[dict[str, Any]]:
+def _apt_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | None, work: Path, dest: Path,
+                 logins: Sequence[Login] = (), env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """What a node with nothing installed needs to install the roots, [{uri, file, size}], downloaded by apt into
     dest. Raises ValueError with apt's message."""
     apt = _tool("apt-get", f"the packages of {s.os} are resolved with apt",
                 "run mirror pull on a Debian or Ubuntu machine (apt-get), or install apt")
-    env = _apt_conf(work, sources, ca)
+    env = _apt_conf(work, sources, ca, logins, env)
     proc = _run([apt, "update", "-q"], env=env)
     if proc.returncode != 0 or re.search(r"^(E|W): ", proc.stdout + proc.stderr, re.M):
         raise ValueError(f"apt-get update: {_errors(proc.stdout + proc.stderr)}")
@@ -143,18 +209,24 @@ def _apt_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | Non
     return out
 
 
-def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | None, work: Path, dest: Path) -> list[dict[str, Any]]:
+def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | None, work: Path, dest: Path,
+                 logins: Sequence[Login] = (), env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The URLs of the roots and their whole closure (an empty installroot) as dnf resolves them (fetched later, each
-    checked against the repository's key)."""
+    checked against the repository's key). logins: a repository's username=/password= in its .repo file; every file
+    of the work directory is written 0600."""
     dnf = _tool("dnf", f"the packages of {s.os} are resolved with dnf",
                 "install dnf and its download plugin (Debian/Ubuntu: apt-get install dnf dnf-plugins-core)")
     repos = work / "repos.d"
     repos.mkdir(parents=True, exist_ok=True)
+    login = {url: (user, password) for url, user, password in logins}
     for i, src in enumerate(sources):
-        (repos / f"upstream{i}.repo").write_text(
-            f"[upstream{i}]\nname=upstream {i} ({src.url})\nbaseurl={src.url}/\nenabled=1\ngpgcheck=1\n"
-            f"gpgkey=file://{src.key.resolve()}\nmetadata_expire=0\n" + (f"sslcacert={ca.resolve()}\n" if ca else ""))
-    (work / "dnf.conf").write_text("[main]\ninstall_weak_deps=False\nkeepcache=False\n")
+        user, password = login.get(src.url, (None, None))
+        _private_file(repos / f"upstream{i}.repo",
+                      f"[upstream{i}]\nname=upstream {i} ({src.url})\nbaseurl={src.url}/\nenabled=1\ngpgcheck=1\n"
+                      f"gpgkey=file://{src.key.resolve()}\nmetadata_expire=0\n"
+                      + (f"sslcacert={ca.resolve()}\n" if ca else "")
+                      + (f"username={user}\npassword={password}\n" if password else ""))
+    _private_file(work / "dnf.conf", "[main]\ninstall_weak_deps=False\nkeepcache=False\n")
     major = re.sub(r"^\D*", "", s.os).split(".")[0] or "9"
     # only the download plugin: another one (dnf-plugins-core's `local`) would add its own repository
     argv = [dnf, "download", "--url", "-q", "--resolve", "--alldeps", "--disableplugin=*", "--enableplugin=download",
@@ -162,7 +234,7 @@ def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | Non
             f"--installroot={work / 'root'}", f"--setopt=reposdir={repos}", f"--setopt=cachedir={work / 'cache'}",
             f"--releasever={major}", f"--forcearch={RPM_ARCH}", "--setopt=install_weak_deps=False",
             *[p.spec for p in s.packages]]
-    proc = _run(argv, env={**os.environ, "LC_ALL": "C"})
+    proc = _run(argv, env={**(os.environ if env is None else env), "LC_ALL": "C"})
     if proc.returncode != 0:
         raise ValueError(_errors(proc.stdout + proc.stderr))
     urls = [ln.strip() for ln in proc.stdout.splitlines() if re.match(r"^(https?|file)://\S+\.rpm$", ln.strip())]
@@ -176,22 +248,23 @@ def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | Non
 
 
 @contextlib.contextmanager
-def _rpm_keyring(keys: Sequence[Path]) -> Iterator[Path]:
+def _rpm_keyring(keys: Sequence[Path], env: Mapping[str, str] | None = None) -> Iterator[Path]:
     """A throw-away rpm database that trusts exactly these keys."""
     rpmkeys = _tool("rpmkeys", "the rpm packages' signatures are checked with it",
                     "install rpm (Debian/Ubuntu: apt-get install rpm)")
     with tempfile.TemporaryDirectory(prefix="gpu-install-rpmdb-") as db:
         for key in keys:
-            proc = _run([rpmkeys, "--dbpath", db, "--import", str(key)])
+            proc = _run([rpmkeys, "--dbpath", db, "--import", str(key)], env=env)
             if proc.returncode != 0:
                 raise ConfigError(f"{key}: not an OpenPGP public key rpm can import ({_errors(proc.stderr)})",
                                   hint="give the repository's signing key (RPM-GPG-KEY-…), armored")
         yield Path(db)
 
 
-def _rpm_signed(db: Path, path: Path) -> str | None:
+def _rpm_signed(db: Path, path: Path, env: Mapping[str, str] | None = None) -> str | None:
     """None when the package's digests are intact and a trusted key signed it, else why not."""
-    proc = _run(["rpmkeys", "--dbpath", str(db), "--checksig", str(path)], env={**os.environ, "LC_ALL": "C"})
+    proc = _run(["rpmkeys", "--dbpath", str(db), "--checksig", str(path)],
+                env={**(os.environ if env is None else env), "LC_ALL": "C"})
     text = (proc.stdout + proc.stderr).strip()
     if proc.returncode == 0 and re.search(r"\bsignatures OK\b", text):
         return None
@@ -200,13 +273,13 @@ def _rpm_signed(db: Path, path: Path) -> str | None:
     return "signature check failed: " + (text.split(":", 1)[-1].strip() or "rpmkeys failed")[:500]
 
 
-def _rpm_identity(paths: Sequence[Path]) -> dict[str, tuple[str, str, str]]:
+def _rpm_identity(paths: Sequence[Path], env: Mapping[str, str] | None = None) -> dict[str, tuple[str, str, str]]:
     rpm = _tool("rpm", "the rpm packages are read with it", "install rpm (Debian/Ubuntu: apt-get install rpm)")
     out: dict[str, tuple[str, str, str]] = {}
     for chunk in range(0, len(paths), 200):
         part = paths[chunk:chunk + 200]
         proc = _run([rpm, "-qp", "--nosignature", "--nodigest", "--qf",
-                     "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}\\n", *map(str, part)])
+                     "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}\\n", *map(str, part)], env=env)
         rows = [ln.split("\t") for ln in proc.stdout.splitlines() if ln.count("\t") == 2]
         if proc.returncode != 0 or len(rows) != len(part):
             raise ValueError(f"rpm cannot read {', '.join(p.name for p in part)}: {_errors(proc.stderr)}")
@@ -258,8 +331,12 @@ def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda
     entries: list[PackageEntry] = []
     records: list[dict[str, Any]] = []
     failed: list[Failure] = []
+    env = _tool_env(site)
     for s in sets:
         sources = site.mirror.packageRepositories[s.os]
+        logins = [x for i, src in enumerate(sources)
+                  if (x := _login(src, f"mirror.packageRepositories.{s.os}[{i}]")) is not None]
+        secrets = _secrets(logins)
         out = bundle / PACKAGES / _safe(s.os)
         out.mkdir(parents=True, exist_ok=True)
         records.append({"os": s.os, "manager": s.manager, "roots": [p.spec for p in s.packages],
@@ -269,15 +346,17 @@ def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda
         say(f"packages {s.os}: resolving {len(s.packages)} root(s) and their closure with {s.manager}")
         with tempfile.TemporaryDirectory(prefix=f"gpu-install-{s.manager}-") as tmp:
             try:
-                wanted = (_apt_resolve if s.manager == "apt" else _dnf_resolve)(s, sources, ca, Path(tmp), out)
+                wanted = (_apt_resolve if s.manager == "apt" else _dnf_resolve)(s, sources, ca, Path(tmp), out,
+                                                                                 logins, env)
             except ValueError as exc:
-                failed.append({"ref": f"{s.os} ({', '.join(p.spec for p in s.packages)})", "error": str(exc)})
-                say(f"packages {s.os}: FAILED: {exc}")
+                why = redact(str(exc), secrets)
+                failed.append({"ref": f"{s.os} ({', '.join(p.spec for p in s.packages)})", "error": why})
+                say(f"packages {s.os}: FAILED: {why}")
                 continue
         say(f"packages {s.os}: {len(wanted)} package(s) in the closure")
-        got = _fetch_all(s, wanted, out, old, ca, failed, say)
+        got = _fetch_all(s, wanted, out, old, ca, failed, say, logins)
         if s.manager == "dnf":
-            got = _check_rpms(s, sources, got, out, failed, say)
+            got = _check_rpms(s, sources, got, out, failed, say, env)
             got += _keys(s, sources, out)
         for e in got:  # --since: what the older bundle already carried stays out of this one
             ref = f"{s.os}/{Path(str(e['file'])).name}"
@@ -305,7 +384,10 @@ def record_skipped(sets: Sequence[OsPackages], bundle: Path) -> None:
 
 
 def _fetch_all(s: OsPackages, wanted: Sequence[Mapping[str, Any]], out: Path, old: Mapping[str, PackageEntry],
-               ca: Path | None, failed: list[Failure], say: Say) -> list[PackageEntry]:
+               ca: Path | None, failed: list[Failure], say: Say, logins: Sequence[Login] = ()) -> list[PackageEntry]:
+    """The files of wanted into out (what apt fetched already, or the older lock holds, is kept); logins go with the
+    URLs under their repositories only (fetch)."""
+    secrets = _secrets(logins)
     got = []
     for w in wanted:
         try:
@@ -320,10 +402,11 @@ def _fetch_all(s: OsPackages, wanted: Sequence[Mapping[str, Any]], out: Path, ol
             continue
         if s.manager == "dnf" or not dest.is_file():  # apt fetched and checked its files already
             try:
-                fetch(str(w["uri"]), dest, ca)
+                fetch(str(w["uri"]), dest, ca, logins)
             except (OSError, ValueError, ssl.SSLError) as exc:
-                failed.append({"ref": f"{s.os}/{name}", "error": f"{w['uri']}: {getattr(exc, 'reason', None) or exc}"})
-                say(f"packages {s.os}: {name}: FAILED: {exc}")
+                why = redact(f"{w['uri']}: {getattr(exc, 'reason', None) or exc}", secrets)
+                failed.append({"ref": f"{s.os}/{name}", "error": why})
+                say(f"packages {s.os}: {name}: FAILED: {redact(str(exc), secrets)}")
                 continue
         digest = sha256_file(dest)
         if w["size"] is not None and dest.stat().st_size != w["size"]:
@@ -341,13 +424,14 @@ def _fetch_all(s: OsPackages, wanted: Sequence[Mapping[str, Any]], out: Path, ol
 
 
 def _check_rpms(s: OsPackages, sources: Sequence[PackageSource], got: list[PackageEntry], out: Path,
-                failed: list[Failure], say: Say) -> list[PackageEntry]:
-    """Keep the rpms a key of this OS's repositories signed (the others are removed and named) with their identity."""
+                failed: list[Failure], say: Say, env: Mapping[str, str] | None = None) -> list[PackageEntry]:
+    """Keep the rpms a key of this OS's repositories signed (the others are removed and named) with their identity.
+    env: rpm's environment (default this process's)."""
     kept: list[PackageEntry] = []
-    with _rpm_keyring([src.key for src in sources]) as db:
+    with _rpm_keyring([src.key for src in sources], env) as db:
         for e in got:
             path = out / str(e["file"]).rsplit("/", 1)[1]
-            why = _rpm_signed(db, path)
+            why = _rpm_signed(db, path, env)
             if why:
                 path.unlink(missing_ok=True)
                 failed.append({"ref": f"{s.os}/{path.name}", "error": why})
@@ -355,7 +439,7 @@ def _check_rpms(s: OsPackages, sources: Sequence[PackageSource], got: list[Packa
                 continue
             kept.append(e)
     if kept:
-        ids = _rpm_identity([out / str(e["file"]).rsplit("/", 1)[1] for e in kept])
+        ids = _rpm_identity([out / str(e["file"]).rsplit("/", 1)[1] for e in kept], env)
         for e in kept:
             n, v, a = ids[str(e["file"]).rsplit("/", 1)[1]]
             e.update({"name": n, "version": v, "arch": a})
