@@ -153,3 +153,38 @@ def test_site_schema_has_the_field():
     schema = copy.deepcopy(site_schema())
     text = repr(schema)
     assert "PackageCredentials" in text and "usernameEnv" in text
+
+
+def test_a_tool_or_fetch_message_echoing_the_password_is_redacted(tmp_path, monkeypatch, key):
+    """Should apt, dnf or a fetch ever echo the password (or its Basic token), the progress line and the lock's
+    failure say *** instead."""
+    import base64
+
+    from installer.mirror import images, packages
+    from installer.mirror.packages import resolve
+    from installer.plan import Options
+    from installer.plan import resolve as resolve_plan
+
+    token = base64.b64encode(f"robot:{PASSWORD}".encode()).decode()
+    monkeypatch.setenv("PKG_USER", "robot")
+    monkeypatch.setenv("PKG_PASSWORD", PASSWORD)
+    plan = resolve_plan(parse_site(_site(key)), Options(os_tags=("debian12",)))
+
+    def echoing(*a, **k):
+        raise ValueError(f"E: Failed to fetch {URL}/dists/stable/InRelease as robot:{PASSWORD} ({token})")
+
+    def fetch_echoing(source, dest, ca, logins=()):
+        raise OSError(f"{source}: refused for password {PASSWORD}")
+
+    for name, fake in (("_apt_resolve", echoing), ("fetch", fetch_echoing)):
+        if name == "fetch":
+            monkeypatch.setattr(resolve, "_apt_resolve", lambda *a, **k: [
+                {"uri": f"{URL}/pool/x_1_amd64.deb", "file": "x_1_amd64.deb", "size": 1, "sha256": None}])
+        monkeypatch.setattr(resolve, name, fake)
+        bundle = tmp_path / name
+        images.pull(plan, [], bundle, finish=False)
+        lines: list[str] = []
+        with pytest.raises(packages.PackageFailures) as err:
+            packages.pull(plan.site, plan.artifacts(()).packages, bundle, say=lines.append)
+        text = "\n".join([*lines, err.value.message, (bundle / "bundle.lock.json").read_text()])
+        assert "***" in text and PASSWORD not in text and token not in text, text
