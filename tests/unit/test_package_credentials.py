@@ -101,6 +101,25 @@ def test_a_value_apt_or_dnf_cannot_carry_is_refused_unshown(cli, write_site, mon
     assert password not in err and "two" not in err and not (tmp_path / "bundle").exists()
 
 
+def test_a_dollar_is_refused_for_dnf_only(cli, write_site, monkeypatch, tmp_path, key):
+    """dnf substitutes $releasever, $basearch... in a .repo file's values, the password too (a password holding
+    '$releasever' fails against the repository): refused for a dnf OS, taken for an apt one."""
+    from installer.mirror.packages import resolve
+
+    monkeypatch.setenv("PKG_USER", "robot")
+    monkeypatch.setenv("PKG_PASSWORD", "Pw$releasever")
+    site = _site(key)
+    site["driver"]["customImageOs"] = ["rocky9.4"]
+    site["mirror"]["packageRepositories"] = {"rocky9.4": [{"url": URL, "key": str(key), "credentials": CREDS}]}
+    rc, _, err = cli("mirror", "pull", "-s", write_site(site), "--os", "rocky9.4", "-o", tmp_path / "bundle",
+                     "--key-home", tmp_path / "key-home", "-q")
+    assert rc == 2, err
+    assert ("mirror.packageRepositories.rocky9.4[0].credentials.passwordEnv: environment variable PKG_PASSWORD "
+            "holds a '$'") in err and "Pw$releasever" not in err and not (tmp_path / "bundle").exists()
+    src = parse_site(_site(key)).mirror.packageRepositories["debian12"][0]
+    assert resolve._login(src, "x", "apt") == (URL, "robot", "Pw$releasever")
+
+
 def test_apt_reads_the_login_from_a_0600_auth_conf_only(tmp_path, key):
     """The private apt configuration: one auth.conf (0600, a machine line with scheme, host, port and the
     repository's path) and an empty auth.conf.d of the work directory; the password in no other file and not in the

@@ -79,14 +79,14 @@ def check_sources(site: Site, sets: Sequence[OsPackages]) -> None:
                                   hint="the repository's OpenPGP public key file (armored or binary)") from None
             if not data.strip():
                 raise ConfigError(f"{where}.key: {src.key} is empty", hint="the repository's OpenPGP public key")
-            _login(src, where)  # its credentials' variables set and usable (exit 2), before anything is fetched
+            _login(src, where, s.manager)  # its credentials' variables set and usable (exit 2), before any fetch
 
 
-def _login(src: PackageSource, where: str) -> Login | None:
+def _login(src: PackageSource, where: str, manager: str) -> Login | None:
     """(url, user, password) of a repository with credentials, from the environment variables they name; None without
     credentials. ConfigError (exit 2) naming the field and the variable -- never its value -- when one is unset or
     empty, or holds what apt's auth.conf, dnf's .repo file or HTTP Basic cannot carry (whitespace, a control
-    character; a ':' in the user name)."""
+    character; a ':' in the user name; for dnf a '$', which it reads as a variable such as $releasever)."""
     cred = src.credentials
     if cred is None:
         return None
@@ -102,6 +102,10 @@ def _login(src: PackageSource, where: str) -> Login | None:
                               f"character{' or a colon' if field == 'usernameEnv' else ''}, which apt's auth.conf, "
                               "dnf's .repo file and HTTP Basic authentication cannot carry",
                               hint=f"use a {what} without them (a token for the repository)")
+        if manager == "dnf" and "$" in value:
+            raise ConfigError(f"{where}.credentials.{field}: environment variable {name} holds a '$', which dnf reads "
+                              "as a variable ($releasever, $basearch) in the repository's .repo file",
+                              hint=f"use a {what} without '$' (a token for the repository)")
         values.append(value)
     return src.url, values[0], values[1]
 
@@ -335,7 +339,7 @@ def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda
     for s in sets:
         sources = site.mirror.packageRepositories[s.os]
         logins = [x for i, src in enumerate(sources)
-                  if (x := _login(src, f"mirror.packageRepositories.{s.os}[{i}]")) is not None]
+                  if (x := _login(src, f"mirror.packageRepositories.{s.os}[{i}]", s.manager)) is not None]
         secrets = _secrets(logins)
         out = bundle / PACKAGES / _safe(s.os)
         out.mkdir(parents=True, exist_ok=True)
