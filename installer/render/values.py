@@ -171,6 +171,16 @@ def resolve_components(site: Site, release: Release) -> dict[str, ResolvedCompon
             version = ov.version or version
         if name == "driver" and site.driver.version:
             version = site.driver.version
+        if name == "driver" and site.driver.mode == "operator" and site.driver.version \
+                and site.driver.version.isdigit():
+            # the driver container's tags are <full version>-<osTag> (driver-image-tags.md): driver:580-ubuntu24.04
+            # does not exist, and mirror pull would only say so after the connected side tried
+            raise ConfigError(
+                f"driver.version: {site.driver.version!r} is a driver branch; driver.mode operator needs the full "
+                f"version its driver images are tagged with (GPU Operator {release.version} pins {spec.version})",
+                hint=f"set driver.version: \"{spec.version}\" (or another full version of branch "
+                     f"{site.driver.version}, e.g. {site.driver.version}.<minor>.<patch>), leave it out for the "
+                     "release's, or use driver.mode: precompiled, whose images are tagged by branch")
         if name == "driver" and site.driver.mode == "precompiled":
             if not site.driver.version:
                 version = (spec.version or "").split(".")[0]  # precompiled images are tagged by branch

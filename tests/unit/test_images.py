@@ -174,3 +174,23 @@ def test_an_inventory_that_does_not_parse_is_an_error_with_ansibles_reason(tmp_p
     rc, out, err = cli("images", "-s", write_site({"operator": {"version": "v24.9.2"},
                                                    "registry": {"host": "registry.lab:5000"}}), "-i", inv)
     assert rc == 2 and out == "" and "no group" not in err and "has no hosts" not in err
+
+
+@pytest.mark.parametrize("release, os_version, pinned", [("v25.10.1", "24.04", "580.105.08"),
+                                                         ("v24.9.2", "22.04", "550.144.03")])
+def test_a_branch_only_driver_version_in_operator_mode_is_exit_2_naming_the_releases_full_version(release, os_version,
+                                                                                                   pinned):
+    """driver:580-ubuntu24.04 does not exist: operator mode's driver images are tagged <full version>-<osTag>, so a
+    branch is refused before any image is listed, naming the version the release pins; precompiled (tagged by
+    branch) and a full version are fine."""
+    nodes = [Node("a", "ubuntu", os_version, "6.8.0-49-generic")]
+    with pytest.raises(ConfigError, match=rf"driver.version: '580' is a driver branch; .*pins {pinned}") as exc:
+        image_list(site(release, driver={"version": "580"}), nodes)
+    assert exc.value.exit_code == 2
+    assert f'driver.version: "{pinned}"' in (exc.value.hint or "") and "precompiled" in (exc.value.hint or "")
+    assert f"nvcr.io/nvidia/driver:580.95.05-ubuntu{os_version}" in {
+        i.source for i in image_list(site(release, driver={"version": "580.95.05"}), nodes)}
+    assert f"nvcr.io/nvidia/driver:580-6.8.0-49-generic-ubuntu{os_version}" in {
+        i.source for i in image_list(site(release, driver={"mode": "precompiled", "version": "580"}), nodes)}
+    assert not any("/driver:" in i.source for i in image_list(site(release, driver={"mode": "host", "version": "580"}),
+                                                                nodes))
