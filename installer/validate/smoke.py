@@ -29,6 +29,10 @@ NODE_ANNOTATION = "gpu-install.io/node"
 GPU_LINE = re.compile(r"^GPU \d+: ", re.M)
 PASSED = "Test PASSED"
 UNSCHEDULABLE_GRACE = 20.0  # seconds a pod may stay unschedulable before it is reported (the scheduler retries)
+# seconds a Succeeded pod's container log may stay empty before it counts as what the container said: the kubelet
+# reports a short-lived container terminated as soon as it exits, and the runtime's copy of its output to the log
+# file can land after that (a lab run read vectorAdd's log as '' once, and whole on the next read)
+LOG_GRACE = 10.0
 
 
 @dataclass
@@ -39,6 +43,7 @@ class Target:
     pod: str = ""
     started: float = field(default_factory=time.monotonic)
     unschedulable_since: float | None = None
+    empty_log_since: float | None = None
     done: Check | None = None
 
 
@@ -106,6 +111,10 @@ def verdict(t: Target, pod: Any, core: Any, namespace: str, now: float) -> Check
     if phase == "Succeeded":
         smi = _logs(core, t.pod, namespace, "nvidia-smi")
         vec = _logs(core, t.pod, namespace, "vectoradd")
+        if not (smi.strip() and vec.strip()):  # read again on the next poll, for LOG_GRACE at most
+            t.empty_log_since = now if t.empty_log_since is None else t.empty_log_since
+            if now - t.empty_log_since < LOG_GRACE:
+                return None
         gpus = len(GPU_LINE.findall(smi))
         if gpus >= 1 and PASSED in vec:
             return check(True, f"{t.resource}: nvidia-smi -L listed {gpus} GPU(s); vectorAdd: {PASSED}")

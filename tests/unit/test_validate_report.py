@@ -135,7 +135,8 @@ def test_smoke_verdicts():
     t = smoke.Target("node1", "nvidia.com/gpu", pod="p")
     ok = smoke.verdict(t, _pod("Succeeded"), Logs({"nvidia-smi": SMI, "vectoradd": "Test PASSED\nDone\n"}), "ns", 1e9)
     assert ok.status == "pass" and "listed 1 GPU(s)" in ok.message
-    bad = smoke.verdict(t, _pod("Succeeded"), Logs({"nvidia-smi": "", "vectoradd": "hi"}), "ns", 1e9)
+    bad = smoke.verdict(t, _pod("Succeeded"), Logs({"nvidia-smi": "No devices were found\n", "vectoradd": "hi"}),
+                        "ns", 1e9)
     assert bad.status == "fail"
     failed = smoke.verdict(t, _pod("Failed", init=[_status("nvidia-smi", exit_code=9)]),
                            Logs({"nvidia-smi": "NVIDIA-SMI has failed because it couldn't communicate with the "
@@ -147,6 +148,22 @@ def test_smoke_verdicts():
     assert "mirror push" in pull.fix
     running = smoke.verdict(t, _pod("Running"), Logs({}), "ns", 1e9)
     assert running is None
+
+
+def test_an_empty_log_of_a_succeeded_pod_is_read_again_for_the_grace_only():
+    """The kubelet may report a short-lived container terminated before the runtime's copy of its output reached the
+    log file: an empty log is read again on the next polls (for LOG_GRACE), and only then is it what the container
+    said."""
+    t = smoke.Target("node1", "nvidia.com/gpu", pod="p")
+    empty = Logs({"nvidia-smi": SMI, "vectoradd": ""})
+    assert smoke.verdict(t, _pod("Succeeded"), empty, "ns", 100.0) is None
+    assert smoke.verdict(t, _pod("Succeeded"), empty, "ns", 100.0 + smoke.LOG_GRACE - 1) is None
+    ok = smoke.verdict(t, _pod("Succeeded"), Logs({"nvidia-smi": SMI, "vectoradd": "Test PASSED\n"}), "ns", 105.0)
+    assert ok.status == "pass", ok.message
+    t = smoke.Target("node2", "nvidia.com/gpu", pod="p")
+    assert smoke.verdict(t, _pod("Succeeded"), empty, "ns", 100.0) is None
+    late = smoke.verdict(t, _pod("Succeeded"), empty, "ns", 100.0 + smoke.LOG_GRACE)
+    assert late.status == "fail" and "vectorAdd said ''" in late.message
 
 
 def test_unschedulable_is_reported_after_the_grace_only():
