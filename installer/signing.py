@@ -310,15 +310,6 @@ def sign(key: SigningKey, payload: bytes, payload_type: str) -> bytes:
     return (json.dumps(envelope.to_dict(), indent=2) + "\n").encode()
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"the key {k!r} is given twice")
-        out[k] = v
-    return out
-
-
 def _b64(text: Any, field: str, limit: int) -> bytes:
     if not isinstance(text, str):
         raise ValueError(f"{field} is not a string")
@@ -333,18 +324,14 @@ def _b64(text: Any, field: str, limit: int) -> bytes:
 
 
 def parse_json(data: bytes, limit: int = MAX_ENVELOPE_BYTES) -> Any:
-    """JSON from untrusted bytes: at most limit of them (checked before anything is decoded), UTF-8, no key given
-    twice in any object, nesting the parser can follow. ValueError saying what is wrong."""
+    """JSON from untrusted bytes: at most limit of them (checked before anything is decoded), then as
+    safefile.json_value reads it (UTF-8, no key given twice in any object, depth-bounded). ValueError saying what is
+    wrong."""
+    from installer.safefile import json_value
+
     if len(data) > limit:
         raise ValueError(f"more than {limit} bytes")
-    try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8 text") from None
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    return json_value(data)
 
 
 def parse_envelope(data: bytes) -> Envelope:

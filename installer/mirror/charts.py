@@ -42,7 +42,6 @@ from installer.mirror.common import (
     HINT_DAMAGED,
     HINT_FORGED,
     Say,
-    bundle_file,
     copy_in,
     incomplete,
     redact,
@@ -336,30 +335,14 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
 
 def verify(bundle: Path, lock: Mapping[str, Any],
            site: Site | None = None) -> tuple[list[ChartEntry], list[FileEntry]]:
-    """Every chart and file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
-    sha256, and a chart archive is the chart the entry names (ConfigError naming the first that is not); with site,
-    check_charts() first. The entries, checked: (charts, files)."""
-    if site is not None:
-        check_charts(site, bundle, lock)
-    charts: list[ChartEntry] = []
-    for e in lock.get(CHARTS) or []:
-        chart = chart_entry(bundle, e)
-        rel = chart["file"]
-        path = bundle_file(bundle, rel, e.get("sha256"), f"{CHARTS} entry")
-        try:
-            identity = chart_identity(path)
-        except ValueError as exc:
-            raise ConfigError(f"{bundle}: {rel}: {exc}", hint=HINT_DAMAGED) from None
-        if identity != (e.get("name"), e.get("version")):
-            raise ConfigError(f"{bundle}: {rel}: the archive is chart {identity[0][:100]} {identity[1][:100]}, "
-                              f"the lock says {e.get('name')} {e.get('version')}", hint=HINT_FORGED)
-        charts.append(chart)
-    files: list[FileEntry] = []
-    for e in lock.get(FILES) or []:
-        file = file_entry(bundle, e)
-        bundle_file(bundle, file["file"], e.get("sha256"), f"{FILES} entry")
-        files.append(file)
-    return charts, files
+    """Every chart and file of the lock is in the bundle with its sha256, and a chart archive is the chart the entry
+    names (ConfigError naming the first that is not); with site, check_charts() first. The entries, checked: (charts,
+    files). The checks of stage(), into a staging directory dropped afterwards: push itself uses stage()."""
+    from installer.mirror.staging import staging
+
+    with staging(bundle=bundle) as into:
+        staged = stage(bundle, lock, site, into)
+    return [c for c, _ in staged.charts], [f for f, _ in staged.files]
 
 
 @dataclass(frozen=True)

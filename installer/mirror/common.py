@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypedDict, TypeVar
 
 from installer.errors import ConfigError, EnvironmentProblem, HostFailures
 from installer.mirror.bundle import LOCK, SCHEMA
@@ -149,22 +149,30 @@ def open_part(tmp: Path) -> int:
                                       "directory) and run again") from None
 
 
-def copy_in(src: Path, dest: Path, sha256: str) -> bool:
-    """Copy a verified file (push: the staged copy, never the bundle's) into a published repository unless it is
-    there already (by sha256), through a .part name created new (open_part); True when it was copied."""
-    if dest.is_file() and sha256_file(dest) == sha256:
-        return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def written_whole(dest: Path) -> Iterator[BinaryIO]:
+    """A file object writing dest's content through .<name>.part, created new (open_part), moved onto dest when the
+    block ends well and removed when it does not (an error, Ctrl-C): dest is never half written."""
     tmp = dest.with_name(f".{dest.name}.part")
     fd = open_part(tmp)
     try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as fh:
-            shutil.copyfileobj(fh, out, 1 << 20)
+        with os.fdopen(fd, "wb") as out:
+            yield out
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def copy_in(src: Path, dest: Path, sha256: str) -> bool:
+    """Copy a verified file (push: the staged copy, never the bundle's) into a published repository unless it is
+    there already (by sha256), through a .part name created new (written_whole); True when it was copied."""
+    if dest.is_file() and sha256_file(dest) == sha256:
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with written_whole(dest) as out, open(src, "rb") as fh:
+        shutil.copyfileobj(fh, out, 1 << 20)
     return True
 
 
@@ -194,40 +202,32 @@ Login = tuple[str, str, str]
 
 def fetch(source: str, dest: Path, ca: Path | None, logins: Sequence[Login] = ()) -> None:
     """A file from an http(s) URL (the system CAs and ca trusted), a file: URL (apt names local archives so) or a path
-    on this machine, into dest atomically (through a .part name created new, open_part: a killed fetch leaves no half
+    on this machine, into dest atomically (through a .part name created new, written_whole: a killed fetch leaves no half
     file under dest, and a planted .part symlink is removed, never written through).
 
     logins: the Authorization: Basic header goes with a request -- the first one and any a redirect leads to -- only
     when its URL is under one of these repository URLs (same scheme, host and port, the path below the repository's;
     urllib's password manager decides, and sends it as an unredirected header): a redirect to another host, port,
     scheme or path never carries it. The password is in no message (urllib's errors name the URL and status only)."""
-    tmp = dest.with_name(f".{dest.name}.part")
-    fd = open_part(tmp)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if source.startswith("file:"):
-                with open(urllib.parse.unquote(urllib.parse.urlparse(source).path), "rb") as fh:
-                    shutil.copyfileobj(fh, out, 1 << 20)
-            elif source.startswith(("http://", "https://")):
-                ctx = ssl.create_default_context()
-                if ca:
-                    ctx.load_verify_locations(cafile=str(ca))
-                handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=ctx)]
-                if logins:
-                    known = urllib.request.HTTPPasswordMgrWithPriorAuth()
-                    for url, user, password in logins:
-                        known.add_password(None, url.rstrip("/") + "/", user, password, is_authenticated=True)
-                    handlers.append(urllib.request.HTTPBasicAuthHandler(known))
-                with urllib.request.build_opener(*handlers).open(source, timeout=120) as resp:  # noqa: S310
-                    shutil.copyfileobj(resp, out, 1 << 20)
-            else:
-                with open(Path(source).expanduser(), "rb") as fh:
-                    shutil.copyfileobj(fh, out, 1 << 20)
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with written_whole(dest) as out:
+        if source.startswith("file:"):
+            with open(urllib.parse.unquote(urllib.parse.urlparse(source).path), "rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
+        elif source.startswith(("http://", "https://")):
+            ctx = ssl.create_default_context()
+            if ca:
+                ctx.load_verify_locations(cafile=str(ca))
+            handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=ctx)]
+            if logins:
+                known = urllib.request.HTTPPasswordMgrWithPriorAuth()
+                for url, user, password in logins:
+                    known.add_password(None, url.rstrip("/") + "/", user, password, is_authenticated=True)
+                handlers.append(urllib.request.HTTPBasicAuthHandler(known))
+            with urllib.request.build_opener(*handlers).open(source, timeout=120) as resp:  # noqa: S310
+                shutil.copyfileobj(resp, out, 1 << 20)
+        else:
+            with open(Path(source).expanduser(), "rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
 
 
 # ---------------------------------------------------------------- credentials and CA

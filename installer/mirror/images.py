@@ -159,15 +159,6 @@ class LayoutError(ValueError):
     digest, not the JSON it must be, a cycle. The message names the blob and what is wrong."""
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _lstat_regular(path: Path, what: str) -> os.stat_result:
     """lstat of path, which must be a regular file (a symlink, FIFO or device is refused without being opened);
     LayoutError naming what otherwise."""
@@ -176,7 +167,7 @@ def _lstat_regular(path: Path, what: str) -> os.stat_result:
     except OSError as exc:
         raise LayoutError(f"{what}: missing or unreadable ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise LayoutError(f"{what}: {_kind(st.st_mode)}, not a regular file")
+        raise LayoutError(f"{what}: {staging.file_kind(st.st_mode)}, not a regular file")
     return st
 
 

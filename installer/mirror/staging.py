@@ -50,7 +50,8 @@ class Mismatch(ValueError):
         self.got = got
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, from its st_mode: how a refusal names it."""
     for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
@@ -73,7 +74,7 @@ def copy_verified(src: Path, dest: Path, *, sha256: str, size: int | None = None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Mismatch("type", f"{_kind(st.st_mode)}, not a regular file")
+            raise Mismatch("type", f"{file_kind(st.st_mode)}, not a regular file")
         if size is not None and st.st_size != size:
             raise Mismatch("size", f"{st.st_size} bytes, the lock says {size}")
         bound = size if size is not None else limit

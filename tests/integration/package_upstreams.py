@@ -41,6 +41,29 @@ class Upstreams:
         self.server.server_close()
 
 
+#: what building and resolving the STAND-IN package repositories needs on this machine (scripts/apt-packages.txt)
+TOOLS = ("apt-get", "apt-ftparchive", "dnf", "rpm", "rpmsign", "createrepo_c", "gpg", "dpkg-deb", "rpmbuild")
+
+
+def require_tools() -> None:
+    """Skip (fail in CI) a test whose machine lacks a tool of TOOLS."""
+    import shutil
+
+    from tests.integration.conftest import _skip_or_fail
+
+    for tool in TOOLS:
+        if shutil.which(tool) is None:
+            _skip_or_fail(f"{tool} missing (scripts/apt-packages.txt)")
+
+
+def unauthorized(handler: http.server.BaseHTTPRequestHandler, realm: str) -> None:
+    """A 401 asking for Basic credentials: what a repository behind a login answers a request without them."""
+    handler.send_response(401)
+    handler.send_header("WWW-Authenticate", f'Basic realm="{realm}"')
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
 def serve(directory: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
     """Serve a directory on 127.0.0.1; (url, server)."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory)))

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration import package_upstreams
 from tests.integration.conftest import _skip_or_fail
 from tests.integration.registries import serve, standin_chart_repo
 
@@ -38,10 +39,7 @@ class _BasicAuth(http.server.SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.headers.get("Authorization") != self.expected:
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="charts"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            package_upstreams.unauthorized(self, "charts")
             return
         super().do_GET()
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.integration import package_upstreams
-from tests.integration.conftest import VENV_BIN, _skip_or_fail
+from tests.integration.conftest import VENV_BIN
 
 TOOLKIT = "1.17.4"
 CHAIN = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
@@ -30,9 +30,7 @@ OSES = ("debian12", "rocky9.4")
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
-    for tool in ("apt-get", "apt-ftparchive", "dnf", "rpm", "rpmsign", "createrepo_c", "gpg", "dpkg-deb", "rpmbuild"):
-        if shutil.which(tool) is None:
-            _skip_or_fail(f"{tool} missing (scripts/apt-packages.txt)")
+    package_upstreams.require_tools()
     root = tmp_path_factory.mktemp("pkg-upstream")
     ups = package_upstreams.start(root, ("1.17.4", "1.17.5"), unsigned="1.17.6")
     try:

@@ -24,7 +24,6 @@ import pytest
 import yaml
 
 from tests.integration import package_upstreams
-from tests.integration.conftest import _skip_or_fail
 
 USER = "pkg-reader"
 PASSWORD = "Pkg-Login-Canary-93be"
@@ -45,10 +44,7 @@ class _BasicAuth(http.server.SimpleHTTPRequestHandler):
             self.path = self.path[len("/open"):]
             return super().do_GET()
         if self.headers.get("Authorization") != BASIC:
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="packages"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            package_upstreams.unauthorized(self, "packages")
             return
         if self.path.startswith(("/rpm/redirect/", "/rpm/inside/")):
             _, _, kind, port, rest = self.path.split("/", 4)
@@ -74,9 +70,7 @@ def _serve(www: Path) -> tuple[str, http.server.ThreadingHTTPServer, list[tuple[
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
     """(url, key, www, seen): the STAND-IN repositories at URL/apt and URL/rpm, behind Basic authentication."""
-    for tool in ("apt-get", "apt-ftparchive", "dnf", "rpm", "rpmsign", "createrepo_c", "gpg", "dpkg-deb", "rpmbuild"):
-        if shutil.which(tool) is None:
-            _skip_or_fail(f"{tool} missing (scripts/apt-packages.txt)")
+    package_upstreams.require_tools()
     root = tmp_path_factory.mktemp("pkg-login")
     www = root / "www"
     key = package_upstreams.package_repository(www, ("1.17.4",))
