@@ -41,6 +41,7 @@ UPGRADE_APPLY = "gpu-install.upgrade-apply/v1"
 UPGRADE_ROLLBACK = "gpu-install.upgrade-rollback/v1"
 EVIDENCE_VERIFY = "gpu-install.evidence-verify/v1"
 VALIDATE = "gpu-install.validate/v1"
+NODE_FACTS = "gpu-install.node-facts/v1"
 REDACTED = "***"
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -328,6 +329,63 @@ class UpgradePlanDoc(_Envelope):
     applyCommand: str | None
 
 
+FactsPciDeviceDoc = TypedDict("FactsPciDeviceDoc", {  # noqa: UP013 - "class" cannot be a class-syntax field
+    "address": str, "deviceId": str, "class": str, "kind": Literal["gpu", "nvswitch", "other"], "name": str | None,
+    "chip": str | None, "architecture": str | None})
+FactsPciDeviceDoc.__pydantic_config__ = _STRICT  # type: ignore[attr-defined]
+
+
+@with_config(_STRICT)
+class FactsRuntime(TypedDict):
+    name: str
+    version: str | None
+    text: str
+
+
+@with_config(_STRICT)
+class NodeFactsValues(TypedDict):
+    osId: str | None
+    osVersion: str | None
+    os: str | None
+    kernel: str | None
+    kernelsInstalled: list[str]
+    architecture: str | None
+    secureBoot: Literal["on", "off", "off (no EFI)", "unknown"]
+    gpuCount: int
+    gpuModels: dict[str, int]
+    gpuArchitectures: list[str]
+    nvswitchCount: int
+    pciDevices: list[FactsPciDeviceDoc]
+    runtimes: list[FactsRuntime]
+    problems: list[str]
+
+
+@with_config(_STRICT)
+class FactsError(TypedDict):
+    message: str
+    hint: str | None
+
+
+@with_config(_STRICT)
+class FactsHost(TypedDict):
+    host: str
+    node: str
+    via: str
+    readAt: str
+    seconds: float
+    error: FactsError | None
+    facts: NodeFactsValues | None
+
+
+@with_config(_STRICT)
+class NodeFactsDoc(_Envelope):
+    """gpu-install.node-facts/v1 (`gpu-install nodes facts -o FILE`; docs/json.md, docs/nodes.md)."""
+
+    inventory: str | None
+    limit: str | None
+    hosts: list[FactsHost]
+
+
 @with_config(_STRICT)
 class EvidenceCheck(TypedDict):
     kind: Literal["signature", "subject", "live"]
@@ -446,6 +504,7 @@ SHAPES: dict[str, Any] = {
     UPGRADE_ROLLBACK: UpgradeRollbackDoc,
     EVIDENCE_VERIFY: EvidenceVerifyDoc,
     VALIDATE: ValidateDoc,
+    NODE_FACTS: NodeFactsDoc,
 }
 
 

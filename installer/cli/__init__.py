@@ -15,12 +15,12 @@ import sys
 from typing import Any
 
 from installer import __version__
-from installer.cli import catalog, evidence, mig, mirror, nodes, operator, render, upgrade, validate
+from installer.cli import catalog, evidence, facts, mig, mirror, nodes, operator, render, upgrade, validate
 from installer.cli.common import ENV_DEBUG
 from installer.errors import EXIT_CANCELLED, EXIT_INTERNAL, EXIT_OK, GpuInstallError
 
 PLUGIN_GROUP = "gpu_install.commands"
-GROUPS = (render, catalog, nodes, operator, mig, mirror, validate, upgrade, evidence)
+GROUPS = (render, catalog, nodes, facts, operator, mig, mirror, validate, upgrade, evidence)
 
 
 def register_plugins(sub: Any) -> None:

@@ -204,6 +204,48 @@ def run_probe(t: Target, timeout: float) -> Probe:
     return parse_probe(text)
 
 
+def unreachable(t: Target, exc: BaseException) -> tuple[str, str]:
+    """(message, fix) of a node that could not be reached or read over SSH: a host key refused (nothing was sent), a
+    refused login, a timeout, refused connection, no route, DNS or a bad port."""
+    import paramiko
+
+    from installer.validate.knownhosts import HostKeyRefused
+
+    if isinstance(exc, HostKeyRefused):  # unknown, changed or revoked: nothing was sent to the node
+        return f"{t.host}: SSH: {exc.message}", exc.hint or ""
+    if isinstance(exc, paramiko.SSHException):
+        return (f"{t.host}: SSH: {exc}",
+                "check ansible_user / ansible_ssh_private_key_file / ansible_password in the inventory")
+    return (f"{t.host} ({t.vars.get('ansible_host') or t.host}): {type(exc).__name__}: {exc}",
+            "is the node up and its sshd reachable from here (ansible_host, ansible_port, jump host)?")
+
+
+def run_bounded(t: Target, command: str, timeout: float, limit: int) -> bytes:
+    """What `command` prints on the node (stdout and stderr together), read through connect() -- at most limit + 1
+    bytes (the reader stops there and closes the session: a caller sees that it was more), within timeout seconds in
+    all for the command (TimeoutError after)."""
+    client = connect(t, timeout)
+    try:
+        transport = client.get_transport()
+        assert transport is not None
+        chan = transport.open_session(timeout=timeout)
+        chan.set_combine_stderr(True)
+        chan.settimeout(timeout)
+        chan.exec_command(command)
+        deadline = time.monotonic() + timeout
+        out = bytearray()
+        while len(out) <= limit:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no complete answer within {timeout:g} s")
+            data = chan.recv(min(65536, limit + 1 - len(out)))
+            if not data:
+                break
+            out += data
+        return bytes(out)
+    finally:
+        client.close()
+
+
 def parse_probe(text: str) -> Probe:
     sections: dict[str, list[str]] = {}
     current = None
@@ -314,17 +356,9 @@ def run(targets: list[Target], expectations: Callable[[Target], Any], timeout: f
         t0 = time.monotonic()
         try:
             probe = run_probe(t, timeout)
-        except HostKeyRefused as exc:  # unknown, changed or revoked: nothing was sent to the node
-            return [Check(layer, "node.reachable", t.node, "unreachable", f"{t.host}: SSH: {exc.message}", exc.hint,
-                          seconds=time.monotonic() - t0)]
-        except paramiko.SSHException as exc:
-            hint = "check ansible_user / ansible_ssh_private_key_file / ansible_password in the inventory"
-            return [Check(layer, "node.reachable", t.node, "unreachable", f"{t.host}: SSH: {exc}", hint,
-                          seconds=time.monotonic() - t0)]
-        except (OSError, ValueError) as exc:  # TimeoutError, refused, no route, DNS, a bad port
-            return [Check(layer, "node.reachable", t.node, "unreachable",
-                          f"{t.host} ({t.vars.get('ansible_host') or t.host}): {type(exc).__name__}: {exc}",
-                          "is the node up and its sshd reachable from here (ansible_host, ansible_port, jump host)?",
+        except (paramiko.SSHException, HostKeyRefused, OSError, ValueError) as exc:
+            message, hint = unreachable(t, exc)
+            return [Check(layer, "node.reachable", t.node, "unreachable", message, hint,
                           seconds=time.monotonic() - t0)]
         seconds = time.monotonic() - t0
         out = [Check(layer, "node.reachable", t.node, "pass", f"SSH to {t.vars.get('ansible_host') or t.host}",

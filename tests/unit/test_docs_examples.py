@@ -44,7 +44,7 @@ SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 SKIP_RULES: list[tuple[str, re.Pattern[str], str]] = [
     ("synopsis", re.compile(r"\[[-A-Za-z.]|…|\.\.\.|\w\|\w|<\w|\s[A-Z][A-Z_]*(?=\s|$|\])"),
      "usage notation ([optional], A|B, …, <placeholder>, UPPERCASE placeholder): a synopsis, not a command"),
-    ("contacts nodes", re.compile(r"^gpu-install (preflight|apply|mig (label|plan|apply))\b|^gpu-install uninstall .*--yes\b"),
+    ("contacts nodes", re.compile(r"^gpu-install (preflight|apply|mig (label|plan|apply)|nodes facts)\b|^gpu-install uninstall .*--yes\b"),
      "connects to the inventory's nodes over SSH (and to the API server); `uninstall` without --yes only previews"),
     ("contacts the cluster", re.compile(r"^gpu-install (operator (install|status|uninstall)|validate|upgrade (plan|apply|rollback)|evidence (create|verify))\b"),
      "talks to the Kubernetes API server (validate also to the nodes; upgrade reads the release, nodes and pods; "

@@ -38,8 +38,9 @@ KNOWN_HOSTS_HEAD = ("# managed by hand: keep this comment\n"
 
 
 class _Node(paramiko.ServerInterface):
-    def __init__(self, log: dict) -> None:
+    def __init__(self, log: dict, on_exec=None) -> None:
         self.log = log
+        self.on_exec = on_exec  # (channel, command) -> None, run in a thread: another answer than ANSWER
 
     def get_allowed_auths(self, username):
         return "password"
@@ -53,6 +54,9 @@ class _Node(paramiko.ServerInterface):
 
     def check_channel_exec_request(self, channel, command):
         self.log["exec"].append(command.decode())
+        if self.on_exec is not None:
+            threading.Thread(target=self.on_exec, args=(channel, command.decode()), daemon=True).start()
+            return True
 
         def answer():  # EOF, then wait for the client to close (a close before the exec reply would fail it)
             channel.sendall(ANSWER)
@@ -70,9 +74,11 @@ class _Node(paramiko.ServerInterface):
 
 
 class SSHServer:
-    """An SSH server on 127.0.0.1 with one ECDSA host key; log: the user names that authenticated, the commands run."""
+    """An SSH server on 127.0.0.1 with one ECDSA host key; log: the user names that authenticated, the commands run.
+    on_exec(channel, command): how a command is answered (default: ANSWER, the recorded probe output)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_exec=None) -> None:
+        self.on_exec = on_exec
         self.key = paramiko.ECDSAKey.generate()
         self.log: dict = {"auth": [], "exec": [], "connections": 0}
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -92,7 +98,7 @@ class SSHServer:
             t.add_server_key(self.key)
             self.transports.append(t)
             try:
-                t.start_server(server=_Node(self.log))
+                t.start_server(server=_Node(self.log, self.on_exec))
             except (paramiko.SSHException, EOFError, OSError):
                 continue
 
