@@ -307,7 +307,9 @@ def parse(raw: bytes | str) -> NodeFacts:
             name, _, version_text = value.partition(" ")
             if name not in ("containerd", "docker", "dockerd", "cri-o") or not _VERSION_TEXT.match(version_text):
                 refuse("container runtime", value)
-            elif len(runtimes) < MAX_ITEMS:
+            elif len(runtimes) >= MAX_ITEMS:
+                problems.append(f"more than {MAX_ITEMS} container runtimes: the rest ignored")
+            else:
                 runtimes.append(_runtime(name, version_text))
     if "end" not in seen:
         problems.append("the node's answer is incomplete (no end line: the script did not finish)")

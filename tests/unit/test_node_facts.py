@@ -13,6 +13,7 @@ import platform
 import random
 import shlex
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -251,6 +252,15 @@ def test_too_many_devices_are_cut_and_said():
     assert any("more than" in p and "PCI devices" in p for p in f.problems)
 
 
+def test_too_many_kernels_and_runtimes_are_cut_and_said():
+    lines = [f"module 6.8.0-{i}-generic" for i in range(node_facts.MAX_ITEMS + 3)]
+    lines += ["runtime docker 27.5.1"] * (node_facts.MAX_ITEMS + 3)
+    f = parse(answer(*lines))
+    assert len(f.kernels_installed) == node_facts.MAX_ITEMS and len(f.runtimes) == node_facts.MAX_ITEMS
+    assert any("installed kernels: the rest ignored" in p for p in f.problems)
+    assert any("container runtimes: the rest ignored" in p for p in f.problems)
+
+
 def test_missing_lines_and_no_end_are_said():
     f = parse(answer("uname-m x86_64", end=False))
     assert f.os_id is None and f.kernel is None
@@ -453,15 +463,19 @@ def test_a_node_that_floods_is_read_up_to_the_bound(tmp_path, home):
 
 
 def test_a_node_that_trickles_forever_is_unreachable_after_the_timeout(tmp_path, home):
+    """A byte every 50 ms, never an end: each recv is within the timeout, the whole answer is not."""
     server = SSHServer(on_exec=_flood(0, trickle=True))
+    found: list = []
     try:
-        t0 = time.monotonic()
-        [h] = facts_pass.read([_target(server, tmp_path)], timeout=2)
-        took = time.monotonic() - t0
+        reader = threading.Thread(target=lambda: found.extend(facts_pass.read([_target(server, tmp_path)], timeout=2)),
+                                  daemon=True)
+        reader.start()
+        reader.join(15)
     finally:
         server.close()
-    assert h.facts is None and "TimeoutError" in (h.error or ""), h
-    assert took < 10
+    assert not reader.is_alive(), "still reading a node that never ends its answer after 15 s (timeout 2 s)"
+    [h] = found
+    assert h.facts is None and "TimeoutError: no complete answer within 2 s" in (h.error or ""), h
 
 
 def test_run_bounded_reads_at_most_limit_plus_one(tmp_path, home):
@@ -472,3 +486,27 @@ def test_run_bounded_reads_at_most_limit_plus_one(tmp_path, home):
         server.close()
     assert len(raw) == 1001
 
+
+
+def test_an_unwritable_output_or_inventory_is_exit_2_before_any_node(tmp_path, home, cli):
+    """-o or --json into a missing directory, and an inventory without gpu_nodes: exit 2, no node contacted (the
+    server logs no connection); the document, where it can be written, holds the error and no hosts."""
+    server = SSHServer(on_exec=_run_locally(node_tree(tmp_path / "node")))
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(server.line())
+        inv = _inventory(tmp_path, server, known)
+        for flags in (["-o", tmp_path / "missing" / "f.json"],
+                      ["-o", tmp_path / "f.json", "--json", tmp_path / "missing" / "ci.json"]):
+            rc, _, err = cli("nodes", "facts", "-i", inv, *flags, "-q")
+            assert rc == 2 and "does not exist" in err, err
+        no_group = tmp_path / "other.yml"
+        no_group.write_text(yaml.safe_dump({"all": {"hosts": {"gpu1": {"ansible_host": "127.0.0.1"}}}}))
+        out = tmp_path / "f.json"
+        rc, _, err = cli("nodes", "facts", "-i", no_group, "-o", out, "-q")
+        assert rc == 2 and "no group 'gpu_nodes'" in err, err
+    finally:
+        server.close()
+    assert server.log["connections"] == 0
+    doc = load(out, jsonout.NODE_FACTS)
+    assert (doc["hosts"], doc["error"]["type"], doc["exitCode"]) == ([], "ConfigError", 2)
