@@ -5,11 +5,12 @@ Bottom layer, beside installer/facts.py: the standard library only, so the plan,
 read these facts.
 
 The script (SCRIPT) needs no Python, no root and writes nothing: it prints one fact per line, each line
-`__gpu_install_facts__ KEY VALUE`, read from /etc/os-release, `uname -r`/`uname -m`, /lib/modules and
+`__gpu_install_facts__ KEY VALUE`, read from /etc/os-release (else /usr/lib/os-release, as os-release(5) says),
+`uname -r`/`uname -m`, /lib/modules and
 /boot/vmlinuz-* (the kernels the node may boot next), the SecureBoot EFI variable (mokutil --sb-state when the
 variable cannot be read), /sys/bus/pci/devices/*/{vendor,device,class} of vendor 0x10de (no driver needed) and the
 container runtimes' versions. Test seam: GPU_INSTALL_FACTS_ROOT, when set, is put before every file path the script
-reads (/etc, /lib/modules, /boot, /sys), so a test can point it at a tree it made; uname and the runtimes' commands
+reads (/etc, /usr/lib, /lib/modules, /boot, /sys), so a test can point it at a tree it made; uname and the runtimes' commands
 are always the machine's own.
 
 What the node prints is untrusted: parse() takes at most MAX_OUTPUT bytes (the reader stops there), at most
@@ -37,9 +38,11 @@ SCRIPT = r"""
 R=${GPU_INSTALL_FACTS_ROOT:-}
 M=__gpu_install_facts__
 echo "$M begin 1"
-if [ -r "$R/etc/os-release" ]; then
-  grep -E '^(ID|VERSION_ID)=' "$R/etc/os-release" 2>/dev/null | head -n 4 | while IFS= read -r l; do echo "$M os $l"; done
-else echo "$M os-missing $R/etc/os-release"; fi
+O="$R/etc/os-release"
+[ -r "$O" ] || O="$R/usr/lib/os-release"
+if [ -r "$O" ]; then
+  grep -E '^(ID|VERSION_ID)=' "$O" 2>/dev/null | head -n 4 | while IFS= read -r l; do echo "$M os $l"; done
+else echo "$M os-missing"; fi
 echo "$M uname-r $(uname -r 2>/dev/null)"
 echo "$M uname-m $(uname -m 2>/dev/null)"
 for d in "$R"/lib/modules/*; do [ -d "$d" ] && echo "$M module ${d##*/}"; done
@@ -270,7 +273,7 @@ def parse(raw: bytes | str) -> NodeFacts:
             if var in ("ID", "VERSION_ID") and var not in os_vars:
                 os_vars[var] = _unquote(val.strip())
         elif key == "os-missing":
-            problems.append("no /etc/os-release on the node")
+            problems.append("no /etc/os-release (nor /usr/lib/os-release) on the node")
         elif key == "uname-r":
             if _KERNEL.match(value):
                 kernel = value

@@ -74,8 +74,8 @@ DEVELOPMENT = {
                               "install gpu-install offline (else it builds the wheel and installs online)",
     "GPU_INSTALL_UPDATE_GOLDEN": "tests: rewrite the golden values files (review the diff)",
     "GPU_INSTALL_FACTS_ROOT": "tests: read by the `nodes facts` script (where it runs, not by gpu-install): a directory "
-                              "put before every file path it reads (/etc, /lib/modules, /boot, /sys), so a test points "
-                              "it at a tree it made; unset on real nodes",
+                              "put before every file path it reads (/etc, /usr/lib, /lib/modules, /boot, /sys), so a "
+                              "test points it at a tree it made; unset on real nodes",
     "GPU_INSTALL_PCI_IDS": "tests: a pci.ids file to re-derive installer/data/nvidia-pci-ids.tsv from (default "
                            "`/usr/share/misc/pci.ids`; byte for byte when it is the file the table names)",
 }

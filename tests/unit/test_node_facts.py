@@ -134,6 +134,18 @@ def test_os_release_of_ubuntu_2404_and_rocky_94(tmp_path, text, expect):
     assert f.problems == ()
 
 
+def test_os_release_under_usr_lib_and_none_at_all(tmp_path):
+    """os-release(5): /etc/os-release, else /usr/lib/os-release; neither: said, the OS left unknown."""
+    root = node_tree(tmp_path / "a")
+    (root / "etc" / "os-release").unlink()
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "usr" / "lib" / "os-release").write_text(ROCKY_94)
+    assert parse(run_script(root)).os_name == "rocky9.4"
+    (root / "usr" / "lib" / "os-release").unlink()
+    f = parse(run_script(root))
+    assert f.os_id is None and "no /etc/os-release (nor /usr/lib/os-release) on the node" in f.problems
+
+
 def test_an_hgx_h200_board_without_a_driver(tmp_path):
     root = node_tree(tmp_path / "n", devices=HGX_H200, secure_boot=bytes([6, 0, 0, 0, 1]))
     f = parse(run_script(root))
