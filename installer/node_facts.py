@@ -80,7 +80,9 @@ _PCI_ADDR = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 _HEX16 = re.compile(r"0x[0-9a-f]{4}\Z")
 _CLASS = re.compile(r"0x[0-9a-f]{6}\Z")
 _VERSION_TEXT = re.compile(r"[\x20-\x7e]{1,200}\Z")  # printable ASCII
-_RUNTIME_VERSION = re.compile(r"v?(\d+\.\d+(?:\.\d+)?(?:[-+~][0-9A-Za-z.+~-]*)?)")
+# the release number (with a SemVer pre-release such as -rc.1); a distribution's suffix after it (~ds1, +deb12u3) is
+# left to `text`: Debian's containerd prints 1.6.20~ds1 and reports 1.6.20 to the kubelet (CRI), as the lab shows
+_RUNTIME_VERSION = re.compile(r"v?(\d+\.\d+(?:\.\d+)?(?:-[0-9A-Za-z.]+)?)(?:[+~][0-9A-Za-z.+~-]*)?")
 
 
 @dataclass(frozen=True)

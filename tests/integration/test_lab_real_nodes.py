@@ -473,6 +473,39 @@ def test_validate_node_layer_driver_pin_and_unreachable_node(rl):
     assert "192.0.2.1" in reach["node2"]["message"], reach
 
 
+def test_nodes_facts_read_over_ssh_agree_with_what_each_kubelet_reports(rl):
+    """`gpu-install nodes facts` over the same SSH as validate, against the real nodes: what it read (os-release,
+    uname, the containerd the apply test installed) is what each node's own kubelet reports in its nodeInfo -- an
+    independent reader of the same node. The lab's nodes have no NVIDIA function on their PCI bus (the GPUs are
+    STAND-INs behind the device plugin and nvidia-smi): no GPU, no NVSwitch. Nothing is written on the nodes."""
+    work = rl["work"]
+    out = work / "facts.json"
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "nodes", "facts", "-i", str(work / "inventory"),
+                           "-o", str(out), "--ssh-timeout", "20"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "gpu-install.node-facts/v1" and doc["exitCode"] == 0, doc
+    read = {h["host"]: h for h in doc["hosts"]}
+    assert sorted(read) == list(NODES), read
+    info = {n["metadata"]["name"]: n["status"]["nodeInfo"]
+            for n in json.loads(kubectl(rl, "get", "nodes", "-o", "json").stdout)["items"]}
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}
+    for name in NODES:
+        h = read[name]
+        assert h["error"] is None, h
+        f = h["facts"]
+        assert f["problems"] == [], f["problems"]
+        assert f["kernel"] == info[name]["kernelVersion"], (f["kernel"], info[name])
+        assert f["architecture"] == arch[info[name]["architecture"]], (f["architecture"], info[name])
+        assert f["osVersion"] and f["osVersion"] in info[name]["osImage"], (f["osId"], f["osVersion"], info[name])
+        assert f["os"] == f"{f['osId']}{f['osVersion']}"
+        containerd = {r["name"]: r for r in f["runtimes"]}.get("containerd")
+        assert containerd and info[name]["containerRuntimeVersion"] == f"containerd://{containerd['version']}", \
+            (f["runtimes"], info[name]["containerRuntimeVersion"])
+        assert f["gpuCount"] == 0 and f["nvswitchCount"] == 0 and f["pciDevices"] == [], f
+        assert h["via"].startswith("ssh ") and rl["h"].nodes[name]["ip"] in h["via"], h["via"]
+
+
 def test_validate_image_missing_from_the_registry_is_exit_6_with_the_registry_message(rl):
     proc, report = _validate(rl, "--set", "registry.prefix=not-mirrored", "--only", "smoke")
     assert proc.returncode == 6, proc.stdout + proc.stderr

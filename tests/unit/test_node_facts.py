@@ -211,6 +211,17 @@ GOOD = ("os ID=ubuntu", 'os VERSION_ID="24.04"', "uname-r 6.8.0-45-generic", "un
         "runtime dockerd Docker version 27.5.1, build 4c9b3b0", "runtime docker 27.5.1")
 
 
+@pytest.mark.parametrize("line, version", [
+    # Debian 12's containerd (the lab's nodes): the kubelet reports containerd://1.6.20 over CRI
+    ("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3", "1.6.20"),
+    ("containerd github.com/containerd/containerd/v2 v2.1.9 4ac6c20c7bbf8177f29e46bbdc658fec02ffb8ad", "2.1.9"),
+    ("containerd github.com/containerd/containerd/v2 v2.0.0-rc.1 abc", "2.0.0-rc.1"),
+])
+def test_a_runtimes_version_is_its_release_number_and_the_line_is_kept(line, version):
+    (r,) = parse(answer(*GOOD[:5], f"runtime containerd {line}")).runtimes
+    assert (r.version, r.text) == (version, line)
+
+
 def test_a_good_answer():
     f = parse(answer(*GOOD))
     assert (f.os_name, f.kernel, f.arch, f.secure_boot, len(f.gpus)) == ("ubuntu24.04", "6.8.0-45-generic",
