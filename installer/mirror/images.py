@@ -204,6 +204,15 @@ def _descriptor(d: Any, where: str) -> tuple[str, int | None]:
     return digest, size
 
 
+def _enter(digest: str, path: tuple[str, ...]) -> None:
+    """A walk of a layout's indexes entering digest from path (the indexes above it): LayoutError on a cycle (an
+    index that lists itself, through any depth) or nesting deeper than MAX_DEPTH."""
+    if digest in path:
+        raise LayoutError(f"blob {digest}: an index that lists itself (through {' -> '.join((*path, digest))})")
+    if len(path) >= MAX_DEPTH:
+        raise LayoutError(f"blob {digest}: indexes nested more than {MAX_DEPTH} deep ({' -> '.join(path)})")
+
+
 class Layout:
     """An OCI image layout directory (index.json, blobs/sha256/…).
 
@@ -305,10 +314,7 @@ class Layout:
         done: set[str] = set()
 
         def walk(d: str, path: tuple[str, ...]) -> None:
-            if d in path:
-                raise LayoutError(f"blob {d}: an index that lists itself (through {' -> '.join((*path, d))})")
-            if len(path) >= MAX_DEPTH:
-                raise LayoutError(f"blob {d}: indexes nested more than {MAX_DEPTH} deep ({' -> '.join(path)})")
+            _enter(d, path)
             if d in done:
                 return
             doc = self._json(d)
@@ -707,10 +713,7 @@ def _stage_manifests(src: Layout, dst: Layout, digest: str, blobs: dict[str, int
     done: set[str] = set()
 
     def walk(d: str, path: tuple[str, ...]) -> None:
-        if d in path:
-            raise LayoutError(f"blob {d}: an index that lists itself (through {' -> '.join((*path, d))})")
-        if len(path) >= MAX_DEPTH:
-            raise LayoutError(f"blob {d}: indexes nested more than {MAX_DEPTH} deep ({' -> '.join(path)})")
+        _enter(d, path)
         if d in done:
             return
         _stage_blob(src, dst, d, size=None, limit=MAX_JSON)
