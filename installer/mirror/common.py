@@ -122,18 +122,6 @@ def inside_bundle(bundle: Path, rel: Any, what: str) -> Path:
     return path
 
 
-def bundle_file(bundle: Path, rel: Any, sha256: Any, what: str) -> Path:
-    """bundle/rel for a file the lock names with its sha256: a path inside the bundle (inside_bundle), a regular file
-    there (not a symlink), with those bytes; ConfigError (exit 2) naming the file otherwise."""
-    path = inside_bundle(bundle, rel, what)
-    if path.is_symlink() or not path.is_file():
-        raise ConfigError(f"{bundle}: {rel} is missing or not a regular file", hint=HINT_DAMAGED)
-    got = sha256_file(path)
-    if got != sha256:
-        raise ConfigError(f"{bundle}: {rel}: sha256 {got}, the lock says {sha256}", hint=HINT_DAMAGED)
-    return path
-
-
 def open_part(tmp: Path) -> int:
     """A write descriptor on tmp, a .part name, created NEW: whatever lies there (a stale file of a killed run, a
     symlink someone planted) is removed first -- never followed, never written through -- and tmp is then created

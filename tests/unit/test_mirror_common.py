@@ -77,18 +77,22 @@ def test_incomplete_names_every_failure():
     assert exc.hint == "run pull again"
 
 
-def test_bundle_file_refuses_a_link_another_sha256_or_a_way_out(tmp_path):
+def test_staging_take_refuses_a_link_another_sha256_or_a_way_out(tmp_path):
+    from installer.mirror.staging import staging
+
     bundle = tmp_path / "b"
     (bundle / "files").mkdir(parents=True)
     (bundle / "files" / "x.run").write_bytes(b"hello")
-    assert common.bundle_file(bundle, "files/x.run", SHA_OF_HELLO, "files entry") == bundle / "files" / "x.run"
-    with pytest.raises(ConfigError, match=r"files/x.run: sha256 2cf24d.* the lock says 00"):
-        common.bundle_file(bundle, "files/x.run", "00", "files entry")
+    with staging(tmp_path, bundle) as into:
+        assert into.take(bundle, "files/x.run", SHA_OF_HELLO, 5, "files entry").read_bytes() == b"hello"
+    with staging(tmp_path, bundle) as into, \
+            pytest.raises(ConfigError, match=r"files/x.run: sha256 2cf24d.* the lock says 00"):
+        into.take(bundle, "files/x.run", "00", 5, "files entry")
     os.symlink(bundle / "files" / "x.run", bundle / "files" / "y.run")
-    with pytest.raises(ConfigError, match="files/y.run is missing or not a regular file"):
-        common.bundle_file(bundle, "files/y.run", SHA_OF_HELLO, "files entry")
-    with pytest.raises(ConfigError, match="is not a path inside the bundle"):
-        common.bundle_file(bundle, "files/../../x", SHA_OF_HELLO, "files entry")
+    with staging(tmp_path, bundle) as into, pytest.raises(ConfigError, match="files/y.run is missing or not a regular file"):
+        into.take(bundle, "files/y.run", SHA_OF_HELLO, 5, "files entry")
+    with staging(tmp_path, bundle) as into, pytest.raises(ConfigError, match="is not a path inside the bundle"):
+        into.take(bundle, "files/../../x", SHA_OF_HELLO, 5, "files entry")
 
 
 def test_read_since_refuses_a_changed_lock(tmp_path):

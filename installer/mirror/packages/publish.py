@@ -14,7 +14,7 @@ from typing import Any
 
 from installer.errors import ConfigError, EnvironmentProblem
 from installer.mirror import bundle as lockfile
-from installer.mirror.common import Say, bundle_file, copy_in
+from installer.mirror.common import Say, copy_in
 from installer.mirror.lock import PackageEntry, check_entry
 from installer.mirror.packages.tools import (
     APT_ARCH,
@@ -34,17 +34,11 @@ from installer.util import atomic_write, sha256_file
 
 
 def verify(bundle: Path, lock: Mapping[str, Any]) -> list[PackageEntry]:
-    """Every package file of the lock is in the bundle -- a regular file inside it, symlinks resolved -- with its
-    sha256 (ConfigError naming the first that is not), every entry (and every packageBase entry) of plain shape
-    (check_entry)."""
-    out: list[PackageEntry] = []
-    for i, e in enumerate(lock.get(BASE) or []):
-        check_entry(bundle / lockfile.LOCK, BASE, i, e)
-    for i, e in enumerate(lock.get(PACKAGES) or []):
-        entry = check_entry(bundle / lockfile.LOCK, PACKAGES, i, e)
-        bundle_file(bundle, entry["file"], e.get("sha256"), f"packages[{i}] file")
-        out.append(entry)
-    return out
+    """Every package file of the lock is in the bundle with its sha256, every entry (and every packageBase entry) of
+    plain shape (ConfigError naming the first that is not). The checks of stage(), into a staging directory dropped
+    afterwards: push itself uses stage()."""
+    with staging(bundle=bundle) as into:
+        return [entry for entry, _ in stage(bundle, lock, into)]
 
 
 SIGNING_HOME_HINT = ("give `mirror push --signing-home` (or GPU_INSTALL_SIGNING_HOME) a directory of your own: the "
