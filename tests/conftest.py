@@ -149,3 +149,23 @@ def upstream_facts() -> None:
 
 #: a mark: the test needs ../shared/upstream (skipped without it, a failure in CI -- through need())
 needs_upstream = pytest.mark.usefixtures("upstream_facts")
+
+
+def staged_charts(bundle, lock, site=None):
+    """(charts, files) of the lock as `mirror push` checks them: charts.stage into a staging directory dropped
+    afterwards (ConfigError naming the first entry that is not as the lock says)."""
+    from installer.mirror import charts
+    from installer.mirror.staging import staging
+
+    with staging(bundle=bundle) as into:
+        staged = charts.stage(bundle, lock, site, into)
+    return [c for c, _ in staged.charts], [f for f, _ in staged.files]
+
+
+def staged_packages(bundle, lock):
+    """The lock's package entries as `mirror push` checks them (packages.stage, staging directory dropped)."""
+    from installer.mirror import packages
+    from installer.mirror.staging import staging
+
+    with staging(bundle=bundle) as into:
+        return [e for e, _ in packages.stage(bundle, lock, into)]

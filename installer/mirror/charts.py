@@ -333,18 +333,6 @@ def pull(plan: Plan, charts: Sequence[ChartArtifact], files: Sequence[FileArtifa
 # ---------------------------------------------------------------- push
 
 
-def verify(bundle: Path, lock: Mapping[str, Any],
-           site: Site | None = None) -> tuple[list[ChartEntry], list[FileEntry]]:
-    """Every chart and file of the lock is in the bundle with its sha256, and a chart archive is the chart the entry
-    names (ConfigError naming the first that is not); with site, check_charts() first. The entries, checked: (charts,
-    files). The checks of stage(), into a staging directory dropped afterwards: push itself uses stage()."""
-    from installer.mirror.staging import staging
-
-    with staging(bundle=bundle) as into:
-        staged = stage(bundle, lock, site, into)
-    return [c for c, _ in staged.charts], [f for f, _ in staged.files]
-
-
 @dataclass(frozen=True)
 class StagedCharts:
     """The lock's charts and files (checked entries), each with its staged copy: what push and publish use."""

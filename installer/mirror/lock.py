@@ -137,7 +137,7 @@ def _bundle_file(bundle: Path, section: str, e: Any) -> str:
 
 
 def chart_entry(bundle: Path, e: Any) -> ChartEntry:
-    """A charts entry of the lock, its file charts/<a plain name> (the archive itself: charts.verify)."""
+    """A charts entry of the lock, its file charts/<a plain name> (the archive itself: charts.stage)."""
     rel = _bundle_file(bundle, CHARTS, e)
     return {"name": str(e.get("name")), "version": str(e.get("version")),
             "repository": str(e.get("repository") or ""), "file": rel, "sha256": str(e.get("sha256")),

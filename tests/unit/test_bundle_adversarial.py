@@ -31,7 +31,7 @@ from installer.errors import EXIT_USAGE, ConfigError
 from installer.mirror import bundle as b
 from installer.mirror import charts, packages
 from installer.mirror import images as m
-from tests.conftest import need
+from tests.conftest import need, staged_charts, staged_packages
 
 REGISTRY = "127.0.0.1:9"  # discard port: nothing answers there, so even a copy that ran would not land anywhere
 SOURCE = "nvcr.io/nvidia/gpu-operator:v24.9.2"  # an image the plan of SITE pulls (release v24.9.2)
@@ -417,7 +417,7 @@ def test_a_chart_the_plan_does_not_carry_is_refused_before_helm_runs(tmp_path, s
     bundle, _ = _bundle(tmp_path)
     lock = _with_chart(bundle, name, version)
     with pytest.raises(ConfigError, match=match) as exc:
-        charts.verify(bundle, lock, _site())
+        staged_charts(bundle, lock, _site())
     assert exc.value.exit_code == 2
     with pytest.raises(ConfigError, match=match):
         charts.push(_site(), bundle, lock, config_json=None, repo_dir=tmp_path / "repo")
@@ -442,7 +442,7 @@ def test_a_chart_file_linked_out_of_the_bundle_is_refused(tmp_path, spy):
     shutil.move(bundle / "charts" / "the.tgz", outside)
     (bundle / "charts" / "gpu-operator-v24.9.2.tgz").symlink_to(outside)
     with pytest.raises(ConfigError, match="leads outside the bundle"):
-        charts.verify(bundle, lock, _site())
+        staged_charts(bundle, lock, _site())
     assert spy() == []
 
 
@@ -453,7 +453,7 @@ def test_a_file_that_is_not_the_plans_runfile_is_refused(tmp_path):
     lock = _edit(bundle, lambda lock: lock.update(files=[{"name": "evil.run", "file": "files/evil.run",
                                                           "sha256": charts.sha256_of(bundle / "files" / "evil.run")}]))
     with pytest.raises(ConfigError, match="files\\[0\\]: 'evil.run' is not a file this site's plan carries"):
-        charts.verify(bundle, lock, _site())
+        staged_charts(bundle, lock, _site())
 
 
 # ---------------------------------------------------------------- package repository paths
@@ -475,7 +475,7 @@ def test_package_entries_outside_their_repository_are_refused(tmp_path, entry, m
     assert exc.value.exit_code == 2 and not (tmp_path / "repo").exists() and not (tmp_path / "home").exists()
     base = _edit(bundle, lambda lock: lock.update(packages=[], packageBase=[full]))
     with pytest.raises(ConfigError, match=match):
-        packages.verify(bundle, base)
+        staged_packages(bundle, base)
 
 
 def test_a_package_file_linked_out_of_the_bundle_is_refused(tmp_path):
@@ -488,7 +488,7 @@ def test_a_package_file_linked_out_of_the_bundle_is_refused(tmp_path):
         {"os": "ubuntu22.04", "manager": "apt", "file": "packages/ubuntu22.04/x_1_amd64.deb",
          "sha256": hashlib.sha256(b"deb").hexdigest(), "size": 3}]))
     with pytest.raises(ConfigError, match="leads outside the bundle"):
-        packages.verify(bundle, lock)
+        staged_packages(bundle, lock)
 
 
 # ---------------------------------------------------------------- InRelease: only the signed text counts

@@ -20,7 +20,8 @@ import pytest
 from installer import signing
 from installer.errors import EXIT_USAGE, ConfigError
 from installer.mirror import bundle as b
-from installer.mirror import charts, verify
+from installer.mirror import verify
+from tests.conftest import staged_charts
 from tests.unit.test_bundle_adversarial import (
     DESTINATION,
     REGISTRY,
@@ -223,7 +224,7 @@ def test_a_chart_entry_whose_file_is_not_the_charts_is_refused(tmp_path, spy, fi
     lock = _with_chart(bundle, "gpu-operator", "v24.9.2", file=file)
     with pytest.raises(ConfigError, match=r"charts\[0\] \(gpu-operator v24.9.2\): file .* expected "
                                           r"charts/gpu-operator-v24.9.2.tgz") as exc:
-        charts.verify(bundle, lock, _site())
+        staged_charts(bundle, lock, _site())
     assert exc.value.exit_code == EXIT_USAGE
     assert spy() == []
 
@@ -233,7 +234,7 @@ def test_the_checks_pass_the_unforged_lock(tmp_path):
     bundle, _ = _bundle(tmp_path)
     lock = _with_chart(bundle, "gpu-operator", "v24.9.2", file="charts/gpu-operator-v24.9.2.tgz")
     (bundle / "charts" / "the.tgz").rename(bundle / "charts" / "gpu-operator-v24.9.2.tgz")
-    charts.verify(bundle, lock, _site())
+    staged_charts(bundle, lock, _site())
     assert [w.destination for w in verify.from_lock(_site(), json.loads((bundle / b.LOCK).read_text()), bundle)] \
         == [DESTINATION]
 

@@ -14,6 +14,7 @@ import pytest
 from installer.errors import ConfigError
 from installer.helm import oci_version
 from installer.mirror import charts
+from tests.conftest import staged_charts
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +48,18 @@ def test_verify_names_a_changed_missing_or_escaping_file(tgz, tmp_path):
     dest.write_bytes(tgz.read_bytes())
     entry = {"name": "gpu-operator", "version": "v24.9.2", "file": f"charts/{tgz.name}",
              "sha256": hashlib.sha256(tgz.read_bytes()).hexdigest()}
-    checked, files = charts.verify(bundle, {"charts": [entry]})
+    checked, files = staged_charts(bundle, {"charts": [entry]})
     assert files == [] and [(c["name"], c["version"], c["file"], c["sha256"]) for c in checked] == [
         ("gpu-operator", "v24.9.2", entry["file"], entry["sha256"])]
     dest.write_bytes(tgz.read_bytes() + b"\0")
     with pytest.raises(ConfigError, match=rf"charts/{tgz.name}: sha256 .* the lock says"):
-        charts.verify(bundle, {"charts": [entry]})
+        staged_charts(bundle, {"charts": [entry]})
     dest.unlink()
     with pytest.raises(ConfigError, match="is missing"):
-        charts.verify(bundle, {"charts": [entry]})
+        staged_charts(bundle, {"charts": [entry]})
     for bad in ("charts/../../etc/passwd", "files/x", "charts/.hidden", "charts/"):
         with pytest.raises(ConfigError):
-            charts.verify(bundle, {"charts": [{**entry, "file": bad}]})
+            staged_charts(bundle, {"charts": [{**entry, "file": bad}]})
 
 
 def test_oci_reference_push_prints_is_what_the_operator_stage_pins():
@@ -143,7 +144,7 @@ def test_an_alias_bomb_chart_is_named_by_verify_and_pull(tmp_path):
              "sha256": hashlib.sha256(target.read_bytes()).hexdigest(), "size": target.stat().st_size}
     with pytest.raises(ConfigError, match=r"charts/gpu-operator-v24.9.2.tgz: gpu-operator/Chart.yaml:\d+:\d+: a YAML "
                                           r"alias") as exc:
-        charts.verify(bundle, {lockmod.CHARTS: [entry]})
+        staged_charts(bundle, {lockmod.CHARTS: [entry]})
     assert exc.value.exit_code == 2
 
 

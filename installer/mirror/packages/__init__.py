@@ -39,7 +39,7 @@ from installer.mirror.packages.publish import publish as publish
 from installer.mirror.packages.publish import require_base as require_base
 from installer.mirror.packages.publish import signing_home as signing_home
 from installer.mirror.packages.publish import site_key as site_key
-from installer.mirror.packages.publish import verify as verify
+from installer.mirror.packages.publish import stage as stage
 from installer.mirror.packages.resolve import _apt_conf as _apt_conf
 from installer.mirror.packages.resolve import check_sources as check_sources
 from installer.mirror.packages.resolve import pull as pull

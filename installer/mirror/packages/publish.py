@@ -32,15 +32,6 @@ from installer.mirror.packages.tools import (
 from installer.mirror.staging import Staging, staging
 from installer.util import atomic_write, sha256_file
 
-
-def verify(bundle: Path, lock: Mapping[str, Any]) -> list[PackageEntry]:
-    """Every package file of the lock is in the bundle with its sha256, every entry (and every packageBase entry) of
-    plain shape (ConfigError naming the first that is not). The checks of stage(), into a staging directory dropped
-    afterwards: push itself uses stage()."""
-    with staging(bundle=bundle) as into:
-        return [entry for entry, _ in stage(bundle, lock, into)]
-
-
 SIGNING_HOME_HINT = ("give `mirror push --signing-home` (or GPU_INSTALL_SIGNING_HOME) a directory of your own: the "
                      "site key is generated there on first use, and packages.key must then pin that key")
 
