@@ -149,24 +149,13 @@ def holds_credential(loc: list[str] | tuple[str, ...]) -> bool:
     return bool(set(parts) & CREDENTIAL_FIELDS) or parts in (["registry"], ["registry", "pullSecret"])
 
 
-class ChartCredentials(Block):
-    """The user and password of an http(s) chart repository (mirror.chartRepository), referenced by the names of the
-    environment variables holding them, never written inline (as registry.pullSecret)."""
+class EnvCredentials(Block):
+    """The user and password of a source that needs a login (mirror.chartCredentials, a package repository's
+    credentials), referenced by the names of the environment variables holding them, never written inline (as
+    registry.pullSecret)."""
 
-    usernameEnv: str = Field(description="name of the env var holding the chart repository's user name",
-                             pattern=ENV_NAME)
-    passwordEnv: str = Field(description="name of the env var holding the chart repository's password/token",
-                             pattern=ENV_NAME)
-
-
-class PackageCredentials(Block):
-    """The user and password of an http(s) upstream package repository (mirror.packageRepositories.<os>[]), referenced
-    by the names of the environment variables holding them, never written inline (as mirror.chartCredentials)."""
-
-    usernameEnv: str = Field(description="name of the env var holding the package repository's user name",
-                             pattern=ENV_NAME)
-    passwordEnv: str = Field(description="name of the env var holding the package repository's password/token",
-                             pattern=ENV_NAME)
+    usernameEnv: str = Field(description="name of the env var holding the user name", pattern=ENV_NAME)
+    passwordEnv: str = Field(description="name of the env var holding the password/token", pattern=ENV_NAME)
 
 
 class PullSecret(Block):
@@ -605,7 +594,7 @@ class PackageSource(Block):
                                   description="apt only: the components of the suite (not for a flat repository)")
     key: Path = Field(description="the repository's OpenPGP public key (armored or binary): apt checks the "
                                   "suite's Release signature with it, dnf pulls refuse packages it did not sign")
-    credentials: PackageCredentials | None = Field(
+    credentials: EnvCredentials | None = Field(
         None, description="the user and password `mirror pull` gives this http(s) repository when it needs them: "
         "usernameEnv/passwordEnv, the names of environment variables holding them (apt reads them from an auth.conf, "
         "dnf from the .repo file, both 0600 in a private work directory; the files are fetched with HTTP Basic "
@@ -678,7 +667,7 @@ class Mirror(Block):
         description="Helm chart repository the GPU Operator chart (gpu-operator at operator.version) is mirrored from: "
         "an http(s) repository URL (index.yaml) or oci://<registry>[/<path>] (the chart is <that>/gpu-operator)",
         json_schema_extra=rules({"pattern": CHART_REPOSITORY, "maxLength": 2048}))
-    chartCredentials: ChartCredentials | None = Field(
+    chartCredentials: EnvCredentials | None = Field(
         None, description="the user and password `mirror pull` gives mirror.chartRepository (http(s) or oci://) when "
         "it needs them: usernameEnv/passwordEnv, the names of environment variables holding them (helm reads them "
         "from a 0600 file in its own temporary home); never in the URL")

@@ -170,8 +170,8 @@ def test_site_schema_has_the_field():
     from installer.config import site_schema
 
     schema = copy.deepcopy(site_schema())
-    text = repr(schema)
-    assert "PackageCredentials" in text and "usernameEnv" in text
+    entry = schema["$defs"]["PackageSource"]["properties"]["credentials"]
+    assert "EnvCredentials" in repr(entry) and "usernameEnv" in repr(schema["$defs"]["EnvCredentials"])
 
 
 def test_a_tool_or_fetch_message_echoing_the_password_is_redacted(tmp_path, monkeypatch, key):
