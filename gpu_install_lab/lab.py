@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 KUBELETS = ("hollow", "real")
 TOP_DIRS = ("pki", "ssh", "registry", "repo", "nodes", "tools", "inventory")
+# how long `lab status` keeps asking a real node that does not answer its unit probe
+STATUS_PROBE_DEADLINE_S = 120.0
 
 
 def _stderr(msg: str) -> None:
@@ -495,7 +497,6 @@ class Lab:
 
     def _real_node_status(self, rows: list[dict[str, Any]]) -> None:
         """Per real node: the kubelet and containerd units (over SSH) and the Node's Ready condition."""
-        import subprocess
 
         from gpu_install_lab import kubelet, runtime
 
@@ -524,12 +525,28 @@ class Lab:
             if not row["ssh"]:
                 row["kubelet"] = row["runtime"] = row["device_plugin"] = "unknown"
                 continue
-            proc = subprocess.run([*runtime.ssh_argv(self.dir, row["ip"]),
-                                   f"systemctl is-active kubelet {unit} gpu-install-lab-device-plugin; {version}"],
-                                  capture_output=True, text=True, timeout=30)
-            states = (proc.stdout.split() + ["unknown"] * 4)[:4]
+            states = (self._probe_units(runtime.ssh_argv(self.dir, row["ip"]),
+                                        f"systemctl is-active kubelet {unit} gpu-install-lab-device-plugin; {version}")
+                      + ["unknown"] * 4)[:4]
             row["kubelet"], row["device_plugin"] = states[0], states[2]
             row["runtime"] = f"{unit} {states[3]} {states[1]}" if states[1] == "active" else f"{unit} {states[1]}"
+
+    @staticmethod
+    def _probe_units(argv: list[str], command: str, deadline_s: float = STATUS_PROBE_DEADLINE_S,
+                     attempt_s: float = 30.0) -> list[str]:
+        """The words a node's unit probe printed. A node whose systemd or sshd is slow to answer (a busy node,
+        two labs on two cores) is asked again until the deadline; one that never answers reads "unknown"."""
+        import subprocess
+
+        end = time.monotonic() + deadline_s
+        while True:
+            left = end - time.monotonic()
+            try:
+                return subprocess.run([*argv, command], capture_output=True, text=True,
+                                      timeout=max(0.5, min(attempt_s, left))).stdout.split()
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= end:
+                    return []
 
     def status(self) -> dict[str, Any]:
         if not self.state_path.exists():

@@ -63,3 +63,19 @@ def test_nothing_recorded_is_nothing_to_do():
         assert not proc.alive(rec)
         proc.stop(rec)
         proc.send(rec, signal.SIGTERM)
+
+
+def test_a_node_slow_to_answer_its_unit_probe_is_asked_again(tmp_path):
+    """A real node whose first SSH probe hangs (a busy node under two labs) is asked again, not a crash of
+    `lab up`/`lab status`; one that never answers reads as no words ("unknown")."""
+    from gpu_install_lab.lab import Lab
+
+    first = tmp_path / "asked"
+    slow_once = ["sh", "-c", f'if [ -e {first} ]; then echo active; else : > {first}; sleep 5; fi', "probe"]
+    t0 = time.monotonic()
+    assert Lab._probe_units(slow_once, "ignored", deadline_s=10, attempt_s=0.5) == ["active"]
+    assert time.monotonic() - t0 < 5
+    never = ["sh", "-c", "sleep 5", "probe"]
+    t0 = time.monotonic()
+    assert Lab._probe_units(never, "ignored", deadline_s=1.5, attempt_s=0.5) == []
+    assert time.monotonic() - t0 < 4
