@@ -57,6 +57,10 @@ class Node:
     mig_dynamic: bool = True  # gpu_install_mig_dynamic: false leaves the node out of mig.dynamic nos
     # with an inventory: the kernels the node boots next (--kernel [OSTAG=]KERNEL), besides the running one
     next_kernels: tuple[str, ...] = ()
+    arch: str | None = None  # `uname -m` (x86_64, aarch64): gpu_install_arch, else the facts file; None: unknown
+    nvswitch: bool | None = None  # NVSwitches on its PCI bus: gpu_install_nvswitch, else the facts file
+    gpu_architectures: tuple[str, ...] = ()  # its GPUs' architectures (Hopper, Blackwell …), from the facts file
+    facts_from: str | None = None  # "facts file PATH (read at T)" when the facts file gave any of the above
 
     @property
     def node_name(self) -> str:
@@ -171,8 +175,8 @@ def with_next_kernels(nodes: Sequence[Node], kernels: Sequence[str]) -> tuple[No
     names = sorted({n.os_name for n in nodes if n.os_name})
     by_os = kernels_by_os(kernels, names, "the inventory's GPU nodes")
     every = [] if names else [parse_kernel(k)[1] for k in kernels]  # no OS known: one list for all
-    return tuple(replace(n, next_kernels=tuple(k for k in by_os.get(n.os_name or "", every) if k != n.kernel))
-                 for n in nodes)
+    return tuple(replace(n, next_kernels=tuple(dict.fromkeys(
+        [*n.next_kernels, *(k for k in by_os.get(n.os_name or "", every) if k != n.kernel)]))) for n in nodes)
 
 
 def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
@@ -202,7 +206,66 @@ def node_from_vars(name: str, hv: Mapping[str, Any]) -> Node:
     if not isinstance(dynamic, bool):
         raise ConfigError(f"{where}: {MIG_DYNAMIC_VAR} must be true or false, not {dynamic!r}",
                           hint=f"{MIG_DYNAMIC_VAR}: false leaves the node out of mig.dynamic nos")
-    return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None, overrides, dynamic)
+    arch = hv.get(ARCH_VAR)
+    if arch is not None and arch not in ARCHES:
+        raise ConfigError(f"inventory: {where}: {ARCH_VAR} is {arch!r}, not one of {', '.join(ARCHES)}",
+                          hint="write it as `uname -m` prints it on the node (x86_64 for amd64, aarch64 for arm64), "
+                               "or drop it and give --facts FILE from `gpu-install nodes facts`")
+    nvswitch = hv.get(NVSWITCH_VAR)
+    if nvswitch is not None and not isinstance(nvswitch, bool):
+        raise ConfigError(f"inventory: {where}: {NVSWITCH_VAR} must be true or false, not {nvswitch!r}",
+                          hint="true: the node has NVIDIA NVSwitches (HGX boards); or drop it and give --facts FILE")
+    return Node(name, os_id, ver, kernel_text, str(k8s) if k8s else None, overrides, dynamic,
+                arch=arch, nvswitch=nvswitch)
+
+
+#: the node's architecture as the inventory may give it (`uname -m`), and whether it has NVSwitches
+ARCH_VAR = "gpu_install_arch"
+NVSWITCH_VAR = "gpu_install_nvswitch"
+ARCHES = ("x86_64", "aarch64")
+
+
+def with_facts(nodes: Sequence[Node], facts: Mapping[str, Any], source: str) -> tuple[Node, ...]:
+    """The inventory's GPU nodes completed from a facts file (installer.node_facts.read_file: host -> FileFacts):
+    what the inventory leaves unset (OS, running kernel, architecture, NVSwitch) is taken from the file, the GPUs'
+    architectures always, and the other kernels installed on the node become kernels it boots next. A value the
+    inventory gives that the file contradicts is refused (exit 2): the bundle would be built for a node that does not
+    exist. A host the file does not hold keeps what the inventory says."""
+    out = []
+    for n in nodes:
+        ff = facts.get(n.name)
+        if ff is None:
+            out.append(n)
+            continue
+        f = ff.facts
+        where = f"{source} (read {ff.read_at})" if ff.read_at else source
+        got_os = f.os_name
+        nvs = bool(f.nvswitches)
+        for var, given, found in (("gpu_install_os", n.os_name, got_os), ("gpu_install_kernel", n.kernel, f.kernel),
+                                  (ARCH_VAR, n.arch, f.arch), (NVSWITCH_VAR, n.nvswitch, nvs)):
+            if given is not None and found is not None and given != found:
+                raise ConfigError(
+                    f"host {n.name}: {var} is {_shown(given)} in the inventory, and the node had {_shown(found)} "
+                    f"when it was read ({where})",
+                    hint=f"correct {var} in the inventory (or drop it: the facts give it), or read the node again "
+                         "with `gpu-install nodes facts` if it changed since")
+        os_id, os_version = (n.os_id, n.os_version) if n.os_name else (f.os_id, f.os_version)
+        kernel = n.kernel or f.kernel
+        nxt = tuple(dict.fromkeys([*n.next_kernels, *(k for k in f.kernels_installed if k != kernel)]))
+        out.append(replace(n, os_id=os_id, os_version=os_version, kernel=kernel, next_kernels=nxt,
+                           arch=n.arch or f.arch, nvswitch=n.nvswitch if n.nvswitch is not None else nvs,
+                           gpu_architectures=tuple(sorted({g.architecture for g in f.gpus if g.architecture})),
+                           facts_from=where))
+    return tuple(out)
+
+
+def facts_nodes(facts: Mapping[str, Any], source: str) -> tuple[Node, ...]:
+    """The GPU nodes of a facts file alone (no inventory): every host that was read, as it was read."""
+    return with_facts([Node(host, None, None) for host in sorted(facts)], facts, source)
+
+
+def _shown(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 #: the hint of an inventory error found without contacting a host (the playbooks' "Inventory |" checks say the same)

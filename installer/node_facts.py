@@ -385,3 +385,99 @@ def summary(f: NodeFacts) -> str:
         parts.append(f"{len(f.nvswitches)} NVSwitch")
     parts.append(", ".join(f"{r.name} {r.version or '?'}" for r in f.runtimes) or "no container runtime found")
     return "; ".join(parts) + (f"; {len(f.problems)} problem(s)" if f.problems else "")
+
+
+# ---------------------------------------------------------------- reading a facts file back (mirror plan --facts)
+
+SCHEMA = "gpu-install.node-facts/v1"
+MAX_FILE = 16 * 1024 * 1024  # a facts file of thousands of nodes is a few MiB
+_HOST = re.compile(r"[A-Za-z0-9_.@:\[\]-]{1,253}\Z")
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """One host's facts as a facts file holds them, each value checked again (the file crossed the gap)."""
+
+    host: str
+    read_at: str | None
+    facts: NodeFacts
+
+
+def _problem(path: str, where: str, what: str) -> Exception:
+    from installer.errors import ConfigError
+
+    return ConfigError(f"facts file {path}: {where}: {what}",
+                       hint="give the file `gpu-install nodes facts -i INVENTORY -o FILE` wrote, unedited; re-read "
+                            "the nodes if it was changed")
+
+
+def read_file(path: str) -> dict[str, FileFacts]:
+    """The hosts of a gpu-install.node-facts/v1 file that were read (hosts with an error are left out), by host name.
+
+    The file is untrusted input (it is carried across the air gap): read once and bounded (installer.safefile:
+    MAX_FILE bytes, depth, no duplicate keys), its schema named, and every value checked against the form parse()
+    accepts from a node; a PCI device's name, chip and architecture are taken from this installation's PCI id table,
+    never from the file. Any refusal is a ConfigError (exit 2) naming the file, the host and the field."""
+    from pathlib import Path
+
+    from installer.safefile import read_json
+
+    doc = read_json(Path(path).expanduser(), "facts file", MAX_FILE)
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise _problem(path, "schema", f"{got!r}, not {SCHEMA}")
+    hosts = doc.get("hosts")
+    if not isinstance(hosts, list):
+        raise _problem(path, "hosts", "not a list")
+    table = pci_table()
+    out: dict[str, FileFacts] = {}
+    for i, entry in enumerate(hosts):
+        if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) or not _HOST.match(entry["host"]):
+            raise _problem(path, f"hosts[{i}].host", "missing or not a host name")
+        host = entry["host"]
+        if host in out:
+            raise _problem(path, f"host {host}", "listed twice")
+        f = entry.get("facts")
+        if f is None:
+            continue  # it could not be read: nothing is known of it
+        if not isinstance(f, dict):
+            raise _problem(path, f"host {host}: facts", "not an object")
+
+        def text(key: str, pattern: re.Pattern[str], f: dict[str, object] = f, host: str = host) -> str | None:
+            value = f.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, str) or not pattern.match(value):
+                raise _problem(path, f"host {host}: facts.{key}", f"{value!r} is not the form it must have")
+            return value
+
+        os_id = text("osId", _OS_ID)
+        os_version = text("osVersion", _OS_VERSION)
+        kernel = text("kernel", _KERNEL)
+        arch = text("architecture", _ARCH)
+        installed = f.get("kernelsInstalled") or []
+        if not isinstance(installed, list) or len(installed) > MAX_ITEMS \
+                or not all(isinstance(k, str) and _KERNEL.match(k) for k in installed):
+            raise _problem(path, f"host {host}: facts.kernelsInstalled",
+                           f"not a list of at most {MAX_ITEMS} kernel releases")
+        secure = f.get("secureBoot", "unknown")
+        if secure not in ("on", "off", "off (no EFI)", "unknown"):
+            raise _problem(path, f"host {host}: facts.secureBoot", f"{secure!r} is not on, off, off (no EFI), unknown")
+        raw_devices = f.get("pciDevices") or []
+        if not isinstance(raw_devices, list) or len(raw_devices) > MAX_ITEMS:
+            raise _problem(path, f"host {host}: facts.pciDevices", f"not a list of at most {MAX_ITEMS} devices")
+        devices = []
+        for j, d in enumerate(raw_devices):
+            ok = isinstance(d, dict) and isinstance(d.get("address"), str) and _PCI_ADDR.match(d["address"]) \
+                and isinstance(d.get("deviceId"), str) and _HEX16.match(d["deviceId"]) \
+                and isinstance(d.get("class"), str) and _CLASS.match(d["class"])
+            if not ok:
+                raise _problem(path, f"host {host}: facts.pciDevices[{j}]", "not an address, deviceId and class")
+            assert isinstance(d, dict)
+            chip, name = table.get(d["deviceId"], (None, None))
+            devices.append(PciDevice(d["address"], d["deviceId"], d["class"], device_kind(d["class"]), name, chip,
+                                     architecture_of(chip)))
+        read_at = entry.get("readAt")
+        out[host] = FileFacts(host, read_at if isinstance(read_at, str) and len(read_at) <= 40 else None, NodeFacts(
+            os_id.lower() if os_id else None, os_version, kernel, tuple(installed), arch, secure, tuple(devices), ()))
+    return out

@@ -34,7 +34,17 @@ from installer import platforms
 from installer.catalog import Catalog, Release
 from installer.config import PullSecret, Site
 from installer.errors import ConfigError
-from installer.facts import CONTROL_PLANE_GROUP, GPU_GROUP, Node, flag_nodes, node_from_vars, with_next_kernels
+from installer.facts import (
+    CONTROL_PLANE_GROUP,
+    GPU_GROUP,
+    Node,
+    facts_nodes,
+    flag_nodes,
+    node_from_vars,
+    with_facts,
+    with_next_kernels,
+)
+from installer.node_facts import read_file as read_facts
 
 if TYPE_CHECKING:
     from installer.artifacts import Image
@@ -55,6 +65,7 @@ class Options:
     limit: str | None = None  # Ansible host pattern (preflight/apply/uninstall --limit)
     need_inventory: bool = False  # the command acts on hosts: -i is required
     kube_version: str | None = None  # --kube-version: the cluster's Kubernetes version, checked without a cluster
+    facts: str | None = None  # --facts FILE: what `gpu-install nodes facts` read from the nodes
 
 
 @dataclass(frozen=True)
@@ -174,12 +185,21 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
                 f"stage needs it: {why} patched into kube-scheduler on those hosts",
                 hint=f"add the control-plane hosts to group {CONTROL_PLANE_GROUP} (see inventories/sample/hosts.yml), "
                      "or drop scheduler.extenders / sharing.mode")
-        nodes = with_next_kernels([node_from_vars(name, hv) for name, hv in gpu_vars], opts.kernels)
+        nodes: tuple[Node, ...] = tuple(node_from_vars(name, hv) for name, hv in gpu_vars)
+        if opts.facts:
+            nodes = with_facts(nodes, read_facts(opts.facts), f"facts file {opts.facts}")
+        nodes = with_next_kernels(nodes, opts.kernels)
         assignments = tuple(mig.assignments(site, gpu_vars))
     else:
         if opts.need_inventory:
             raise ConfigError("no inventory given", hint="pass -i INVENTORY (or set GPU_INSTALL_INVENTORY)")
-        nodes = tuple(facts) if facts is not None else tuple(flag_nodes(opts.os_tags, opts.kernels))
+        if opts.facts and opts.os_tags:
+            raise ConfigError("--facts and --os both describe the nodes",
+                              hint="give one: --facts FILE (what `gpu-install nodes facts` read) or --os/--kernel")
+        if opts.facts:
+            nodes = with_next_kernels(facts_nodes(read_facts(opts.facts), f"facts file {opts.facts}"), opts.kernels)
+        else:
+            nodes = tuple(facts) if facts is not None else tuple(flag_nodes(opts.os_tags, opts.kernels))
         assignments = ()
 
     if site.registry.ca:

@@ -68,6 +68,16 @@ def node_flags(p: argparse.ArgumentParser) -> None:
                         "driver.mode host/runfile: without -i the kernel of the --os nodes, with -i a kernel the "
                         "inventory's nodes boot next (besides their gpu_install_kernel); OSTAG= names the OS it is "
                         "for (rhel8.10=4.18.0-553.el8_10.x86_64), required when the nodes run several OSes; repeatable")
+    facts_arg(p)
+
+
+def facts_arg(p: argparse.ArgumentParser) -> None:
+    """--facts FILE: the nodes as `gpu-install nodes facts` read them."""
+    p.add_argument("--facts", metavar="FILE",
+                   help="the nodes' facts as `gpu-install nodes facts -i INVENTORY -o FILE` wrote them (OS, kernels, "
+                        "architecture, NVSwitches, GPUs): with -i they fill what the inventory leaves unset (a value "
+                        "it contradicts is refused), without -i they are the nodes; the kernels installed besides the "
+                        "running one count as kernels the nodes boot next")
 
 
 def kubeconfig_arg(p: argparse.ArgumentParser) -> None:
@@ -122,7 +132,8 @@ def resolve_plan(args: argparse.Namespace, need_inventory: bool = False) -> Plan
     site = load_site(args.site, args.set)
     opts = Options(inventory=getattr(args, "inventory", None), os_tags=tuple(getattr(args, "os", None) or ()),
                    kernels=tuple(getattr(args, "kernel", None) or ()), limit=getattr(args, "limit", None),
-                   need_inventory=need_inventory, kube_version=getattr(args, "kube_version", None))
+                   need_inventory=need_inventory, kube_version=getattr(args, "kube_version", None),
+                   facts=getattr(args, "facts", None))
     plan = resolve(site, opts)
     if not getattr(args, "quiet", False):
         for note in plan.notes:

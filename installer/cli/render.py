@@ -7,6 +7,7 @@ from typing import Any
 
 from installer.cli.common import (
     command,
+    facts_arg,
     group,
     inventory_arg,
     kube_version_arg,
@@ -106,5 +107,6 @@ def register(sub: Any) -> None:
                                "contacts nothing")
     site_args(q)
     inventory_arg(q)
+    facts_arg(q)
     kube_version_arg(q)
     q.set_defaults(func=cmd_config_check)
