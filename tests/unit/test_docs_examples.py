@@ -51,6 +51,8 @@ SKIP_RULES: list[tuple[str, re.Pattern[str], str]] = [
      "evidence create reads the cluster and the nodes, evidence verify checks what create wrote there)"),
     ("contacts registries", re.compile(r"^gpu-install mirror (pull|push|sync|verify)\b"),
      "copies from or checks registries and chart/package repositories (covered by tests/integration/test_mirror_*)"),
+    ("reads node facts", re.compile(r"\s--facts facts\.json\b"),
+     "reads the facts.json `gpu-install nodes facts` wrote from the nodes (covered by tests/unit/test_facts_file.py)"),
     ("builds a lab", re.compile(r"^(sudo )?gpu-install lab\b"),
      "root: network namespaces and nspawn nodes (covered by tests/integration/)"),
 ]
