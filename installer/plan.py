@@ -30,7 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from installer import platforms
+from installer import architectures, platforms
 from installer.catalog import Catalog, Release
 from installer.config import PullSecret, Site
 from installer.errors import ConfigError
@@ -204,6 +204,7 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
 
     if site.registry.ca:
         check_ca(site.registry.ca)
+    architectures.check(site, nodes)
     components = resolve_components(site, release)
     values = build_values(site, release, components)
     check_nodes_os(site, release, nodes, components, values, "--os" if not opts.inventory else None)
@@ -215,7 +216,7 @@ def resolve(site: Site, options: Options | None = None, catalog: Catalog | None 
                                           release.catalog_dir)
         notes += [note] if note else []
     return Plan(site=site, release=release, options=opts, nodes=nodes, inventory=inventory, components=components,
-                values=values, role_vars=role_vars(site, release), mig=assignments, notes=tuple(notes))
+                values=values, role_vars=role_vars(site, release, nodes), mig=assignments, notes=tuple(notes))
 
 
 def check_nodes_os(site: Site, release: Release, nodes: Sequence[Node], components: Mapping[str, ResolvedComponent],

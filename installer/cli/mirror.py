@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
+    from installer import architectures
     from installer.errors import ConfigError
 
     # --kernel: without -i the --os nodes' kernels, with -i the kernels the inventory's nodes boot next (installer.facts)
@@ -38,6 +39,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--why: empty reference", hint="give an image, the chart, a file or a package name")
     plan = resolve_plan(args)
     artifacts = plan.artifacts()
+    architectures.check_packages(plan.nodes, artifacts.packages)
     if args.why is not None:
         found = artifacts.why(args.why)
         if not found:
@@ -104,8 +106,9 @@ def plan_text(p: ArtifactPlan) -> str:
         for k in p.node_kernels:
             kernels = [*([(k.kernel, "running")] if k.kernel else []), *((n, "boots next (--kernel)") for n in k.next)]
             rows += [(k.host, k.os, kernel, when, h) for (kernel, when), h in zip(kernels, k.headers, strict=True)]
-        parts.append(table(f"\nKernel headers per node ({len(p.node_kernels)} nodes; DKMS builds the driver against "
-                           "them)", ["host", "os", "kernel", "which", "headers"], rows))
+        parts.append(table(f"\nKernel headers per node ({len(p.node_kernels)} nodes; the driver's kernel module is "
+                           "built against them: by DKMS, or by the driver container)",
+                           ["host", "os", "kernel", "which", "headers"], rows))
     parts += [f"note: {n}" for n in p.notes]
     return "\n".join(parts) + "\n"
 
@@ -179,13 +182,14 @@ def _summary(what: str, outcome: Outcome, quiet: bool, report: _Report | None = 
 def cmd_pull(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from installer import signing
+    from installer import architectures, signing
     from installer.errors import HostFailures
     from installer.mirror import bundle, charts, images, packages
 
     plan = resolve_plan(args)
     artifacts = plan.artifacts(())
     if artifacts.packages and not args.skip_packages:
+        architectures.check_packages(plan.nodes, artifacts.packages)
         packages.check_sources(plan.site, artifacts.packages)  # bad input: before anything is fetched
     charts.chart_login(plan.site)  # mirror.chartCredentials' variables set (exit 2): before anything is fetched
     key = signing.load_or_create(signing.key_home(Path(args.key_home) if args.key_home else None))
@@ -195,7 +199,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print(f"bundle signing key: generated in {key.home} (Ed25519, fingerprint {key.fingerprint}); its public half "
               f"{key.public_path} is what the air-gapped side pins (mirror.trustedKeys), carried there once",
               file=sys.stderr)
-    platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
+    platform = _node_platform(plan, args)
     out = Path(args.output)
     report = _Report(args.quiet, "pulling")
     failures: list[HostFailures] = []
@@ -335,7 +339,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
     plan = resolve_plan(args)
     artifacts = plan.artifacts(())
-    platform = images.ALL_PLATFORMS if args.all_platforms else args.platform
+    platform = _node_platform(plan, args)
     creds = _credentials(plan.site)
     report = _Report(args.quiet, "syncing")
     try:
@@ -385,6 +389,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_platform(plan: Any, args: argparse.Namespace) -> str:
+    """--platform / --all-platforms, else the platform of the nodes' architectures (installer.architectures)."""
+    import sys
+
+    from installer import architectures
+    from installer.mirror import images
+
+    platform, note = architectures.platform_for(plan.nodes, args.platform, args.all_platforms)
+    if note and not args.quiet:
+        print(f"note: {note}", file=sys.stderr)
+    return images.ALL_PLATFORMS if platform == architectures.ALL_PLATFORMS else platform
+
+
 def _platform(text: str) -> str:
     import re
 
@@ -406,8 +423,10 @@ def _plan_command(msub: Any, name: str, help_text: str) -> argparse.ArgumentPars
 def _platform_args(p: argparse.ArgumentParser, digest_note: str = "") -> None:
     """--platform OS/ARCH | --all-platforms: which manifest of a multi-platform image pull and sync copy."""
     plat = p.add_mutually_exclusive_group()
-    plat.add_argument("--platform", type=_platform, default="linux/amd64", metavar="OS/ARCH",
-                      help="copy this platform's manifest of a multi-platform image (default linux/amd64)" + digest_note)
+    plat.add_argument("--platform", type=_platform, default=None, metavar="OS/ARCH",
+                      help="copy this platform's manifest of a multi-platform image (default: the nodes' "
+                           "architecture -- gpu_install_arch or --facts -- every platform when they run several, "
+                           "linux/amd64 when it is not known)" + digest_note)
     plat.add_argument("--all-platforms", action="store_true",
                       help="copy manifest lists / indexes whole, every platform (the published digest)")
 

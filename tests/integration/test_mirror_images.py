@@ -681,3 +681,43 @@ def test_one_manifest_under_several_names_pulled_at_once(env, cli, monkeypatch):
     assert rc == 4, err
     assert "the bundle's layout, read back after the copy" in err and "does not match its digest" in err
     assert json.loads((bundle2 / "bundle.lock.json").read_text())["complete"] is False
+
+
+def test_the_nodes_architectures_choose_the_platform(env, cli, tmp_path):
+    """Without --platform the nodes' architectures (a facts file here) choose what is copied of a multi-arch image:
+    arm64 nodes only -> the linux/arm64 instance; x86_64 and aarch64 nodes -> the index whole. A --platform that
+    leaves a node without its images is refused before anything is copied."""
+    from tests.unit.test_facts_file import facts_doc, write
+
+    images = _plan_images(env)
+    multi = next(i for i in images if i.component == "operator")
+    for img in images:
+        if img is not multi:
+            _seed(env, img.source)
+    digests = _seed_index(env, multi.source)
+    doc = facts_doc(tmp_path, {"gpu1": {}, "gpu2": {}})
+    for h in doc["hosts"]:
+        h["facts"]["architecture"] = "aarch64"
+    arm = write(tmp_path, doc, "arm.json")
+    doc["hosts"][0]["facts"]["architecture"] = "x86_64"
+    mixed = write(tmp_path, doc, "mixed.json")
+
+    def lock_of(bundle: Path) -> dict:
+        return json.loads((bundle / "bundle.lock.json").read_text())
+
+    b = env["root"] / "bundle-arm-nodes"
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--facts", arm, "-o", b, "-q")
+    assert rc == 0, err
+    lock = lock_of(b)
+    assert lock["platform"] == "linux/arm64"
+    assert next(e["digest"] for e in lock["images"] if e["source"] == multi.source) == digests["linux/arm64"]
+    b = env["root"] / "bundle-mixed-nodes"
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--facts", mixed, "-o", b)
+    assert rc == 0, err
+    assert "the nodes run 2 architectures (linux/amd64, linux/arm64): multi-arch images are copied whole" in err
+    assert lock_of(b)["platform"] == "all"
+    b = env["root"] / "bundle-refused"
+    rc, _, err = cli("mirror", "pull", "--skip-packages", "-s", env["site"], "--facts", arm, "-o", b,
+                     "--platform", "linux/amd64")
+    assert rc == 2 and "--platform linux/amd64: node(s) gpu1, gpu2 run linux/arm64 images" in err, err
+    assert not b.exists()

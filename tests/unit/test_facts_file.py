@@ -46,9 +46,10 @@ def host_site(write_site):
 
 
 def inventory(tmp_path: Path, hosts: dict[str, dict]) -> Path:
+    """An inventory file of these GPU hosts, a new file each call."""
     import yaml
 
-    p = tmp_path / "hosts.yml"
+    p = tmp_path / f"hosts-{len(list(tmp_path.glob('hosts-*.yml')))}.yml"
     p.write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": {
         h: {"ansible_host": "192.0.2.1", **v} for h, v in hosts.items()}}}}}))
     return p
