@@ -20,6 +20,14 @@ options:
   allow_secure_boot: {type: bool, default: false}
   require_kernel_headers: {type: bool, default: true, description: with driver_mode host or runfile; false only where the module cannot be built anyway (the lab)}
   sharing: {type: str, choices: [none, gpumanager, hami], default: none, description: site.yaml sharing.mode; gpumanager needs the cgroup v1 memory controller}
+  inventory:
+    type: dict
+    default: {}
+    description:
+      - The inventory's node variables set for this host (gpu_install_os, gpu_install_os_id, gpu_install_os_version,
+        gpu_install_kernel, gpu_install_arch, gpu_install_nvswitch); each is compared with the node, one problem per
+        difference. A variable not given is not compared.
+  host: {type: str, default: "", description: the inventory host name the messages name}
 author: gpu-install
 """
 
@@ -46,12 +54,29 @@ def _read(root, rel, default=None, binary=False):
 
 def os_release(root):
     # type: (str) -> dict[str, str]
-    out = {}
-    for line in (_read(root, "etc/os-release", "") or "").splitlines():
-        m = re.match(r'^([A-Z_]+)=("?)(.*)\2$', line.strip())
-        if m:
-            out[m.group(1)] = m.group(3)
+    """/etc/os-release (else /usr/lib/os-release, os-release(5)) as installer/node_facts.py reads it: a variable's
+    first assignment counts, its value "x", 'x' or x (never expanded)."""
+    text = _read(root, "etc/os-release")
+    if text is None:
+        text = _read(root, "usr/lib/os-release", "")
+    out = {}  # type: dict[str, str]
+    for line in (text or "").splitlines():
+        m = re.match(r"^([A-Z_]+)=([\"']?)(.*)\2$", line.strip())
+        if m and m.group(1) not in out:
+            out[m.group(1)] = m.group(3).replace('\\"', '"').replace("\\\\", "\\")
     return out
+
+
+def pci_nvswitches(root):
+    # type: (str) -> list[str]
+    """NVIDIA NVSwitches on the PCI bus: vendor 0x10de, class 0x0680xx (what installer/node_facts.py SCRIPT reads)."""
+    found = []
+    for dev in sorted(glob.glob(os.path.join(root, "sys/bus/pci/devices/*"))):
+        vendor = (_read(dev, "vendor", "") or "").strip().lower()
+        klass = (_read(dev, "class", "") or "").strip().lower()
+        if vendor == "0x10de" and klass.startswith("0x0680"):
+            found.append(os.path.basename(dev))
+    return found
 
 
 def pci_gpus(root):
@@ -119,12 +144,67 @@ def probe(root, run, kernel=None, arch=None, check_headers=False):
         "nvidia_loaded": "nvidia" in modules or os.path.exists(os.path.join(root, "proc/driver/nvidia/version")),
         "nvidia_driver": ((_read(root, "proc/driver/nvidia/version", "") or "").splitlines() or [""])[0],
         "gpus": pci_gpus(root),
+        "nvswitches": pci_nvswitches(root),
         "runtimes": dict((n, which(root, RUNTIME_BINS[n][0])) for n in RUNTIME_BINS),
         "kernel_headers": headers(root, kernel, family, run) if check_headers else "not checked",
         # cgroup2fs: the unified hierarchy (v2); tmpfs with controller directories: v1 (or hybrid)
         "cgroup_v1_memory": os.path.isdir(os.path.join(root, "sys/fs/cgroup/memory")),
     }
     return facts
+
+
+#: installer/facts.py split_os: gpu_install_os is ID followed by VERSION_ID (ubuntu22.04, rocky9.5, rocky-9.5)
+OSTAG = re.compile(r"^([a-z][a-z-]*?)-?(\d[\w.\-]*)\Z")
+FACTS_FIX = "correct the inventory, or regenerate it from `gpu-install nodes facts -i INV -o facts.json`"
+
+
+def inventory_differences(host, given, f):
+    # type: (str, dict[str, Any], dict[str, Any]) -> list[str]
+    """One message per node variable the inventory sets for this host (given) whose value is not the node's (f,
+    probe()'s facts), each naming the host, the variable and both values, all of them; the last one ends with the
+    fix, said once (a failed task's message is cut at 500 characters: installer/progress.py). Variables not set
+    (absent, None, empty) are not compared. The OS is compared as installer/facts.py reads it: ID lowercased, VERSION_ID verbatim."""
+    out = []  # type: list[str]
+    node_os = "%s%s" % (f["os_id"], f["os_version"])
+
+    def differs(var, said, found, verb="runs", note=""):
+        # type: (str, str, str, str, str) -> None
+        out.append("host %s: %s is '%s' in the inventory, the node %s '%s'%s" % (host, var, said, verb, found, note))
+
+    def text(var):
+        # type: (str) -> str | None
+        value = given.get(var)
+        return None if value is None or value == "" else str(value)
+
+    tag = text("gpu_install_os")
+    if tag is not None:
+        m = OSTAG.match(tag.strip().lower())
+        if m is None:
+            out.append("host %s: gpu_install_os '%s' is not an OS tag (ID followed by VERSION_ID, e.g. ubuntu22.04); the "
+                       "node runs '%s'" % (host, tag, node_os))
+        elif (m.group(1), m.group(2)) != (f["os_id"], f["os_version"]):
+            differs("gpu_install_os", tag, node_os)
+    os_id = text("gpu_install_os_id")
+    if os_id is not None and os_id.lower() != f["os_id"]:
+        differs("gpu_install_os_id", os_id, f["os_id"])
+    os_version = text("gpu_install_os_version")
+    if os_version is not None and os_version != f["os_version"]:
+        differs("gpu_install_os_version", os_version, f["os_version"])
+    for var, fact in (("gpu_install_kernel", "kernel"), ("gpu_install_arch", "arch")):
+        value = text(var)
+        if value is not None and value != f[fact]:
+            differs(var, value, f[fact])
+    nvswitch = given.get("gpu_install_nvswitch")
+    if nvswitch is not None and nvswitch != "":
+        count = len(f["nvswitches"])
+        if not isinstance(nvswitch, bool):
+            out.append("host %s: gpu_install_nvswitch must be true or false, not '%s'" % (host, nvswitch))
+        elif nvswitch != (count > 0):
+            note = " (%d NVSwitch on PCI)" % count if count else " (no NVSwitch on PCI)"
+            differs("gpu_install_nvswitch", str(nvswitch).lower(), str(count > 0).lower(), verb="has", note=note)
+    if out:
+        out[-1] += ": " + FACTS_FIX
+    return out
 
 
 def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu, allow_secure_boot,
@@ -190,13 +270,16 @@ def main():
             allow_secure_boot=dict(type="bool", default=False),
             require_kernel_headers=dict(type="bool", default=True),
             sharing=dict(type="str", choices=["none", "gpumanager", "hami"], default="none"),
+            inventory=dict(type="dict", default={}),
+            host=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
     p = module.params
     facts = probe(p["root"], module.run_command, check_headers=p["driver_mode"] in ("host", "runfile"))
     facts["disk_path"], facts["disk_free_gb"] = p["disk_path"], free_gb(p["root"], p["disk_path"])
-    found = problems(facts, p["runtime"], p["driver_mode"], p["supported_os"], p["architectures"], p["min_free_gb"],
+    found = inventory_differences(p["host"], p["inventory"], facts)
+    found += problems(facts, p["runtime"], p["driver_mode"], p["supported_os"], p["architectures"], p["min_free_gb"],
                      p["require_gpu"], p["allow_secure_boot"], p["require_kernel_headers"], p["sharing"])
     module.exit_json(changed=False, facts=facts, problems=found)
 
