@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -628,6 +629,21 @@ class PackageSource(Block):
         return v
 
 
+OS_MIRROR_CREDENTIALS = ("the driver container reads packages.osMirror without credentials: serve the mirror to "
+                         "the cluster without them (the driver image checks its signatures with the OS vendor's keys)")
+
+
+def os_mirror_url(v: str) -> str:
+    """A packages.osMirror entry: an http(s) URL of the site's OS mirror without user:password@, query or fragment;
+    no trailing '/'. ValueError worded for the site file."""
+    no_userinfo(v, OS_MIRROR_CREDENTIALS)
+    if len(v) > 2048 or not re.match(URL_PREFIX, v):
+        raise ValueError("not an http(s) URL of an OS mirror such as http://mirror.example.com/ubuntu (apt: the archive "
+                         "root holding dists/) or http://mirror.example.com/rocky/9/BaseOS/x86_64/os (dnf: the "
+                         "directory holding repodata/); no query or fragment")
+    return v.rstrip("/") if v.rstrip("/") not in ("http:/", "https:/") else v
+
+
 class Packages(Block):
     """The site's own package repository (air-gapped side): what `mirror push --repo-dir DIR` published, served at
     `url`; apply configures it on the GPU nodes, trusting `key`, before the roles install packages."""
@@ -638,6 +654,15 @@ class Packages(Block):
                             json_schema_extra=rules({"pattern": URL_PREFIX, "maxLength": 2048}))
     key: Path | None = Field(None, description="the site's public signing key as `mirror push` exported it "
                                                "(DIR/gpu-install-site.asc); required with url")
+    osMirror: list[Annotated[str, AfterValidator(os_mirror_url)]] = Field(
+        default_factory=list, max_length=16,
+        description="driver.mode operator: the site's existing OS mirror, instead of the site repository, as the "
+        "source the operator's driver container installs the node kernel's packages from at start (Ubuntu: "
+        "linux-headers/-image/-modules-<kernel>; RHEL/Rocky: kernel-headers/-devel-<kernel>, kernel-<kernel>, "
+        "elfutils-libelf-devel): http(s) URLs without user:password@ -- apt: an archive root holding dists/ (the "
+        "suites of the nodes' release are read), dnf: a repository directory holding repodata/; checked with the OS "
+        "vendor's keys the driver image holds, never trusted=yes. Set: `mirror plan/pull` carry none of those packages",
+        json_schema_extra=rules(items={"type": "string", "pattern": URL_PREFIX, "maxLength": 2048}))
 
     @field_validator("url")
     @classmethod
@@ -649,6 +674,14 @@ class Packages(Block):
             shown = v if len(v) <= 80 else v[:77] + "..."
             raise ValueError(f"{shown!r} is not an http(s) URL such as http://repo.example.com/gpu-install")
         return v.rstrip("/")
+
+    @field_validator("osMirror")
+    @classmethod
+    def _os_mirror_once(cls, v: list[str]) -> list[str]:
+        for i, url in enumerate(v):
+            if url in v[:i]:
+                raise ValueError(f"{url} is given twice (entries {v.index(url)} and {i}): remove one")
+        return v
 
     @model_validator(mode="after")
     def _key_with_url(self) -> Packages:

@@ -9,7 +9,10 @@
   (roles/<role>/defaults/main.yml, roles/<role>/vars/<distribution|os_family>.yml, the same first-found order the
   roles use), overlaid with the inventory's settings of those variables and the variables the Plan hands the roles
   (Plan.role_vars), with the same pins the roles apply (apt `name=<v>*`, dnf `name-<v>*`). The dependency closure is
-  not computed here: `mirror pull` resolves it with the distro tools against the upstream repositories.
+  not computed here: `mirror pull` resolves it with the distro tools against the upstream repositories;
+- and, driver.mode operator, the OS packages NVIDIA's driver container installs at start for each node kernel
+  (installer/data/driver-container-packages.yaml, per OS family, with its source), into the same per-OS package sets
+  (none when packages.osMirror names the site's own OS mirror for the container).
 
 JSON form (`gpu-install mirror plan --format json`) is versioned: SCHEMA names it; docs/airgap.md describes it.
 """
@@ -20,13 +23,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from installer import content, platforms
 from installer.catalog import has_path
 from installer.errors import ConfigError
 from installer.facts import Node, with_next_kernels
-from installer.patterns import strip_userinfo
+from installer.patterns import OS_TAG, strip_userinfo
 
 if TYPE_CHECKING:
     from installer.artifacts import Image
@@ -38,6 +43,9 @@ CHART_NAME = "gpu-operator"
 CLOSURE = "resolved at pull"  # package dependencies: by apt/dnf at `mirror pull`, never here
 DRIVER_ROLE = "nvidia_driver"
 TOOLKIT_ROLE = "nvidia_container_toolkit"
+DRIVER_COMPONENT = "driver"  # the operator's component whose container installs OS packages at start
+CONTAINER_TABLE = Path(__file__).resolve().parent.parent / "data" / "driver-container-packages.yaml"
+CONTAINER_WHY = "the driver container installs them at start (gpu-driver-container _install_prerequisites)"
 
 
 @dataclass(frozen=True)
@@ -168,8 +176,9 @@ class OsPackages:
 
 @dataclass(frozen=True)
 class NodeKernels:
-    """The kernel headers one node needs (driver.mode host/runfile: DKMS builds against them): of the kernel it runs
-    (gpu_install_kernel; --kernel without an inventory) and of each kernel it boots next (--kernel with -i)."""
+    """The kernel headers one node needs (driver.mode host/runfile: DKMS builds against them; operator: the driver
+    container does): of the kernel it runs (gpu_install_kernel; --kernel without an inventory) and of each kernel it
+    boots next (--kernel with -i)."""
 
     host: str  # inventory host, or the --os it stands for
     os: str
@@ -230,7 +239,12 @@ def artifact_plan(plan: Plan, kernels: Sequence[str] = ()) -> ArtifactPlan:
         notes.append(f"operator.chart is {site.operator.chart}: apply installs the chart from there; {where}")
     files, packages, more, node_kernels = _node_artifacts(plan)
     notes += more
-    if extra and not any(p.name.endswith(tuple(extra)) for o in packages for p in o.packages):
+    container = _container_wanted(plan)
+    if site.packages.osMirror and not container:
+        notes.append("packages.osMirror is read only by the operator's driver container (driver.mode operator): "
+                     f"with driver.mode {site.driver.mode} nothing uses it")
+    if extra and not (container and site.packages.osMirror) \
+            and not any(p.name.endswith(tuple(extra)) for o in packages for p in o.packages):
         notes.append(f"--kernel {' '.join(extra)}: no kernel headers are installed by the roles with driver.mode "
                      f"{site.driver.mode}; nothing was listed for it")
     carried = "mirror pull/push carry the images, the chart" + (" and the runfile" if files else "")
@@ -473,7 +487,8 @@ def _node_artifacts(plan: Plan) -> tuple[tuple[FileArtifact, ...], tuple[OsPacka
     mode = site.driver.mode
     driver_packages = mode in ("host", "runfile")
     toolkit_packages = bool(plan.role_vars.get(f"{TOOLKIT_ROLE}_enabled"))
-    if not (driver_packages or toolkit_packages):
+    container = _container_wanted(plan)
+    if not (driver_packages or toolkit_packages or container):
         return (), (), [], ()
     files: dict[str, FileArtifact] = {}
     notes: list[str] = []
@@ -485,13 +500,24 @@ def _node_artifacts(plan: Plan) -> tuple[tuple[FileArtifact, ...], tuple[OsPacka
             notes.append(f"driver.runfile {source} is a path on the controller: carry it to the air-gapped controller "
                          "at the same path (or serve it from the site's file mirror and give its URL)")
     wanted = [w for w, on in (("driver.mode=" + mode, driver_packages), ("toolkit.mode=host", toolkit_packages)) if on]
+    if not plan.nodes and not wanted:  # a driver image pinned by digest needs no node OS for its tag
+        notes.append("driver.mode operator: the driver container installs the node kernels' OS packages at start, and "
+                     "no nodes are given: none listed (pass -i INVENTORY, --os/--kernel, or --facts FILE from "
+                     "`gpu-install nodes facts`)")
+        return tuple(files.values()), (), notes, ()
     if not plan.nodes:
         raise ConfigError(f"{' and '.join(wanted)}: the roles install OS packages on the nodes, and which depends on "
                           "their OS, which is not given",
                           hint="pass -i INVENTORY (gpu_install_os per host) or --os, e.g. --os ubuntu22.04 --os rocky9.4")
     pkgs = _Collect()
     node_kernels: list[NodeKernels] = []
+    table = container_table() if container else None
+    precompiled_fit: dict[str, list[Node]] = {}
     for node in plan.nodes:
+        if (node.os_id is None or node.os_version is None) and not wanted:
+            notes.append(f"host {node.name}: OS unknown (gpu_install_os is not set): the OS packages its driver "
+                         "container installs at start cannot be listed")
+            continue
         if node.os_id is None or node.os_version is None:
             raise ConfigError(f"host {node.name}: OS unknown (gpu_install_os is not set), and {' and '.join(wanted)} "
                               "installs OS packages that depend on it",
@@ -506,6 +532,16 @@ def _node_artifacts(plan: Plan) -> tuple[tuple[FileArtifact, ...], tuple[OsPacka
                                                 tuple(headers)))
         if toolkit_packages:
             _toolkit_packages(plan, node, os_tag, host, pkgs)
+        if table is not None:
+            more, headers = _driver_container_packages(plan, node, os_tag, host, pkgs, table)
+            notes += more
+            if headers:
+                node_kernels.append(NodeKernels(host or f"--os {os_tag}", os_tag, node.kernel, node.next_kernels,
+                                                tuple(headers)))
+            if _precompiled_fits(plan, node, os_tag, table):
+                precompiled_fit.setdefault(os_tag, []).append(node)
+    if table is not None:
+        notes += _precompiled_notes(plan, precompiled_fit, table)
     return tuple(files.values()), pkgs.result(), list(dict.fromkeys(notes)), tuple(node_kernels)
 
 
@@ -567,6 +603,221 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
                                       "the module against them after the kernel update)"), kernel_need), host)
             header_names.append(name)
     return notes, header_names
+
+
+# ---------------------------------------------------------------- the driver container's packages (operator mode)
+
+
+_NAME = r"[a-z0-9][a-z0-9+._-]{0,100}"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ContainerPackage(_Strict):
+    """A package the driver container installs; {kernel} in its name: one per node kernel."""
+
+    name: str = Field(pattern=rf"^{_NAME}(?:\{{kernel\}}(?:[a-z0-9+._-]{{0,40}}))?$")
+    how: str = Field(min_length=1, max_length=300)
+    headers: StrictBool = False
+
+    @property
+    def per_kernel(self) -> bool:
+        return "{kernel}" in self.name
+
+    def for_kernel(self, kernel: str) -> str:
+        return self.name.replace("{kernel}", kernel)
+
+
+class ContainerFamily(_Strict):
+    """The driver images of some os-release IDs: their package manager and what their container installs at start."""
+
+    ids: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]] = Field(min_length=1, max_length=16)
+    manager: Literal["apt", "dnf"]
+    source: str = Field(min_length=1, max_length=500)
+    packages: list[ContainerPackage] = Field(min_length=1, max_length=16)
+    notes: list[Annotated[str, Field(min_length=1, max_length=600)]] = Field(default_factory=list, max_length=8)
+
+    @model_validator(mode="after")
+    def _one_header_package(self) -> ContainerFamily:
+        names = [p.name for p in self.packages]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"packages: {', '.join(twice)} listed twice")
+        headers = [p.name for p in self.packages if p.headers]
+        if len(headers) != 1 or "{kernel}" not in headers[0]:
+            raise ValueError("packages: exactly one package per kernel ({kernel} in its name) is marked headers: true "
+                             f"(found: {', '.join(headers) or 'none'})")
+        return self
+
+    def header_package(self) -> ContainerPackage:
+        return next(p for p in self.packages if p.headers)
+
+
+class PrecompiledOs(_Strict):
+    kernels: list[Annotated[str, Field(pattern=r"^[0-9]+\.[0-9]+$")]] = Field(min_length=1, max_length=16)
+    flavours: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]] = Field(min_length=1, max_length=32)
+
+
+class Precompiled(_Strict):
+    source: str = Field(min_length=1, max_length=500)
+    branches: list[Annotated[str, Field(pattern=r"^[0-9]{3,4}$")]] = Field(min_length=1, max_length=16)
+    arch: list[Literal["x86_64", "aarch64"]] = Field(min_length=1, max_length=2)
+    os: dict[Annotated[str, Field(pattern=OS_TAG)], PrecompiledOs] = Field(max_length=16)
+
+
+class ContainerTable(_Strict):
+    """installer/data/driver-container-packages.yaml."""
+
+    schema_: Literal["gpu-install.driver-container-packages/v1"] = Field(alias="schema")
+    families: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")], ContainerFamily] = Field(
+        min_length=1, max_length=16)
+    precompiled: Precompiled
+
+    @model_validator(mode="after")
+    def _an_id_in_one_family(self) -> ContainerTable:
+        seen: dict[str, str] = {}
+        for name, fam in self.families.items():
+            for os_id in fam.ids:
+                if os_id in seen:
+                    raise ValueError(f"families: {os_id} is in both {seen[os_id]} and {name}")
+                seen[os_id] = name
+        return self
+
+    def family_of(self, os_id: str) -> tuple[str, ContainerFamily] | None:
+        return next(((n, f) for n, f in self.families.items() if os_id in f.ids), None)
+
+
+CONTAINER_TABLE_LIMIT = 64 * 1024  # the shipped table is ~5 KB
+
+
+def container_table(path: Path | None = None) -> ContainerTable:
+    """The driver container's package table (CONTAINER_TABLE by default): read bounded, as strict YAML (a key twice or
+    an alias refused), every field checked; ConfigError naming the file and the entry otherwise."""
+    return _container_table(path or CONTAINER_TABLE)
+
+
+@cache
+def _container_table(path: Path) -> ContainerTable:
+    from installer.safefile import parse_yaml, read_text
+
+    what = "the driver container package table"
+    doc = parse_yaml(read_text(path, what, limit=CONTAINER_TABLE_LIMIT), str(path), aliases=False)
+    try:
+        return ContainerTable.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top)"
+        raise ConfigError(f"{path}: {where}: {err['msg'].removeprefix('Value error, ')}",
+                          hint=f"{what} ships with gpu-install: restore it from the release, or fix that entry "
+                               "(its header comment describes the fields)") from None
+
+
+def _container_wanted(plan: Plan) -> bool:
+    """driver.mode operator (not precompiled, preinstalled, host or runfile) and the chart deploys the driver."""
+    comp = plan.components.get(DRIVER_COMPONENT)
+    return plan.site.driver.mode == "operator" and comp is not None and plan.deployed(comp)
+
+
+def _kernel_need(plan: Plan, node: Node, kernel: str) -> Need:
+    """Where the plan has this kernel of the node from: the inventory, --kernel, or the facts file."""
+    facts = getattr(plan.options, "facts", None)
+    running = kernel == node.kernel
+    if facts:
+        return Need(DRIVER_COMPONENT, f"kernel {kernel} of {node.name}, {'running' if running else 'boots next'} "
+                                      f"(--facts {facts})")
+    if running and plan.inventory is not None:
+        return Need(DRIVER_COMPONENT, f"gpu_install_kernel={kernel}")
+    return Need(DRIVER_COMPONENT, f"--kernel {kernel}" + ("" if running else " (the kernel the node boots next)"))
+
+
+def _driver_container_packages(plan: Plan, node: Node, os_tag: str, host: str | None, pkgs: _Collect,
+                               table: ContainerTable) -> tuple[list[str], list[str]]:
+    """The OS packages the operator's driver container installs on a node at start: once per node OS, and per kernel
+    it runs or boots next, into pkgs -- none when packages.osMirror is set (the container reads the site's OS mirror
+    then); (notes, the header package per kernel, in the order of node.kernels)."""
+    assert node.os_id is not None and node.os_version is not None
+    site = plan.site
+    found = table.family_of(node.os_id)
+    if found is None:
+        return [f"{os_tag}: the driver image is the site's own (driver.customImageOs), and which OS packages it "
+                "installs at start is not known to gpu-install: none listed (build them into the image, or name the "
+                "repositories it reads in packages.osMirror)"], []
+    family_name, family = found
+    header = family.header_package()
+    names = ", ".join(p.for_kernel("<kernel>") for p in family.packages)
+    notes = [f"{os_tag}: {n}" for n in family.notes]
+    if node.kernel is None:
+        notes.append(f"{os_tag}: the driver container installs the OS packages of the nodes' running kernel ({names}) "
+                     "and that kernel is not known: give gpu_install_kernel in the inventory, --kernel (uname -r of "
+                     "the nodes) with --os, or --facts FILE from `gpu-install nodes facts`")
+    headers = [header.for_kernel(k) for k in node.kernels]
+    if site.packages.osMirror:
+        notes.append(f"{os_tag}: packages.osMirror is set: the driver container will use the site's OS mirror for "
+                     f"{names}; mirror pull carries none of them")
+        return notes, headers
+    base = [Need(DRIVER_COMPONENT, "driver.mode=operator"), Need(DRIVER_COMPONENT, CONTAINER_WHY)]
+    tag = node.os_tag(plan.release.version)
+    if tag in site.driver.customImageOs:
+        base.append(Need(DRIVER_COMPONENT, f"driver.customImageOs lists {tag}: the site's own driver image, taken to "
+                                           f"install what NVIDIA's {family_name} driver image does"))
+    os_need = _os_need(plan, DRIVER_COMPONENT, os_tag)
+    for p in family.packages:
+        how = Need(DRIVER_COMPONENT, p.how)
+        if not p.per_kernel:
+            pkgs.add(os_tag, family.manager, p.name, None, "", (*base, how, os_need), host)
+            continue
+        for k in node.kernels:
+            pkgs.add(os_tag, family.manager, p.for_kernel(k), None, "", (*base, how, _kernel_need(plan, node, k),
+                                                                        os_need), host)
+    return notes, headers
+
+
+_UBUNTU_KERNEL = r"^([0-9]+\.[0-9]+)\.[0-9]+-[0-9]+-([a-z][a-z0-9-]*)$"  # 6.8.0-45-generic: line 6.8, flavour generic
+
+
+def _precompiled_fits(plan: Plan, node: Node, os_tag: str, table: ContainerTable) -> bool:
+    """NVIDIA builds precompiled driver images (driver.mode precompiled) for every kernel of this node: its OS, the
+    release's driver branch, its architecture (when known) and each kernel's line and flavour are in the table."""
+    import re
+
+    pre = table.precompiled
+    where = pre.os.get(os_tag)
+    arch = getattr(node, "arch", None)  # installer.facts.Node.arch: from the inventory or the facts file
+    comp = plan.components.get(DRIVER_COMPONENT)
+    branch = (comp.version or "").split(".")[0] if comp is not None else ""
+    if where is None or not node.kernels or branch not in pre.branches or (arch is not None and arch not in pre.arch):
+        return False
+    if not plan.release.has_key("driver.usePrecompiled"):
+        return False
+    for k in node.kernels:
+        m = re.match(_UBUNTU_KERNEL, k)
+        if m is None or m[1] not in where.kernels or m[2] not in where.flavours:
+            return False
+    return True
+
+
+def _precompiled_notes(plan: Plan, fits: Mapping[str, Sequence[Node]], table: ContainerTable) -> list[str]:
+    comp = plan.components.get(DRIVER_COMPONENT)
+    branch = (comp.version or "").split(".")[0] if comp is not None else ""
+    out = []
+    for os_tag, nodes in sorted(fits.items()):
+        where = table.precompiled.os[os_tag]
+        names = sorted(n.name for n in nodes) if plan.inventory is not None else []
+        shown = f"hosts {', '.join(names)}" if names else f"the {os_tag} nodes"
+        kernels = sorted({k for n in nodes for k in n.kernels})
+        out.append(f"driver.mode precompiled would remove the need for the driver container's OS packages on {shown} "
+                   f"({os_tag}, kernels {', '.join(kernels)}): NVIDIA builds precompiled driver images of branch "
+                   f"{branch} for {os_tag} x86-64 kernels of the {'/'.join(where.kernels)} "
+                   f"line{'s' if len(where.kernels) > 1 else ''}, flavours "
+                   f"{', '.join(where.flavours)} (driver:{branch}-<kernel>-{os_tag}; check that the tag of each kernel "
+                   "exists, the images follow the kernels NVIDIA builds for)")
+    return out
+
+
+#: the branch from which NVIDIA ships nvlsm (the NVLink subnet manager) for Blackwell HGX boards
+NVLSM_BRANCH = 570
 
 
 def _older(version: str, than: str) -> bool:

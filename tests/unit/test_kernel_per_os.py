@@ -160,7 +160,7 @@ def test_the_mirror_plan_says_which_node_needs_which_headers(cli, write_site, tm
                                                                              f"{UBUNTU_NEXT}") not in roots
     rc, out, err = cli(*base)
     assert rc == 0, err
-    table = out.split("Kernel headers per node (3 nodes; DKMS builds the driver against them)\n", 1)[1]
+    table = out.split("Kernel headers per node (3 nodes; the driver's kernel module is built against them: by DKMS, or by the driver container)\n", 1)[1]
     rows = [ln.split() for ln in table.splitlines()[1:7]]
     assert rows[4] == ["gpu3.example.com", "rhel8.10", "4.18.0-553.el8_10.x86_64", "running",
                        "kernel-devel-4.18.0-553.el8_10.x86_64"]

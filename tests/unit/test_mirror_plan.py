@@ -143,8 +143,10 @@ def test_operator_chart_in_the_site_is_a_note():
 # ---------------------------------------------------------------- OS packages
 
 
-def test_operator_modes_need_no_packages():
-    ap = artifacts(site(), [Node("a", "ubuntu", "22.04", "5.15.0-105-generic")])
+@pytest.mark.parametrize("mode", ["precompiled", "preinstalled"])
+def test_modes_without_node_packages_need_none(mode):
+    """driver.mode operator lists the driver container's packages (tests/unit/test_mirror_plan_operator.py)."""
+    ap = artifacts(site(driver={"mode": mode}), [Node("a", "ubuntu", "22.04", "5.15.0-105-generic")])
     assert ap.packages == () and ap.files == ()
 
 
@@ -454,7 +456,7 @@ def test_an_enabled_switch_is_named_where_it_is_set():
 
 def test_a_kernel_nothing_needs_is_a_note(tmp_path):
     inv = write_inventory(tmp_path, "g1: {gpu_install_os: ubuntu22.04}\n")
-    ap = artifacts(site(), kernels=["6.8.0-49-generic"], inventory=inv)
+    ap = artifacts(site(driver={"mode": "preinstalled"}), kernels=["6.8.0-49-generic"], inventory=inv)
     assert ap.packages == () and any(n.startswith("--kernel 6.8.0-49-generic: no kernel headers") for n in ap.notes)
     ap = artifacts(site(driver={"mode": "host"}), kernels=["6.8.0-49-generic"], inventory=inv)
     assert not any(n.startswith("--kernel") for n in ap.notes)
