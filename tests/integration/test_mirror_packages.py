@@ -41,8 +41,10 @@ def up(tmp_path_factory):
 
 def _site(tmp: Path, up, toolkit: str = TOOLKIT, repos: dict | None = None, **extra) -> Path:
     # registry.host: loopback, nothing listens (the image part of these bundles is empty; nothing is pushed there)
+    # driver.mode preinstalled: the toolkit's packages alone (operator mode adds its driver container's packages:
+    # test_operator_mode_carries_the_driver_containers_kernel_packages)
     site = {"operator": {"version": "v24.9.2"}, "registry": {"host": "127.0.0.1:9"},
-            "driver": {"mode": "operator", "customImageOs": list(OSES)},
+            "driver": {"mode": "preinstalled"},
             "toolkit": {"mode": "host", "version": toolkit},
             "mirror": {"packageRepositories": repos if repos is not None else {
                 "debian12": [{"url": up.apt, "suite": "stable", "key": str(up.key)}],
@@ -422,6 +424,118 @@ def test_incremental_bundle_carries_only_what_changed_and_push_needs_its_base(pu
             index = packages.repo_index(url, os_tag, manager, repo / packages.SITE_KEY)
             have = {(i["name"], i["version"].split("-")[0]) for i in index.values()}
             assert {(n, v) for n in CHAIN for v in ("1.17.4", "1.17.5")} <= have, (os_tag, have)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---------------------------------------------------------------- driver.mode operator: the driver container's packages
+
+STANDIN_KERNEL = "5.15.0-999-generic"  # no Ubuntu kernel has this ABI number: the packages below are STAND-INs
+
+
+def _standin_kernel_debs(out: Path) -> list[Path]:
+    """STAND-IN Ubuntu kernel packages under the names NVIDIA's driver container asks for (dpkg-deb; Version and
+    Description say STAND-IN; each holds a README only): linux-headers-<kernel> depending on its flavour-common
+    linux-headers-<abi> as Ubuntu's do, linux-image-<kernel> depending on linux-modules-<kernel>. Ubuntu's real ones
+    are not reachable here (no network, a Debian machine)."""
+    abi = STANDIN_KERNEL.rsplit("-", 1)[0]
+    pkgs = {f"linux-headers-{STANDIN_KERNEL}": f"linux-headers-{abi}", f"linux-headers-{abi}": None,
+            f"linux-image-{STANDIN_KERNEL}": f"linux-modules-{STANDIN_KERNEL}", f"linux-modules-{STANDIN_KERNEL}": None}
+    debs = []
+    for name, depends in pkgs.items():
+        root = out / name
+        (root / "DEBIAN").mkdir(parents=True)
+        (root / "DEBIAN" / "control").write_text(
+            f"Package: {name}\nVersion: 5.15.0-999.1~standin\nArchitecture: all\n"
+            + (f"Depends: {depends}\n" if depends else "")
+            + "Maintainer: gpu-install tests <tests@gpu-install.invalid>\nSection: kernel\nPriority: optional\n"
+              f"Description: STAND-IN {name}\n gpu-install test STAND-IN for an Ubuntu kernel package.\n")
+        doc = root / "usr" / "share" / "doc" / name
+        doc.mkdir(parents=True)
+        (doc / "STAND-IN").write_text(f"{name}: a gpu-install test STAND-IN package.\n")
+        deb = out / f"{name}_5.15.0-999.1~standin_all.deb"
+        subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True,
+                       capture_output=True, timeout=60)
+        debs.append(deb)
+    return debs
+
+
+def test_operator_mode_carries_the_driver_containers_kernel_packages(tmp_path):
+    """driver.mode operator on an ubuntu22.04 node running STANDIN_KERNEL: the mirror plan's roots are the three
+    packages NVIDIA's driver container installs; pull resolves them with their closure (the flavour-common headers,
+    the modules the image depends on) from a signed STAND-IN upstream with the real apt; push publishes them into the
+    site repository signed by the site key; the real apt, trusting only that key, then does the container's steps
+    against it: `apt-get install linux-headers-<kernel>` and `apt-get download linux-image-/linux-modules-<kernel>`."""
+    from types import SimpleNamespace
+
+    from gpu_install_lab.upstream import UPSTREAM_KEY_NAME, apt_index, new_key
+    from installer.config import load_site
+    from installer.mirror import bundle as lockfile
+    from installer.mirror import images, packages
+    from installer.plan import Options, resolve
+    from installer.signing import load_or_create
+
+    package_upstreams.require_tools()
+    www = tmp_path / "www"
+    pool = www / "apt" / "pool"
+    pool.mkdir(parents=True)
+    for deb in _standin_kernel_debs(tmp_path / "debs"):
+        shutil.copy(deb, pool / deb.name)
+    key = new_key(tmp_path / "upstream-gnupg", UPSTREAM_KEY_NAME)
+    apt_index(www / "apt", tmp_path / "upstream-gnupg", suite="jammy")
+    url, upstream = package_upstreams.serve(www)
+    try:
+        site = tmp_path / "site.yaml"
+        site.write_text(yaml.safe_dump({
+            "operator": {"version": "v25.10.1"}, "registry": {"host": "127.0.0.1:9"},
+            "mirror": {"packageRepositories": {"ubuntu22.04": [{"url": f"{url}/apt", "suite": "jammy",
+                                                                "key": str(key)}]},
+                       "trustedKeys": [str(tmp_path / "connected-key" / "signing-key.pub.pem")]}}))
+        plan = resolve(load_site(site), Options(os_tags=("ubuntu22.04",), kernels=(STANDIN_KERNEL,)))
+        sets = plan.artifacts(()).packages
+        assert [(s.os, s.manager, sorted(p.spec for p in s.packages)) for s in sets] == [
+            ("ubuntu22.04", "apt", sorted(f"{n}-{STANDIN_KERNEL}" for n in ("linux-headers", "linux-image",
+                                                                            "linux-modules")))]
+        bundle = tmp_path / "bundle"
+        images.pull(plan, [], bundle, finish=False)
+        try:
+            packages.pull(plan.site, sets, bundle)
+        finally:
+            lock = lockfile.finish(bundle, load_or_create(tmp_path / "connected-key"))
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+    assert lock["complete"] is True and lock["failed"] == [], lock["failed"]
+    abi = STANDIN_KERNEL.rsplit("-", 1)[0]
+    assert {e["name"] for e in lock["packages"]} == {f"linux-headers-{STANDIN_KERNEL}", f"linux-headers-{abi}",
+                                                     f"linux-image-{STANDIN_KERNEL}", f"linux-modules-{STANDIN_KERNEL}"}
+    repo, home = tmp_path / "repo", tmp_path / "signing"
+    proc = _gi("mirror", "push", str(bundle), "-s", str(site), "--repo-dir", str(repo), "--signing-home", str(home))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "packages ubuntu22.04: 4 package(s) published" in proc.stderr, proc.stderr
+    served, server = package_upstreams.serve(repo)
+    try:
+        work = tmp_path / "apt-site"
+        src = SimpleNamespace(url=f"{served}/packages/ubuntu22.04", suite=packages.SUITE, components=["main"],
+                              key=repo / packages.SITE_KEY)
+        env = packages._apt_conf(work, [src], None)
+
+        def apt(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+            return subprocess.run(["apt-get", *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+        update = apt("update", "-q")
+        assert update.returncode == 0 and "W: " not in update.stdout + update.stderr, update.stdout + update.stderr
+        install = apt("install", "-s", "--no-install-recommends", f"linux-headers-{STANDIN_KERNEL}")
+        assert install.returncode == 0, install.stdout + install.stderr
+        assert sorted(ln.split()[1] for ln in install.stdout.splitlines() if ln.startswith("Inst ")) == \
+            sorted([f"linux-headers-{STANDIN_KERNEL}", f"linux-headers-{abi}"])
+        got = tmp_path / "downloaded"
+        got.mkdir()
+        download = apt("download", f"linux-image-{STANDIN_KERNEL}", f"linux-modules-{STANDIN_KERNEL}", cwd=got)
+        assert download.returncode == 0, download.stdout + download.stderr
+        assert sorted(p.name.split("_")[0] for p in got.glob("*.deb")) == [f"linux-image-{STANDIN_KERNEL}",
+                                                                        f"linux-modules-{STANDIN_KERNEL}"]
     finally:
         server.shutdown()
         server.server_close()
