@@ -12,6 +12,11 @@ Node config: `gpu-install lab up --kubelet real --gpus N [--gpu-model MODEL]` gi
 with UUIDs derived from the lab id and the node name (stable across `lab up`, distinct between nodes and labs). The
 models are those with a recorded document: A100-SXM4-80GB (driver 535), Tesla T4, and a real H100 80GB HBM3 and H200
 on driver 580 (their nodes' nvidia-smi reports driver 580.159.04 / CUDA 13.0 and prints the 580 table layout).
+
+NVSwitch nodes: `nvswitch: true` in a node's gpus.yaml (node_config(nvswitch=True)) makes the STAND-IN nvidia-smi report
+each GPU's NVSwitch fabric in `-q -x`: Completed / Success while the node's Fabric Manager STAND-IN unit runs (it keeps
+FABRIC_STATE while active: gpu_install_lab/standin_fabric.py), In Progress / N/A otherwise. install_node_smi() puts
+the STAND-IN nvidia-smi on a running node (the driver lab's nodes have no STAND-IN GPUs of their own).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ CONFIG_PATH = "/etc/gpu-install-lab/gpus.yaml"
 NODE_SMI = "/usr/local/bin/nvidia-smi"  # the node's own nvidia-smi: the stand-in over all of the node's GPUs
 NODE_DEVICES = "/etc/gpu-install-lab/node-devices.json"
 MIG_STATE = "/var/lib/gpu-install-lab/mig-mode.json"  # the node's GPUs' MIG mode (the STAND-IN's state; "busy")
+FABRIC_STATE = "/run/gpu-install-lab/fabric-manager.state"  # kept by the Fabric Manager STAND-IN unit while it runs
 UNIT = "gpu-install-lab-device-plugin.service"
 DRIVER_VERSION = "535.54.03"  # what the stand-in nvidia-smi reports (the recorded A100 document's driver)
 CUDA_VERSION = "12.2"
@@ -119,9 +125,10 @@ def check_mig(model: str, mig: dict[str, int]) -> None:
 
 
 def node_config(lab_id: str, node: str, count: int, model: str = DEFAULT_MODEL,
-                mig: dict[str, int] | None = None) -> dict[str, Any]:
+                mig: dict[str, int] | None = None, nvswitch: bool = False) -> dict[str, Any]:
     """The node's lab GPU config: count GPUs of model, UUIDs stable per (lab, node, index); with mig, every GPU
-    has those MIG devices (the device plugin then advertises them the mixed-strategy way, not the GPUs)."""
+    has those MIG devices (the device plugin then advertises them the mixed-strategy way, not the GPUs); nvswitch: an
+    NVSwitch node (the STAND-IN nvidia-smi reports the GPUs' fabric state)."""
     if model not in MODELS:
         raise ValueError(f"GPU model {model!r}: the stand-in has recorded documents for {', '.join(MODELS)} only")
     check_mig(model, mig or {})
@@ -140,13 +147,14 @@ def node_config(lab_id: str, node: str, count: int, model: str = DEFAULT_MODEL,
             gpu["mig"] = devices
         gpus.append(gpu)
     driver, cuda = GPU_DRIVERS.get(model, (DRIVER_VERSION, CUDA_VERSION))
-    return {"driverVersion": driver, "cudaVersion": cuda, "gpus": gpus}
+    return {"driverVersion": driver, "cudaVersion": cuda, **({"nvswitch": True} if nvswitch else {}), "gpus": gpus}
 
 
 def node_device_info(config: dict[str, Any]) -> dict[str, Any]:
     """The stand-in nvidia-smi's device-info document for ALL of the node's GPUs (what the node's own nvidia-smi
     shows; a container's shows only what Allocate gave it)."""
     return {"driverVersion": config.get("driverVersion", DRIVER_VERSION), "cudaVersion": config.get("cudaVersion", CUDA_VERSION),
+            "nvswitch": config.get("nvswitch") is True,
             "devices": [{"uuid": g["uuid"], "index": i, "model": g["model"], "memoryMiB": g["memoryMiB"],
                          "migCapable": g["migCapable"], "pciBusId": g.get("pciBusId", ""),
                          **({"mig": g["mig"]} if g.get("mig") else {})}
@@ -156,9 +164,10 @@ def node_device_info(config: dict[str, Any]) -> dict[str, Any]:
 NODE_SMI_TEXT = f"""#!/bin/sh
 # gpu-install lab STAND-IN: this node's nvidia-smi. There is no GPU and no driver: it is the STAND-IN nvidia-smi
 # (labtools/) over every GPU of {CONFIG_PATH} as it was at `lab up` ({NODE_DEVICES}).
-# MIG mode (--query-gpu mig.mode.*, -mig, -r) is kept in {MIG_STATE}.
+# MIG mode (--query-gpu mig.mode.*, -mig, -r) is kept in {MIG_STATE}; an NVSwitch node's fabric is initialised while
+# {FABRIC_STATE} exists (the Fabric Manager STAND-IN unit keeps it).
 NVIDIA_VISIBLE_DEVICES=all NVIDIA_STANDIN_DEVICE_INFO={NODE_DEVICES} NVIDIA_STANDIN_MIG_STATE={MIG_STATE} \\
-    exec {NODE_LIB}/{SMI} "$@"
+    NVIDIA_STANDIN_FABRIC_STATE={FABRIC_STATE} exec {NODE_LIB}/{SMI} "$@"
 """
 
 
@@ -175,6 +184,26 @@ def expected_resources(config: dict[str, Any]) -> dict[str, int]:
                 name = "nvidia.com/mig-" + m["profile"].replace("+", ".")
                 out[name] = out.get(name, 0) + 1
     return out
+
+
+def install_node_smi(root: Path, config: dict[str, Any], tools: Path) -> None:
+    """Put the STAND-IN nvidia-smi with this GPU config (node_config()) on a node whose root is `root` (its overlay,
+    also while it runs): the binary, gpus.yaml, the device-info document and the node's nvidia-smi wrapper, replacing
+    what is there. Nothing else (no device plugin)."""
+    import json
+
+    import yaml
+
+    lib = root / NODE_LIB.lstrip("/")
+    lib.mkdir(parents=True, exist_ok=True)
+    tmp = lib / f".{SMI}.tmp"
+    shutil.copyfile(tools / SMI, tmp)
+    tmp.chmod(0o755)
+    tmp.replace(lib / SMI)
+    atomic_write(root / CONFIG_PATH.lstrip("/"), "# gpu-install lab: this node's STAND-IN GPUs (gpu_install_lab/gpus.py)\n"
+                 + yaml.safe_dump(config, sort_keys=False))
+    atomic_write(root / NODE_DEVICES.lstrip("/"), json.dumps(node_device_info(config), indent=2) + "\n")
+    atomic_write(root / NODE_SMI.lstrip("/"), NODE_SMI_TEXT, mode=0o755)
 
 
 def customise(merged: Path, lab_id: str, node: dict[str, Any], tools: Path) -> None:

@@ -565,6 +565,7 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
     mode_need = Need(DRIVER_ROLE, f"driver.mode={mode}")
     os_need = _os_need(plan, DRIVER_ROLE, os_tag)
     notes: list[str] = []
+    notes += _fabric_packages(plan, node, os_tag, host, pkgs, rv, osm, version, where)
     if mode == "host":
         own = _names(rv, f"{DRIVER_ROLE}_packages", where)
         names = own or osm.get("packages") or []
@@ -818,6 +819,56 @@ def _precompiled_notes(plan: Plan, fits: Mapping[str, Sequence[Node]], table: Co
 
 #: the branch from which NVIDIA ships nvlsm (the NVLink subnet manager) for Blackwell HGX boards
 NVLSM_BRANCH = 570
+
+
+def _fabric_packages(plan: Plan, node: Node, os_tag: str, host: str | None, pkgs: _Collect, rv: Mapping[str, Any],
+                     osm: Mapping[str, Any], version: str, where: str) -> list[str]:
+    """Fabric Manager on an NVSwitch node, as roles/nvidia_driver/tasks/fabric.yml installs it: the OS map's
+    fabric_packages (or nvidia_driver_fabric_packages) pinned to the driver's version, and with Blackwell GPUs from
+    branch NVLSM_BRANCH its fabric_blackwell_packages (nvlsm: its own version line, unpinned). The node's NVSwitches come
+    from gpu_install_nvswitch or the facts file; nvidia_driver_fabric_manager true/false overrides them. Returns notes.
+    Raises ConfigError for an nvidia_driver_fabric_manager that is not auto, true or false."""
+    from installer.validate.node import fabric_setting
+
+    key = f"{DRIVER_ROLE}_fabric_manager"
+    try:
+        forced = fabric_setting(rv.get(key, "auto"))
+    except ValueError:
+        raise ConfigError(f"{where}: {key} is {rv.get(key)!r}, not auto, true or false",
+                          hint=f"{key}: auto installs Fabric Manager where the node has NVSwitches (gpu_install_nvswitch"
+                               ", else the facts file, else the node's PCI bus); true or false decides it") from None
+    wanted = node.nvswitch if forced is None else forced
+    if wanted is None:
+        return ["NVSwitch nodes: whether a node has NVSwitches is not known for every node (gpu_install_nvswitch unset "
+                "and no --facts): the driver role installs Fabric Manager where the node's PCI bus shows NVSwitches, "
+                "and this plan carries it only for the nodes known to have them; give --facts FILE (`gpu-install nodes "
+                "facts`) or gpu_install_nvswitch per host"]
+    if not wanted:
+        return []
+    manager, pin = str(osm["package_manager"]), str(osm["pin"])
+    variables = {**rv, f"{DRIVER_ROLE}_package_version": version}
+    why = (Need(DRIVER_ROLE, f"{key}=true") if forced else
+           Need(DRIVER_ROLE, f"NVSwitches on the node ({'the facts file' if node.facts_from else 'gpu_install_nvswitch'})"))
+    needs = (Need(DRIVER_ROLE, "NVSwitch node: CUDA needs Fabric Manager"), why,
+             Need(DRIVER_ROLE, f"the driver's version {version}: Fabric Manager refuses to start with another"),
+             _os_need(plan, DRIVER_ROLE, os_tag))
+    own = _names(rv, f"{DRIVER_ROLE}_fabric_packages", where)
+    for n in own or osm.get("fabric_packages") or []:
+        pkgs.add(os_tag, manager, _template(n, variables, where), version, pin, needs, host)
+    branch = version.split(".")[0]
+    if "Blackwell" in node.gpu_architectures and branch.isdigit() and int(branch) >= NVLSM_BRANCH:
+        for n in osm.get("fabric_blackwell_packages") or []:
+            pkgs.add(os_tag, manager, _template(n, variables, where), None, pin,
+                     (needs[0], Need(DRIVER_ROLE, f"Blackwell GPUs, branch {branch}: the NVLink subnet manager, started "
+                                                  "with Fabric Manager (its own version line, unpinned)"), needs[3]),
+                     host)
+    notes = []
+    if "." not in version:
+        notes.append(f"NVSwitch nodes: driver version {version} is a branch; Fabric Manager must be the driver's exact "
+                     "version, and `mirror pull` takes the newest of each in the branch, which differ when the "
+                     "repository's newest Fabric Manager is not its newest driver: pin driver.version to a full "
+                     "version (x.y.z)")
+    return notes
 
 
 def _older(version: str, than: str) -> bool:

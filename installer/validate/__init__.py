@@ -65,13 +65,16 @@ def runtime_class(client: Any, name: str | None) -> str | None:
 
 def expectations(plan: Plan, node: str) -> Any:
     """What the site says the node should show: the driver version (site driver.version, else the release's driver
-    image version when the operator deploys the driver) and its MIG layout."""
-    from installer.validate.node import Expectations
+    image version when the operator deploys the driver), its MIG layout and whether it has NVSwitches (node.fabric)."""
+    from installer.validate.node import Expectations, fabric_expected
 
     comp = plan.components.get("driver")
     pin = plan.site.driver.version or (comp.version if comp is not None and plan.deployed(comp) else None)
     mig = next((a.config for a in plan.mig if a.node == node), None)
-    return Expectations(driver_version=pin, mig_config=mig)
+    gpu = next((n for n in plan.nodes if node in (n.node_name, n.name)), None)
+    nvswitch = None if gpu is None else fabric_expected(gpu.nvswitch, gpu.role_vars.get("nvidia_driver_fabric_manager",
+                                                                                        "auto"))
+    return Expectations(driver_version=pin, mig_config=mig, nvswitch=nvswitch)
 
 
 def runtime_expectations(plan: Plan, host_vars: dict[str, Any]) -> Any:

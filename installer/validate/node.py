@@ -3,6 +3,12 @@
 check_node() takes what was read on one host (an NvidiaSmi document or DriverNotLoaded), the NVIDIA GPUs the
 host's PCI bus shows (`lspci` lines, see nvidia_pci_devices()) and the site's expectations, and returns findings.
 Check ids and fixes are listed in docs/validate.md ("Node checks").
+
+The NVSwitch fabric (node.fabric) is checked on a node the site says has NVSwitches (Expectations.nvswitch:
+gpu_install_nvswitch, the facts file, or nvidia_driver_fabric_manager: true) and on any node one of whose GPUs reports a
+fabric state: every GPU must say Completed / Success, the state in which Fabric Manager has set the fabric up and CUDA
+can start. A node without NVSwitches reports N/A and is not checked. Pre-Hopper GPUs (HGX A100) report N/A even with
+Fabric Manager running: on a node said to have NVSwitches that is a warning naming the service to look at.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ HARDWARE_THROTTLE = {
 }
 
 #: Every check id check_node() can report (docs/validate.md, "Node checks"); the report lists the others as passed.
+#: node.fabric is not among them: it applies to NVSwitch nodes only, and says itself that it passed (FABRIC).
 CHECKS = (
     "node.driver.not-loaded", "node.driver.version", "node.gpu.count", "node.gpu.persistence", "node.mig.pending",
     "node.mig.layout", "node.gpu.ecc-pending", "node.gpu.ecc-dbe", "node.gpu.retired-pages-pending",
     "node.gpu.row-remap-pending", "node.gpu.row-remap-failure", "node.gpu.throttle", "node.gpu.temperature",
     "node.gpu.power",
 )
+FABRIC = "node.fabric"
 
 _PCI_LINE = re.compile(
     r"^(?P<addr>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+"
@@ -56,6 +64,7 @@ class Expectations:
 
     driver_version: str | None = None  # an exact version (535.54.03) or a branch (535)
     mig_config: str | None = None  # the node's nvidia.com/mig.config (all-disabled, all-1g.10gb, all-balanced, …)
+    nvswitch: bool | None = None  # the node has NVSwitches (fabric_expected()); None: unknown
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -265,6 +274,68 @@ def _gpu_checks(host: str, gpu: Gpu, expect: Expectations) -> list[Finding]:
     return out
 
 
+#: nvidia_driver_fabric_manager as the nvidia_driver role reads it (tasks/fabric.yml), as text: -> forced or None (auto)
+FABRIC_MANAGER_VALUES: dict[str, bool | None] = {"auto": None, "true": True, "yes": True, "false": False, "no": False}
+
+
+def fabric_setting(value: object) -> bool | None:
+    """nvidia_driver_fabric_manager: True or False (Fabric Manager installed or not, whatever the node has), None for
+    auto (where the node has NVSwitches). Raises ValueError for another value."""
+    text = str(value).strip().lower()
+    if text not in FABRIC_MANAGER_VALUES:
+        raise ValueError(value)
+    return FABRIC_MANAGER_VALUES[text]
+
+
+def fabric_expected(nvswitch: bool | None, fabric_manager: object = "auto") -> bool | None:
+    """Whether a node is expected on an NVSwitch fabric: nvidia_driver_fabric_manager true or false decides (the site
+    installs Fabric Manager there, or not), else the node's NVSwitches (gpu_install_nvswitch or the facts file; None:
+    unknown). A value the role would refuse counts as auto here (validate reads, it does not refuse)."""
+    try:
+        forced = fabric_setting(fabric_manager)
+    except ValueError:
+        forced = None
+    return nvswitch if forced is None else forced
+
+
+FABRIC_FIX = ("Fabric Manager sets the NVSwitch fabric up; until it has, CUDA fails (error 802, system not yet "
+              "initialized). On the node: `systemctl status nvidia-fabricmanager` and `journalctl -u "
+              "nvidia-fabricmanager`; it refuses to start unless its version is the driver's exactly (\"fabric manager "
+              "NVIDIA GPU driver interface version X don't match with driver version Y\": compare the Fabric Manager "
+              "package's version, `dpkg -l 'nvidia-fabricmanager*'` or `rpm -qa '*fabric*manager*'`, with `nvidia-smi "
+              "--query-gpu=driver_version --format=csv,noheader`) -- `gpu-install apply` "
+              "installs the driver's version with driver.mode host/runfile; Blackwell HGX boards also need nvlsm")
+
+
+def _fabric(host: str, facts: NvidiaSmi, nvswitch: bool | None) -> list[Finding]:
+    """node.fabric: on a node expected on an NVSwitch fabric, or whose GPUs report a fabric state, every GPU Completed
+    with status Success (one finding per GPU that is not; an info finding when all are)."""
+    read = [(g, g.fabric) for g in facts.gpus if g.fabric is not None]
+    reporting = [(g, f) for g, f in read if f.reported]
+    if not read or not (reporting or nvswitch):
+        return []  # the fabric was not read (an older document, NVML), or no NVSwitch and no GPU on a fabric
+    if not reporting:
+        return [_finding(FABRIC, "warning", host,
+                         f"{host}: the node has NVSwitches, and its {len(read)} GPU(s) report no fabric state (N/A): "
+                         "GPUs before Hopper (HGX A100) do not report it, so whether Fabric Manager set the fabric up "
+                         "cannot be read here",
+                         "check that `systemctl is-active nvidia-fabricmanager` says active on the node, and that a "
+                         "CUDA sample runs; if the node has no NVSwitches, correct gpu_install_nvswitch")]
+    out = []
+    for gpu, f in reporting:
+        if f.initialised:
+            continue
+        state = f.state or "N/A"
+        what = (f"fabric registration completed with status {f.status or 'N/A'}" if state.lower() == "completed"
+                else f"fabric state {state}" + (" (Fabric Manager has not set the fabric up)"
+                                                if state.lower() in ("in progress", "not started") else ""))
+        out.append(_finding(FABRIC, "error", host, f"{_where(host, gpu)}: {what}; CUDA cannot use the GPU",
+                            FABRIC_FIX, gpu))
+    return out or [_finding(FABRIC, "info", host,
+                            f"{host}: NVSwitch fabric initialised on all {len(reporting)} GPU(s) (Completed, Success)",
+                            "")]
+
+
 def check_node(host: str, result: NvidiaSmi | DriverNotLoaded, expect: Expectations | None = None, *,
                pci_devices: Iterable[str] | None = None, nouveau_loaded: bool | None = None,
                secure_boot: bool | None = None, reboot_required: bool | None = None) -> list[Finding]:
@@ -281,4 +352,5 @@ def check_node(host: str, result: NvidiaSmi | DriverNotLoaded, expect: Expectati
     out += _gpu_count(host, result, pci)
     for gpu in result.gpus:
         out += _gpu_checks(host, gpu, expect)
+    out += _fabric(host, result, expect.nvswitch)
     return out

@@ -24,6 +24,10 @@ documents without a DOCTYPE from older drivers). Every element is optional here;
   time (NVML_TEMPERATURE_THRESHOLD_SLOWDOWN / _SHUTDOWN / _GPU_MAX). An absolute threshold, where present, wins.
 - unsupported features: a `retired_pages` block whose every value is N/A (H100/H200: row remapping instead of page
   retirement) is None, as NVML's "not supported" is in installer/validate/local.py: the same shape from both readers.
+- the NVSwitch fabric: `fabric/state` and `fabric/status` (DTD v12 on driver 535, v13), the GPU's registration with
+  the NVLink fabric that Fabric Manager sets up on NVSwitch systems (Gpu.fabric; parse_fabric_text() reads the same
+  two values from the "Fabric" sections of `nvidia-smi -q`'s text). A GPU that is on no such fabric says N/A (or
+  Not Supported) for both; documents without the element (older drivers, NVML through validate --local) give None.
 MIG devices carry no profile name in the XML: the profile is derived from the driver's facts (installer.mig.profile_of:
 the device's SM count and memory against the driver's `mig -lgip` table of the model, values/mig/lgip.yaml, else
 against the model's slices and the GPU's total memory), None when that is ambiguous or the model unknown.
@@ -94,6 +98,26 @@ class RemappedRows:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """A GPU's registration with the NVSwitch (NVLink) fabric as nvidia-smi reports it: state Not Started, In Progress
+    or Completed, and, once Completed, the status (Success, or the error, e.g. Insufficient Resources). None: N/A or
+    Not Supported (a GPU on no NVSwitch fabric, or one before Hopper, which does not report it)."""
+
+    state: str | None
+    status: str | None
+
+    @property
+    def reported(self) -> bool:
+        """Whether the GPU reports a fabric state at all (it is on an NVSwitch fabric and can say so)."""
+        return self.state is not None
+
+    @property
+    def initialised(self) -> bool:
+        """Completed with status Success: the only state in which CUDA can use the GPU on an NVSwitch system."""
+        return (self.state or "").lower() == "completed" and (self.status or "").lower() == "success"
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int  # position in the document (nvidia-smi's GPU index order)
     minor_number: int | None  # /dev/nvidia<minor>
@@ -117,6 +141,7 @@ class Gpu:
     power_draw_w: float | None
     power_limit_w: float | None
     fan_speed_pct: int | None
+    fabric: Fabric | None = None  # None: the document has no fabric element (see the module doc)
 
     @property
     def label(self) -> str:
@@ -315,7 +340,70 @@ def _gpu(index: int, gpu: ET.Element) -> Gpu:
         power_draw_w=_first_number(r, power, "power_draw", "instant_power_draw", "average_power_draw"),
         power_limit_w=_first_number(r, power, "current_power_limit", "enforced_power_limit", "power_limit"),
         fan_speed_pct=r.integer(gpu, "fan_speed"),
+        fabric=_fabric(gpu.find("fabric")),
     )
+
+
+#: what nvidia-smi prints for a fabric state/status it cannot give (a GPU on no NVSwitch fabric); "Unknown Error" is
+#: not among them: as a fabric status it is the registration's failure (NVIDIA/NVSentinel#883)
+_FABRIC_NA = {"", "n/a", "[n/a]", "not supported", "[not supported]"}
+
+
+def _fabric_value(raw: str | None) -> str | None:
+    value = (raw or "").strip()
+    return None if value.lower() in _FABRIC_NA else _bounded(value)
+
+
+def _fabric(block: ET.Element | None) -> Fabric | None:
+    if block is None:
+        return None
+    state, status = block.find("state"), block.find("status")
+    return Fabric(state=_fabric_value(state.text if state is not None else None),
+                  status=_fabric_value(status.text if status is not None else None))
+
+
+_FABRIC_VALUE = re.compile(r"^[\x20-\x7e]{1,80}$")
+
+
+def _bounded(value: str | None) -> str | None:
+    """A fabric state/status as the node printed it, kept only when it is short printable text (it is shown in
+    messages)."""
+    if value is None:
+        return None
+    if not _FABRIC_VALUE.match(value):
+        raise NvidiaSmiError(f"nvidia-smi fabric state/status {value[:40]!r}: not a short printable value",
+                             hint="the document is not what nvidia-smi prints; capture it again")
+    return value
+
+
+#: at most this many characters of `nvidia-smi -q` text are read by parse_fabric_text (an 8-GPU node prints ~80 kB)
+MAX_QUERY_TEXT = 4 * 1024 * 1024
+_KEY_VALUE = re.compile(r"^(?P<indent>\s*)(?P<key>[^:]*?)\s*:\s*(?P<value>.*?)\s*$")
+
+
+def parse_fabric_text(text: str) -> tuple[Fabric, ...]:
+    """The Fabric sections of `nvidia-smi -q` text output, one per GPU in the order printed: the `State` and `Status`
+    lines under a line `Fabric` (indented deeper than it; N/A, Not Supported -> None). Text after MAX_QUERY_TEXT
+    characters is not read. Raises NvidiaSmiError for a value that is not short printable text."""
+    out: list[Fabric] = []
+    section: dict[str, str | None] | None = None
+    depth = 0
+    for line in text[:MAX_QUERY_TEXT].splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if section is not None and indent <= depth:
+            out.append(Fabric(section.get("state"), section.get("status")))
+            section = None
+        if line.strip() == "Fabric":
+            section, depth = {}, indent
+            continue
+        m = _KEY_VALUE.match(line)
+        if section is not None and m and m["key"].lower() in ("state", "status") and m["key"].lower() not in section:
+            section[m["key"].lower()] = _fabric_value(m["value"])
+    if section is not None:
+        out.append(Fabric(section.get("state"), section.get("status")))
+    return tuple(out)
 
 
 def parse_xml(document: str | bytes) -> NvidiaSmi:

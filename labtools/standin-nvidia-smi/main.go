@@ -23,6 +23,12 @@
 // a GPU "in use" by listing its index under "busy": switching its mode then stays pending with
 // the real tool's warning and its reset is refused with the real tool's message, as on a GPU a
 // process holds open.
+//
+// An NVSwitch node (device info "nvswitch": true, from the node's gpus.yaml) reports each GPU's NVSwitch fabric in
+// `-q -x` as the real tool does on HGX boards: state Completed, status Success while the node's Fabric Manager
+// STAND-IN unit runs (it writes the state file NVIDIA_STANDIN_FABRIC_STATE when it starts and removes it when it
+// stops: gpu_install_lab/standin_fabric.py), else In Progress / N/A, what NVIDIA's Fabric Manager user guide says a
+// GPU shows until Fabric Manager has registered it. Other nodes keep the recorded document's N/A.
 package main
 
 import (
@@ -59,6 +65,7 @@ type device struct {
 type deviceInfo struct {
 	DriverVersion string   `json:"driverVersion"`
 	CudaVersion   string   `json:"cudaVersion"`
+	NVSwitch      bool     `json:"nvswitch"`
 	Devices       []device `json:"devices"`
 }
 
@@ -303,10 +310,31 @@ func queryXML(devs []device, info deviceInfo) string {
 	var sb strings.Builder
 	sb.WriteString(h)
 	for i, d := range devs {
-		sb.WriteString(renderGPU(pick(all, d), d, i))
+		sb.WriteString(fabric(renderGPU(pick(all, d), d, i), info))
 	}
 	sb.WriteString(first.footer)
 	return sb.String()
+}
+
+var reFabric = regexp.MustCompile(`(?s)<fabric>.*?</fabric>`)
+
+// fabric: on an NVSwitch node, the GPU's fabric state and status (see the package comment); elsewhere the block as
+// recorded.
+func fabric(gpu string, info deviceInfo) string {
+	if !info.NVSwitch {
+		return gpu
+	}
+	state, status := "In Progress", "N/A"
+	path := os.Getenv("NVIDIA_STANDIN_FABRIC_STATE")
+	if path == "" {
+		path = "/run/gpu-install-lab/fabric-manager.state"
+	}
+	if raw, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(raw))) > 0 {
+		state, status = "Completed", "Success"
+	}
+	return reFabric.ReplaceAllStringFunc(gpu, func(b string) string {
+		return tag(tag(b, "state", state), "status", status)
+	})
 }
 
 // list: the layout of recorded `nvidia-smi -L` output (with MIG devices, driver 535).

@@ -48,7 +48,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_current=True, ecc_pending=True, ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0),
              retired_pages=NO_RETIRED, remapped_rows=None, throttle_reasons=(), temperature_c=27,
              slowdown_temp_c=89, shutdown_temp_c=92, max_operating_temp_c=85, power_draw_w=67.03,
-             power_limit_w=500.0, fan_speed_pct=None),
+             power_limit_w=500.0, fan_speed_pct=None, fabric=nvsmi.Fabric(None, None)),
     ),
     "corpus/a100-sxm4-40gb-mig-v11.xml": (
         dict(dtd_version=11, timestamp="Fri Jan 27 11:32:31 2023", driver_version="510.47.03", cuda_version="11.6",
@@ -61,7 +61,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=EccErrors(volatile_double_bit=None, aggregate_double_bit=0),  # volatile counters all N/A
              retired_pages=NO_RETIRED, remapped_rows=None, throttle_reasons=(), temperature_c=36,
              slowdown_temp_c=89, shutdown_temp_c=92, max_operating_temp_c=85, power_draw_w=66.92,
-             power_limit_w=400.0, fan_speed_pct=None),
+             power_limit_w=400.0, fan_speed_pct=None, fabric=None),
     ),
     "tesla-t4.xml": (
         dict(dtd_version=11, timestamp="Mon Apr 24 16:22:39 2023", driver_version="515.105.01", cuda_version="11.7",
@@ -72,7 +72,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0),
              retired_pages=RetiredPages(single_bit=0, double_bit=0, pending=False), remapped_rows=None,
              throttle_reasons=(), temperature_c=40, slowdown_temp_c=93, shutdown_temp_c=96, max_operating_temp_c=85,
-             power_draw_w=26.78, power_limit_w=70.0, fan_speed_pct=None),
+             power_draw_w=26.78, power_limit_w=70.0, fan_speed_pct=None, fabric=None),
     ),
     "corpus/tesla-p100-pcie-v11.xml": (
         dict(dtd_version=11, timestamp="Sat Sep 17 17:06:50 2022", driver_version="510.47.03", cuda_version="11.6",
@@ -84,7 +84,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0),
              retired_pages=RetiredPages(single_bit=0, double_bit=0, pending=False), remapped_rows=None,
              throttle_reasons=("gpu_idle",), temperature_c=38, slowdown_temp_c=82, shutdown_temp_c=85,
-             max_operating_temp_c=None, power_draw_w=26.16, power_limit_w=250.0, fan_speed_pct=None),
+             max_operating_temp_c=None, power_draw_w=26.16, power_limit_w=250.0, fan_speed_pct=None, fabric=None),
     ),
     "corpus/quadro-p400.xml": (
         dict(dtd_version=None, timestamp="Mon Mar 11 17:03:27 2019", driver_version="418.43", cuda_version="10.1",
@@ -94,7 +94,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              mig_devices=(), ecc_current=None, ecc_pending=None, ecc_errors=NO_ECC, retired_pages=NO_RETIRED,
              remapped_rows=None, throttle_reasons=("gpu_idle",), temperature_c=33, slowdown_temp_c=100,
              shutdown_temp_c=103, max_operating_temp_c=None, power_draw_w=None, power_limit_w=None,
-             fan_speed_pct=34),
+             fan_speed_pct=34, fabric=None),
     ),
     "corpus/rtx-3090-v12.xml": (
         dict(dtd_version=12, timestamp="Fri May  3 11:54:37 2024", driver_version="525.147.05", cuda_version="12.0",
@@ -105,7 +105,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=NO_ECC, retired_pages=NO_RETIRED, remapped_rows=None,
              throttle_reasons=("gpu_idle",),  # clocks_throttle_reasons under the v12 DTD
              temperature_c=37, slowdown_temp_c=95, shutdown_temp_c=98, max_operating_temp_c=93,
-             power_draw_w=27.23, power_limit_w=200.0, fan_speed_pct=0),
+             power_draw_w=27.23, power_limit_w=200.0, fan_speed_pct=0, fabric=nvsmi.Fabric(None, None)),
     ),
     "corpus/rtx-4090-535-v12.xml": (
         dict(dtd_version=12, timestamp="Mon Aug 7 11:10:06 2023", driver_version="535.86.05", cuda_version="12.2",
@@ -118,7 +118,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              throttle_reasons=("gpu_idle",),  # clocks_event_reasons
              # only T.Limit margins in this document (40 C, T.Limit headroom 43, margins -2/-7/0): derived as on
              # H100/H200 (installer/validate/nvsmi.py), 83 + 2 and 83 + 7; no NVML reading of this card to compare
-             temperature_c=40, slowdown_temp_c=85, shutdown_temp_c=90, max_operating_temp_c=83, power_draw_w=26.84, power_limit_w=450.0, fan_speed_pct=0),
+             temperature_c=40, slowdown_temp_c=85, shutdown_temp_c=90, max_operating_temp_c=83, power_draw_w=26.84, power_limit_w=450.0, fan_speed_pct=0, fabric=nvsmi.Fabric(None, None)),
     ),
     "corpus/a10g-v11.xml": (
         dict(dtd_version=11, timestamp="Mon Apr 24 16:11:51 2023", driver_version="515.105.01", cuda_version="11.7",
@@ -129,7 +129,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0), retired_pages=NO_RETIRED,
              remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
              throttle_reasons=("gpu_idle",), temperature_c=17, slowdown_temp_c=95, shutdown_temp_c=98,
-             max_operating_temp_c=88, power_draw_w=25.58, power_limit_w=300.0, fan_speed_pct=0),
+             max_operating_temp_c=88, power_draw_w=25.58, power_limit_w=300.0, fan_speed_pct=0, fabric=None),
     ),
     "corpus/rtx-3080-v13.xml": (
         dict(dtd_version=13, timestamp="Fri Apr 10 10:23:01 2026", driver_version="595.58.03", cuda_version="13.2",
@@ -140,7 +140,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=NO_ECC, retired_pages=NO_RETIRED, remapped_rows=None, throttle_reasons=(),
              temperature_c=27, slowdown_temp_c=95, shutdown_temp_c=98, max_operating_temp_c=93,
              power_draw_w=142.33,  # instant_power_draw (average_power_draw is 139.62)
-             power_limit_w=320.0, fan_speed_pct=0),
+             power_limit_w=320.0, fan_speed_pct=0, fabric=nvsmi.Fabric(None, None)),
     ),
     # Real H100 / H200 on driver 580 (tests/fixtures/nvidia-smi/README.md): no absolute temperature thresholds in the
     # document, only T.Limit margins; the thresholds here are NVML's on the same machines (89/95/87 C), not the XML's.
@@ -153,7 +153,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0), retired_pages=None,
              remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
              throttle_reasons=("gpu_idle",), temperature_c=36, slowdown_temp_c=89, shutdown_temp_c=95,
-             max_operating_temp_c=87, power_draw_w=71.81, power_limit_w=700.0, fan_speed_pct=None),
+             max_operating_temp_c=87, power_draw_w=71.81, power_limit_w=700.0, fan_speed_pct=None, fabric=nvsmi.Fabric(None, None)),
     ),
     "h200-580-v13.xml": (
         dict(dtd_version=13, timestamp="Thu Nov 26 10:05:50 2026", driver_version="580.159.04", cuda_version="13.0",
@@ -164,7 +164,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              ecc_errors=EccErrors(volatile_double_bit=0, aggregate_double_bit=0), retired_pages=None,
              remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
              throttle_reasons=("gpu_idle",), temperature_c=36, slowdown_temp_c=89, shutdown_temp_c=95,
-             max_operating_temp_c=87, power_draw_w=80.14, power_limit_w=700.0, fan_speed_pct=None),
+             max_operating_temp_c=87, power_draw_w=80.14, power_limit_w=700.0, fan_speed_pct=None, fabric=nvsmi.Fabric(None, None)),
     ),
     "corpus/h200-580-v13-with-process.xml": (
         dict(dtd_version=13, timestamp="Thu Nov 26 10:06:06 2026", driver_version="580.159.04", cuda_version="13.0",
@@ -176,7 +176,7 @@ CORPUS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
              remapped_rows=RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False),
              throttle_reasons=(),  # a CUDA process holds the GPU: not idle
              temperature_c=37, slowdown_temp_c=89, shutdown_temp_c=95,
-             max_operating_temp_c=87, power_draw_w=123.23, power_limit_w=700.0, fan_speed_pct=None),
+             max_operating_temp_c=87, power_draw_w=123.23, power_limit_w=700.0, fan_speed_pct=None, fabric=nvsmi.Fabric(None, None)),
     ),
 }
 
