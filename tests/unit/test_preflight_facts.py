@@ -117,18 +117,23 @@ def test_the_os_tag_is_read_as_installer_facts_reads_it(tag):
 # ---------------------------------------------------------------- the node's side, as `nodes facts` reads it
 
 
+# another vendor's function of the same class as an NVSwitch (0x0680xx, "other bridge"): not an NVSwitch
+OTHER_BRIDGE = ("0000:00:14.2", "0x8086", "0x7a27", "0x068000")
+
+
 @pytest.mark.parametrize("text", [UBUNTU_2404, ROCKY_94, "ID='debian'\nVERSION_ID='12'\n",
                                   'ID=rocky\nID=ubuntu\nVERSION_ID="9.5"\n'])
-@pytest.mark.parametrize("devices", [(), HGX_H200])
-def test_the_probe_reads_the_os_and_nvswitches_as_the_facts_script_does(tmp_path, text, devices):
+@pytest.mark.parametrize("devices,switches", [((), 0), (HGX_H200, 4), ((OTHER_BRIDGE,), 0),
+                                              ((*HGX_H200, OTHER_BRIDGE), 4)])
+def test_the_probe_reads_the_os_and_nvswitches_as_the_facts_script_does(tmp_path, text, devices, switches):
     """The same tree read by the preflight module and by the real `nodes facts` script gives the same OS and the
-    same NVSwitch presence: preflight compares the inventory with what `nodes facts` would write into it."""
+    same NVSwitches: preflight compares the inventory with what `nodes facts` would write into it."""
     root = node_tree(tmp_path / "n", os_release=text, devices=devices)
     f = probe.probe(str(root), lambda cmd: (0, "", ""), kernel="k", arch="x86_64")
     facts = parse(run_script(root))
     assert (f["os_id"], f["os_version"]) == (facts.os_id, facts.os_version)
     assert f["nvswitches"] == [d.address for d in facts.nvswitches]
-    assert bool(f["nvswitches"]) == bool(devices)
+    assert len(f["nvswitches"]) == switches
 
 
 def test_os_release_under_usr_lib_when_etc_has_none(tmp_path):
