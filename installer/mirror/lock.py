@@ -78,12 +78,14 @@ class _PackageRequired(TypedDict):
 
 
 class PackageEntry(_PackageRequired, total=False):
-    """An OS package file (or, key: true, an upstream key) of sections "packages" and "packageBase"."""
+    """An OS package file (or, key: true, an upstream key; modules: true, the dnf modules metadata of the OS's streams,
+    packages/<os>/modules/modules.yaml) of sections "packages" and "packageBase"."""
 
     name: str
     version: str
     arch: str
     key: bool
+    modules: bool
 
 
 class FailedImage(TypedDict):
@@ -319,6 +321,12 @@ def check_entry(where: Path, section: str, i: int, e: Any) -> PackageEntry:
     rel = e.get("file")
     parts = rel.split("/") if isinstance(rel, str) else []
     key = bool(e.get("key"))
+    if e.get("modules") is True and not key and e.get("manager") == "dnf":
+        if parts != [PACKAGES, os_tag, "modules", "modules.yaml"]:
+            raise ConfigError(f"{where}: {section}[{i}] ({os_tag}): modules file {str(rel)[:200]!r} is not "
+                              f"{PACKAGES}/{os_tag}/modules/modules.yaml", hint=hint)
+        return {"os": str(os_tag), "manager": "dnf", "file": str(rel), "source": str(e.get("source") or ""),
+                "sha256": str(e.get("sha256")), "size": _size(e), "modules": True}
     shape = [PACKAGES, os_tag, "keys", parts[-1] if parts else ""] if key else [PACKAGES, os_tag,
                                                                               parts[-1] if parts else ""]
     if parts != shape or not FILE_NAME.fullmatch(parts[-1]) or (

@@ -168,10 +168,13 @@ class OsPackages:
     manager: str
     packages: tuple[PackageArtifact, ...]
     hosts: tuple[str, ...] = ()
+    # dnf module streams (name:stream, e.g. nvidia-driver:580-open) enabled to resolve and install the roots: RHEL 8/9
+    # driver.mode host (the driver role's OS map, module_stream); pull carries their modules metadata
+    modules: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"os": self.os, "manager": self.manager, "closure": CLOSURE, "hosts": list(self.hosts),
-                "roots": [p.as_dict() for p in self.packages]}
+                "modules": list(self.modules), "roots": [p.as_dict() for p in self.packages]}
 
 
 @dataclass(frozen=True)
@@ -461,6 +464,14 @@ class _Collect:
     def __init__(self) -> None:
         self.by_os: dict[str, tuple[str, dict[tuple[str, str], PackageArtifact]]] = {}
         self.hosts: dict[str, list[str]] = {}
+        self.modules: dict[str, list[str]] = {}
+
+    def add_module(self, os: str, stream: str) -> None:
+        """A dnf module stream (name:stream) the roots of this OS are resolved and installed with (the driver's branch
+        and flavour come from the site, one for every host)."""
+        have = self.modules.setdefault(os, [])
+        if stream not in have:
+            have.append(stream)
 
     def add(self, os: str, manager: str, name: str, version: str | None, pin: str, needs: Iterable[Need],
             host: str | None) -> None:
@@ -477,7 +488,7 @@ class _Collect:
 
     def result(self) -> tuple[OsPackages, ...]:
         return tuple(OsPackages(os, manager, tuple(sorted(pkgs.values(), key=lambda p: (p.name, p.spec))),
-                                tuple(sorted(self.hosts.get(os, ()))))
+                                tuple(sorted(self.hosts.get(os, ()))), tuple(self.modules.get(os, ())))
                      for os, (manager, pkgs) in sorted(self.by_os.items()))
 
 
@@ -592,6 +603,13 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
             shown = _template(headers, {**variables, "ansible_facts": {"kernel": "<kernel>"}}, where)
             notes.append(f"{os_tag}: the kernel headers ({shown}) of the nodes' running kernel are needed and that "
                          "kernel is not known: give --kernel (uname -r of the nodes) with --os, or gpu_install_kernel "
+        stream = _template(osm.get("module_stream") or "", {
+            **variables, "ansible_facts": {"distribution_major_version": node.os_version.split(".")[0]}}, where)
+        if stream:
+            pkgs.add_module(os_tag, stream)
+            notes.append(f"{os_tag}: the driver packages come from the dnf module stream {stream} (NVIDIA's RHEL 8/9 "
+                         "packaging): mirror pull resolves them with it enabled and carries its modules metadata into "
+                         "the site repository; apply enables it on the nodes before the install")
                          "in the inventory")
         for k in kernels:
             name = _template(headers, {**variables, "ansible_facts": {"kernel": k}}, where)

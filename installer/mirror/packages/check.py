@@ -1,10 +1,11 @@
 """The site's package repository as the nodes read it (packages.url): each OS's index fetched, its signature checked
 with the site key (packages.key), and what it lists compared with a bundle's lock or the plan's package roots
-(`mirror verify`, apply's package check)."""
+(`mirror verify`, apply's package check); for dnf, also the module streams its modules metadata publishes."""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import re
 import ssl
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from installer.errors import ConfigError
-from installer.mirror.packages.tools import APT_ARCH, BASE, COMPONENT, PACKAGES, SUITE, _errors, _run, _tool
+from installer.mirror.packages import modulemd
+from installer.mirror.packages.tools import APT_ARCH, BASE, COMPONENT, PACKAGES, SETS, SUITE, _errors, _run, _tool
 
 if TYPE_CHECKING:
     from installer.config import Site
@@ -117,6 +119,59 @@ def repo_index(url: str, os_tag: str, manager: str, key: Path) -> dict[str, dict
             raise ValueError(f"{base}: cannot be read ({getattr(exc, 'reason', None) or exc})") from None
 
 
+def repo_streams(url: str, os_tag: str, key: Path) -> set[str]:
+    """The dnf module streams (name:stream) the site repository <url>/packages/<os_tag> publishes, as a node reads
+    them: repomd.xml's signature checked with the site key, the modules metadata it names checked against its
+    checksum, read bounded (modulemd); empty when it names none. Raises ValueError saying what is wrong."""
+    base = f"{url.rstrip('/')}/{PACKAGES}/{os_tag}"
+    with tempfile.TemporaryDirectory(prefix="gpu-install-repo-") as tmp:
+        work = Path(tmp)
+        try:
+            (work / "repomd.xml").write_bytes(_get(f"{base}/repodata/repomd.xml"))
+            (work / "repomd.xml.asc").write_bytes(_get(f"{base}/repodata/repomd.xml.asc"))
+            why = _gpgv(key, work / "repomd.xml.asc", work / "repomd.xml")
+            if why:
+                raise ValueError(f"{base}/repodata/repomd.xml: {why}")
+            found = modulemd.repomd_modules((work / "repomd.xml").read_bytes(), f"{base}/repodata/repomd.xml")
+            if found is None:
+                return set()
+            href, kind, value = found
+            data = _get(f"{base}/{href}")
+            if len(data) > modulemd.MAX_COMPRESSED:
+                raise ValueError(f"{base}/{href}: more than {modulemd.MAX_COMPRESSED} bytes")
+            if hashlib.new(kind, data).hexdigest() != value:
+                raise ValueError(f"{base}/{href}: does not match its signed repomd.xml")
+            path = work / href.rsplit("/", 1)[-1]
+            path.write_bytes(data)
+            return {s.spec for s in modulemd.read_file(path)}
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"{base}: cannot be read ({getattr(exc, 'reason', None) or exc})") from None
+
+
+def _missing_streams(url: str, key: Path, want: Mapping[str, Sequence[str]], strict: bool) -> list[str]:
+    """One line per dnf module stream of want (os -> name:stream) the site repository does not publish. strict (a
+    bundle's lock: the streams it carried): every one; else (the plan's) only where the repository publishes the
+    module without that stream: a repository without the module's metadata serves its packages as non-modular, and
+    the driver role installs them without a stream."""
+    out: list[str] = []
+    for os_tag, specs in sorted(want.items()):
+        if not specs:
+            continue
+        try:
+            have = repo_streams(url, os_tag, key)
+        except ValueError as exc:
+            out.append(f"  {os_tag} module streams: {exc}")
+            continue
+        names = {h.split(":")[0] for h in have}
+        for spec in specs:
+            if spec in have or (not strict and spec.split(":")[0] not in names):
+                continue
+            same = sorted(h for h in have if h.split(":")[0] == spec.split(":")[0])
+            out.append(f"  {os_tag}: dnf module stream {spec}: not in the site repository's modules metadata"
+                       + (f" (it has {', '.join(same)})" if same else ""))
+    return out
+
+
 def _served(url: str, size: int) -> str | None:
     """None when the web server serves url with this size (a HEAD request), else what it says."""
     try:
@@ -138,14 +193,20 @@ def check_repo(site: Site, *, sets: Sequence[OsPackages] = (), lock: Mapping[str
     if not url or key is None:
         return []
     wanted: dict[tuple[str, str], list[Any]] = {}
+    streams: dict[str, list[str]] = {}
     if lock is not None:
         for e in [*(lock.get(PACKAGES) or []), *(lock.get(BASE) or [])]:
-            if isinstance(e, dict) and not e.get("key"):
+            if isinstance(e, dict) and not e.get("key") and not e.get("modules"):
                 wanted.setdefault((str(e["os"]), str(e["manager"])), []).append(e)
+        for r in lock.get(SETS) or []:
+            if isinstance(r, dict) and r.get("manager") == "dnf" and not r.get("skipped"):
+                streams[str(r.get("os"))] = [str(m) for m in r.get("modules") or [] if isinstance(m, str)]
     else:
         for s in sets:
             wanted.setdefault((s.os, s.manager), []).extend(s.packages)
-    out: list[str] = []
+            if s.manager == "dnf" and s.modules:
+                streams[s.os] = list(s.modules)
+    out: list[str] = _missing_streams(url, Path(key), streams, strict=lock is not None) if streams else []
     for (os_tag, manager), items in sorted(wanted.items()):
         try:
             index = repo_index(url, os_tag, manager, Path(key))

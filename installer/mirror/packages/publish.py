@@ -1,7 +1,8 @@
 """`mirror push --repo-dir` of the OS packages (the air-gapped side): every package file of the lock read once from
 the bundle into push's private staging directory and checked there by sha256 (installer.mirror.staging), then each OS
 gets a repository signed by the site's key (apt: pool/ + dists/gpu-install/, InRelease and Release.gpg; dnf:
-repodata/ by createrepo_c with repomd.xml.asc) from the staged copies, the key generated once in the signing home."""
+repodata/ by createrepo_c with repomd.xml.asc, and the dnf module streams' metadata the bundles carried added by
+modifyrepo_c) from the staged copies, the key generated once in the signing home."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from installer.errors import ConfigError, EnvironmentProblem
 from installer.mirror import bundle as lockfile
 from installer.mirror.common import Say, copy_in
 from installer.mirror.lock import PackageEntry, check_entry
+from installer.mirror.packages import modulemd
 from installer.mirror.packages.tools import (
     APT_ARCH,
     BASE,
@@ -31,6 +33,8 @@ from installer.mirror.packages.tools import (
 )
 from installer.mirror.staging import Staging, staging
 from installer.util import atomic_write, sha256_file
+
+MODULES_STATE = "modules/streams.yaml"  # DIR/packages/<os>/<this>: the module streams every push so far published
 
 SIGNING_HOME_HINT = ("give `mirror push --signing-home` (or GPU_INSTALL_SIGNING_HOME) a directory of your own: the "
                      "site key is generated there on first use, and packages.key must then pin that key")
@@ -140,16 +144,20 @@ def publish(bundle: Path, lock: Mapping[str, Any], repo_dir: Path, home: Path | 
                                  str(e["sha256"])) for e in items)
             _apt_index(root, home, fpr)
         elif manager == "dnf":
-            pkgs = [e for e in items if not e.get("key")]
+            pkgs = [e for e in items if not e.get("key") and not e.get("modules")]
             copied = sum(copy_in(copy[id(e)], root / Path(str(e["file"])).name, str(e["sha256"])) for e in pkgs)
             keys = "".join(copy[id(e)].read_text() for e in items if e.get("key"))
             if not (root / UPSTREAM_KEYS).is_file() or (root / UPSTREAM_KEYS).read_text() != keys:
                 atomic_write(root / UPSTREAM_KEYS, keys)
-            _rpm_index(root, home, fpr)
+            streams = _modules(root, [copy[id(e)] for e in items if e.get("modules")], bundle)
+            _rpm_index(root, home, fpr, streams)
         else:
             raise ConfigError(f"{bundle / lockfile.LOCK}: packages of {os_tag} have manager {manager!r}")
-        n = sum(1 for e in items if not e.get("key"))
+        n = sum(1 for e in items if not e.get("key") and not e.get("modules"))
         done.append(f"packages {os_tag}: {n} in {root} ({copied} new), signed by the site key")
+        if manager == "dnf" and (root / MODULES_STATE).is_file():
+            done.append(f"packages {os_tag}: dnf module streams {', '.join(_specs(root / MODULES_STATE))} in its "
+                        "modules metadata")
         say(f"packages {os_tag}: {n} package(s) published in {root} ({copied} new)")
     return done
 
@@ -202,11 +210,56 @@ def _apt_index(root: Path, home: Path, fpr: str) -> None:
     _sign(home, fpr, dist / "Release", dist / "Release.gpg")
 
 
-def _rpm_index(root: Path, home: Path, fpr: str) -> None:
+def _modules(root: Path, staged: list[Path], bundle: Path) -> Path | None:
+    """The dnf module streams' metadata the site repository publishes: what earlier pushes published there
+    (root/modules/streams.yaml) merged with the bundle's (its staged copies), each document checked again (modulemd);
+    written back to root/modules/streams.yaml. None when neither has any. ConfigError (exit 2) naming the bundle's file
+    when it is not modules metadata gpu-install carries."""
+    state = root / MODULES_STATE
+    old: list[modulemd.Stream] = []
+    if state.is_file():
+        try:
+            old = modulemd.read_file(state)
+        except ValueError as exc:
+            raise ConfigError(f"{state}: {exc}", hint="the site repository's modules metadata is not what mirror push "
+                                                      "wrote: remove the file and push every bundle again") from None
+    new: list[modulemd.Stream] = []
+    for path in staged:
+        try:
+            new += modulemd.read_file(path)
+        except ValueError as exc:
+            raise ConfigError(f"{bundle / lockfile.LOCK}: the modules metadata it lists: {exc}",
+                              hint="pull the bundle again (or check that the bundle comes from your connected "
+                                   "side)") from None
+    merged = modulemd.merge(old, new)
+    if not merged:
+        return None
+    text = modulemd.render(merged)
+    if not state.is_file() or state.read_text() != text:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(state, text)
+    return state
+
+
+def _specs(state: Path) -> list[str]:
+    return sorted({s.spec for s in modulemd.read_file(state)})
+
+
+def _rpm_index(root: Path, home: Path, fpr: str, modules: Path | None = None) -> None:
+    """root/repodata by createrepo_c (and, with modules, the modules metadata added by modifyrepo_c as type modules),
+    repomd.xml signed by the site key."""
     createrepo = _tool("createrepo_c", "the site's rpm repositories are indexed with it",
                        "install createrepo-c (Debian/Ubuntu: apt-get install createrepo-c; RHEL: dnf install "
                        "createrepo_c)")
     proc = _run([createrepo, "--quiet", "--update", "--simple-md-filenames", "--no-database", str(root)])
     if proc.returncode != 0:
         raise EnvironmentProblem(f"createrepo_c {root}: {_errors(proc.stdout + proc.stderr)}")
+    if modules is not None:
+        modifyrepo = _tool("modifyrepo_c", "the dnf module streams' metadata is added to the site repository with it",
+                           "install createrepo-c (Debian/Ubuntu: apt-get install createrepo-c; RHEL: dnf install "
+                           "createrepo_c)")
+        proc = _run([modifyrepo, "--mdtype=modules", "--simple-md-filenames", f"--new-name={modulemd.FILE}",
+                     str(modules), str(root / "repodata")])
+        if proc.returncode != 0:
+            raise EnvironmentProblem(f"modifyrepo_c {root}: {_errors(proc.stdout + proc.stderr)}")
     _sign(home, fpr, root / "repodata" / "repomd.xml", root / "repodata" / "repomd.xml.asc")

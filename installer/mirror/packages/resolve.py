@@ -5,7 +5,12 @@ sha256; dnf: each rpm's signature against the OS's keys only, with rpmkeys) and 
 A repository's credentials (mirror.packageRepositories.<os>[].credentials: the names of two environment variables)
 reach apt as an auth.conf and dnf as its .repo file, both 0600 in the private work directory, and the files fetched
 here as an HTTP Basic header for URLs under that repository only; never a command line, the tools' environment (the
-variables are dropped from it), a message (redacted), the lock or the plan."""
+variables are dropped from it), a message (redacted), the lock or the plan.
+
+dnf module streams (RHEL 8/9: NVIDIA's nvidia-driver:<branch>-open|-dkms, the plan's OsPackages.modules): enabled in
+the private installroot before the download (dnf hides the packages of a stream that is not enabled), and the
+documents of exactly those streams from the upstream modules metadata dnf resolved with carried in the bundle
+(packages/<os>/modules/modules.yaml, a lock entry with modules: true), read bounded and checked (modulemd)."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from installer.errors import ConfigError
 from installer.mirror import bundle as lockfile
 from installer.mirror.common import Login, PackageFailures, Say, fetch, incomplete, read_since, redact, reusable
 from installer.mirror.lock import Failure, PackageEntry
+from installer.mirror.packages import modulemd
 from installer.mirror.packages.tools import (
     APT_ARCH,
     BASE,
@@ -38,7 +44,9 @@ from installer.mirror.packages.tools import (
     _run,
     _tool,
 )
-from installer.util import sha256_file
+from installer.util import atomic_write, sha256_file
+
+MODULES_DIR = "modules"  # BUNDLE/packages/<os>/modules/modules.yaml: the OS's module streams' metadata
 
 if TYPE_CHECKING:
     from installer.config import PackageSource, Site
@@ -216,8 +224,9 @@ def _apt_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | Non
 def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | None, work: Path, dest: Path,
                  logins: Sequence[Login] = (), env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The URLs of the roots and their whole closure (an empty installroot) as dnf resolves them (fetched later, each
-    checked against the repository's key). logins: a repository's username=/password= in its .repo file; every file
-    of the work directory is written 0600."""
+    checked against the repository's key), with the OS's module streams (s.modules) enabled in the installroot first
+    (_enable_streams). logins: a repository's username=/password= in its .repo file; every file of the work directory
+    is written 0600."""
     dnf = _tool("dnf", f"the packages of {s.os} are resolved with dnf",
                 "install dnf and its download plugin (Debian/Ubuntu: apt-get install dnf dnf-plugins-core)")
     repos = work / "repos.d"
@@ -231,14 +240,17 @@ def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | Non
                       + (f"sslcacert={ca.resolve()}\n" if ca else "")
                       + (f"username={user}\npassword={password}\n" if password else ""))
     _private_file(work / "dnf.conf", "[main]\ninstall_weak_deps=False\nkeepcache=False\n")
-    major = re.sub(r"^\D*", "", s.os).split(".")[0] or "9"
+    major = _major(s.os)
     # only the download plugin: another one (dnf-plugins-core's `local`) would add its own repository
-    argv = [dnf, "download", "--url", "-q", "--resolve", "--alldeps", "--disableplugin=*", "--enableplugin=download",
-            f"--config={work / 'dnf.conf'}",
-            f"--installroot={work / 'root'}", f"--setopt=reposdir={repos}", f"--setopt=cachedir={work / 'cache'}",
-            f"--releasever={major}", f"--forcearch={RPM_ARCH}", "--setopt=install_weak_deps=False",
+    base = [dnf, "--disableplugin=*", f"--config={work / 'dnf.conf'}", f"--installroot={work / 'root'}",
+            f"--setopt=reposdir={repos}", f"--setopt=cachedir={work / 'cache'}", f"--releasever={major}",
+            f"--forcearch={RPM_ARCH}", "--setopt=install_weak_deps=False",
+            f"--setopt=module_platform_id=platform:el{major}"]
+    env = {**(os.environ if env is None else env), "LC_ALL": "C"}
+    _enable_streams(s, base, work, len(sources), env)
+    argv = [*base, "--enableplugin=download", "download", "--url", "-q", "--resolve", "--alldeps",
             *[p.spec for p in s.packages]]
-    proc = _run(argv, env={**(os.environ if env is None else env), "LC_ALL": "C"})
+    proc = _run(argv, env=env)
     if proc.returncode != 0:
         raise ValueError(_errors(proc.stdout + proc.stderr))
     urls = [ln.strip() for ln in proc.stdout.splitlines() if re.match(r"^(https?|file)://\S+\.rpm$", ln.strip())]
@@ -246,6 +258,80 @@ def _dnf_resolve(s: OsPackages, sources: Sequence[PackageSource], ca: Path | Non
         raise ValueError(f"dnf resolved nothing to download for {', '.join(p.spec for p in s.packages)}")
     return [{"uri": u, "file": urllib.parse.unquote(u.rsplit("/", 1)[1]), "size": None, "sha256": None}
             for u in dict.fromkeys(urls)]
+
+
+def _major(os_tag: str) -> str:
+    return re.sub(r"^\D*", "", os_tag).split(".")[0] or "9"
+
+
+_NO_MODULE = re.compile(r"missing groups or modules|Unable to resolve argument|No matching Modules", re.I)
+
+
+def _enable_streams(s: OsPackages, base: Sequence[str], work: Path, n_repos: int, env: Mapping[str, str]) -> None:
+    """`dnf module enable` of each of the OS's streams in the private installroot (the node's platform,
+    platform:el<major>), so that the download resolves the stream's packages (dnf hides a modular package of a stream
+    that is not enabled). Upstream repositories that offer no stream of the module at all (no modules metadata for it:
+    its packages are not modular there) leave it off: _carry_modules says so. ValueError naming the streams offered
+    when the module is there without the stream, or with dnf's words."""
+    for spec in s.modules:
+        name, stream = modulemd.split_spec(spec)
+        proc = _run([*base, "-y", "-q", "module", "enable", spec], env=env)
+        if proc.returncode == 0:
+            continue
+        text = proc.stdout + proc.stderr
+        if not _NO_MODULE.search(text):
+            raise ValueError(f"dnf module enable {spec}: {_errors(text)}")
+        offered = sorted({x.stream for _, docs in _cached(work, n_repos, name) for x in docs})
+        if offered:
+            raise ValueError(f"dnf module stream {spec} is not in mirror.packageRepositories.{s.os} (the module {name} "
+                             f"is, with the streams {', '.join(offered)}): the driver branch and kernel modules "
+                             "flavour of the site need that stream")
+
+
+def _cached(work: Path, n_repos: int, module: str) -> list[tuple[str, list[modulemd.Stream]]]:
+    return modulemd.cached_streams(work / "cache", [f"upstream{i}" for i in range(n_repos)], module)
+
+
+def _carry_modules(s: OsPackages, sources: Sequence[PackageSource], work: Path, out: Path,
+                   say: Say) -> tuple[list[str], list[str]]:
+    """The modules metadata of the streams _enable_streams enabled (the documents of exactly those streams, from the
+    upstream repositories' metadata dnf resolved with) into out/modules/modules.yaml; (the streams carried, the URLs
+    of the repositories their documents came from). A stream
+    left off (the upstream repositories have no such module) is said; no stream: no file (an older pull's goes)."""
+    carried: list[modulemd.Stream] = []
+    specs: list[str] = []
+    urls: set[str] = set()
+    for spec in s.modules:
+        name, stream = modulemd.split_spec(spec)
+        state = work / "root" / "etc" / "dnf" / "modules.d" / f"{name}.module"
+        text = state.read_text(errors="replace")[:65536] if state.is_file() else ""
+        if not re.search(rf"^stream={re.escape(stream)}$", text, re.M) or not re.search(r"^state=enabled$", text,
+                                                                                           re.M):
+            say(f"packages {s.os}: mirror.packageRepositories.{s.os} offer no {name} module (no modules metadata): "
+                f"resolved without the stream {spec}; the nodes install the packages without it")
+            continue
+        docs = [(repo, x) for repo, found in _cached(work, len(sources), name) for x in found if x.stream == stream]
+        if not docs:
+            raise ValueError(f"dnf enabled {spec}, and no modules metadata of the upstream repositories holds it")
+        carried += [x for _, x in docs]
+        specs.append(spec)
+        came = sorted({sources[int(repo.removeprefix("upstream"))].url for repo, _ in docs})
+        urls.update(came)
+        say(f"packages {s.os}: module stream {spec}: {len(docs)} modules document(s) from {', '.join(came)}")
+    target = out / MODULES_DIR / modulemd.FILE
+    if carried:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, modulemd.render(carried))
+    else:
+        target.unlink(missing_ok=True)
+    return specs, sorted(urls)
+
+
+def _modules_entry(s: OsPackages, out: Path, urls: Sequence[str]) -> PackageEntry:
+    """The lock's entry of the modules metadata _carry_modules wrote."""
+    path = out / MODULES_DIR / modulemd.FILE
+    return {"os": s.os, "manager": s.manager, "modules": True, "file": f"{PACKAGES}/{s.os}/{MODULES_DIR}/{modulemd.FILE}",
+            "source": " ".join(urls), "sha256": sha256_file(path), "size": path.stat().st_size}
 
 
 # ---------------------------------------------------------------- fetch and check
@@ -317,7 +403,7 @@ def _base_of(since: Path | None) -> dict[str, str]:
     old_lock, _ = read_since(since)
     return {f"{e.get('os')}/{Path(str(e.get('file'))).name}": str(e.get("sha256"))
             for e in [*(old_lock.get(PACKAGES) or []), *(old_lock.get(BASE) or [])]
-            if isinstance(e, dict) and not e.get("key")}
+            if isinstance(e, dict) and not e.get("key") and not e.get("modules")}
 
 
 def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda m: None,
@@ -346,12 +432,18 @@ def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda
         records.append({"os": s.os, "manager": s.manager, "roots": [p.spec for p in s.packages],
                         "sources": [{"url": x.url, **({"suite": x.suite, "components": x.components} if x.suite
                                                       else {})} for x in sources],
-                        "architecture": APT_ARCH if s.manager == "apt" else RPM_ARCH})
-        say(f"packages {s.os}: resolving {len(s.packages)} root(s) and their closure with {s.manager}")
+                        "architecture": APT_ARCH if s.manager == "apt" else RPM_ARCH,
+                        **({"modules": list(s.modules)} if s.modules else {})})
+        say(f"packages {s.os}: resolving {len(s.packages)} root(s) and their closure with {s.manager}"
+            + (f", module stream(s) {', '.join(s.modules)} enabled" if s.modules else ""))
+        carried: tuple[list[str], list[str]] = ([], [])
         with tempfile.TemporaryDirectory(prefix=f"gpu-install-{s.manager}-") as tmp:
             try:
                 wanted = (_apt_resolve if s.manager == "apt" else _dnf_resolve)(s, sources, ca, Path(tmp), out,
                                                                                  logins, env)
+                if s.manager == "dnf" and s.modules:
+                    carried = _carry_modules(s, sources, Path(tmp), out, say)
+                    records[-1]["modules"] = carried[0]  # the streams whose metadata the bundle carries
             except ValueError as exc:
                 why = redact(str(exc), secrets)
                 failed.append({"ref": f"{s.os} ({', '.join(p.spec for p in s.packages)})", "error": why})
@@ -362,9 +454,11 @@ def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda
         if s.manager == "dnf":
             got = _check_rpms(s, sources, got, out, failed, say, env)
             got += _keys(s, sources, out)
+            if carried[0]:
+                got.append(_modules_entry(s, out, carried[1]))
         for e in got:  # --since: what the older bundle already carried stays out of this one
             ref = f"{s.os}/{Path(str(e['file'])).name}"
-            if not e.get("key") and base_of.get(ref) == e["sha256"]:
+            if not e.get("key") and not e.get("modules") and base_of.get(ref) == e["sha256"]:
                 (bundle / str(e["file"])).unlink(missing_ok=True)
                 base.append(e)
             else:
@@ -383,6 +477,7 @@ def pull(site: Site, sets: Sequence[OsPackages], bundle: Path, say: Say = lambda
 def record_skipped(sets: Sequence[OsPackages], bundle: Path) -> None:
     """`mirror pull --skip-packages`: the lock says which roots were left out, per OS (nothing is fetched)."""
     lockfile.put_section(bundle, SET_KIND, SETS, [{"os": s.os, "manager": s.manager, "roots": [p.spec for p in s.packages],
+                                                   **({"modules": list(s.modules)} if s.modules else {}),
                                                    "skipped": True} for s in sets], [])
     lockfile.put_section(bundle, KIND, PACKAGES, [], [])
 
