@@ -432,6 +432,9 @@ _RUNFILE = r"""#!/bin/sh
 # driver), /usr/bin/nvidia-installer (--driver-info, --uninstall) and records the version in /var/lib/nvidia.
 VERSION={version}
 ui=ncurses; questions=yes; dkms=no
+# the kernel modules' flavour as nvidia-installer takes it (-m/--kernel-module-build-directory=kernel|kernel-open,
+# from R560 also -M/--kernel-module-type=open|proprietary); its default from R560 is open
+if [ "${VERSION%%.*}" -ge 560 ]; then modtype=open; else modtype=proprietary; fi
 for a in "$@"; do
   case "$a" in
     -s|--silent) ui=none; questions=no;;
@@ -439,6 +442,10 @@ for a in "$@"; do
     --ui=none) ui=none;;
     --ui=ncurses) ui=ncurses;;
     --dkms) dkms=yes;;
+    -m=kernel|--kernel-module-build-directory=kernel|-M=proprietary|--kernel-module-type=proprietary) modtype=proprietary;;
+    -m=kernel-open|--kernel-module-build-directory=kernel-open|-M=open|--kernel-module-type=open) modtype=open;;
+    -m=*|--kernel-module-build-directory=*|-M=*|--kernel-module-type=*)
+      echo "ERROR: Invalid kernel module type or build directory '${a#*=}' (gpu-install lab STAND-IN)" >&2; exit 1;;
     -a|--accept-license|-z|--no-nouveau-check|-Z|--disable-nouveau|--no-x-check|--no-cc-version-check|    -n|--no-precompiled-interface|--no-drm|--no-peermem|--no-opengl-files|--no-kernel-module-source|    --install-libglvnd|--no-install-libglvnd|--systemd|--no-systemd) ;;
     -v|--version) echo "nvidia-installer:  version $VERSION (gpu-install lab STAND-IN)"; exit 0;;
     --info) echo "Identification    : NVIDIA Accelerated Graphics Driver for Linux-x86_64 $VERSION (gpu-install lab STAND-IN)"; exit 0;;
@@ -470,6 +477,7 @@ case "$1" in
     echo "There is no NVIDIA driver currently installed." ; exit 1;;
   --uninstall)
     rm -f /usr/bin/nvidia-smi /usr/bin/nvidia-uninstall /var/lib/nvidia/gpu-install-standin.version
+    rm -f /var/lib/nvidia/gpu-install-standin.kernel-module-type
     rm -f /usr/bin/nvidia-installer; exit 0;;
   -v|--version) echo "nvidia-installer:  version $(cat /var/lib/nvidia/gpu-install-standin.version 2>/dev/null) (gpu-install lab STAND-IN)"; exit 0;;
 esac
@@ -478,7 +486,8 @@ EOS
 chmod 0755 /usr/bin/nvidia-smi /usr/bin/nvidia-installer
 ln -sf nvidia-installer /usr/bin/nvidia-uninstall
 echo "$VERSION" > /var/lib/nvidia/gpu-install-standin.version
-echo "$(date -u +%FT%TZ) installed $VERSION (gpu-install lab STAND-IN) dkms=$dkms: no kernel module built" >> /var/log/nvidia-installer.log
+echo "$modtype" > /var/lib/nvidia/gpu-install-standin.kernel-module-type
+echo "$(date -u +%FT%TZ) installed $VERSION (gpu-install lab STAND-IN) dkms=$dkms kernel modules $modtype: no kernel module built" >> /var/log/nvidia-installer.log
 exit 0
 """
 

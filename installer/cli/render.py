@@ -63,6 +63,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
     from installer import offline_checks
     from installer.cli.common import ENV_CHART
+    from installer.render.role_vars import host_driver
 
     plan = resolve_plan(args)  # the site against the release, the inventory, each node's OS and kernel, MIG names
     chart = os.environ.get(ENV_CHART) or plan.site.operator.chart  # what apply installs without --chart
@@ -72,6 +73,11 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         oses = sorted({n.os_name or "OS unknown" for n in plan.nodes})
         where = f"; inventory {plan.inventory.path}: {len(plan.nodes)} GPU node(s), {', '.join(oses) or 'none'}"
     print(f"{args.site}: ok (GPU Operator {plan.release.version}, registry {plan.site.registry.host}{where})")
+    hd = host_driver(plan.site, plan.release, plan.nodes)
+    if hd is not None:  # driver.mode host/runfile: what the roles install and why
+        what = f"branch {hd.version}" if "." not in hd.version else f"driver {hd.version}"
+        print(f"driver: {plan.site.driver.mode} mode installs {what} ({hd.version_why}) with the {hd.module_type} "
+              f"kernel modules ({hd.module_why})")
     if not chart and not getattr(args, "quiet", False):
         print(f"note: no operator.chart in the site and no {ENV_CHART}: apply needs --chart (checked then)",
               file=sys.stderr)

@@ -558,7 +558,12 @@ def _node_artifacts(plan: Plan) -> tuple[tuple[FileArtifact, ...], tuple[OsPacka
 
 def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kernels: Sequence[str],
                      pkgs: _Collect) -> tuple[list[str], list[str]]:
-    """The driver role's package roots on a node; (notes, the kernel header packages, in the order of kernels)."""
+    """The driver role's package roots on a node, exactly as roles/nvidia_driver/tasks/host.yml (runfile.yml) chooses
+    them: the OS map's set, whose names follow nvidia_driver_kernel_module_type (with open no proprietary module
+    package), or with nvidia_driver_prebuilt_modules its prebuilt set and the modules package of each kernel instead of
+    DKMS, build tools and headers; (notes, the kernel header packages, in the order of kernels)."""
+    from installer.render.role_vars import host_driver
+
     assert node.os_id is not None and node.os_version is not None
     site = plan.site
     mode = site.driver.mode
@@ -570,29 +575,63 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
     manager, pin = str(osm["package_manager"]), str(osm["pin"])
     version = str(rv[f"{DRIVER_ROLE}_package_version"])
     variables = {**rv, f"{DRIVER_ROLE}_package_version": version}
+    hd = host_driver(site, plan.release, plan.nodes)
     version_need = Need(DRIVER_ROLE, f"driver.version={site.driver.version}" if site.driver.version else
                         (f"driver.runfile={strip_userinfo(site.driver.runfile or '')}" if mode == "runfile" else
-                         f"driver.version unset: the role's default branch {version}"))
+                         f"driver.version unset: the release's driver branch {version} ({plan.release.version} pins "
+                         f"{hd.release_driver if hd else '?'})"))
+    module_need = Need(DRIVER_ROLE, f"kernel modules: {rv.get(f'{DRIVER_ROLE}_kernel_module_type')}"
+                       + (f" ({hd.module_why})" if hd else ""))
     mode_need = Need(DRIVER_ROLE, f"driver.mode={mode}")
     os_need = _os_need(plan, DRIVER_ROLE, os_tag)
+    prebuilt = mode == "host" and _flag(rv, f"{DRIVER_ROLE}_prebuilt_modules", False)
+    if prebuilt and not (osm.get("prebuilt_packages") and osm.get("prebuilt_modules")):
+        raise ConfigError(f"{where}: {DRIVER_ROLE}_prebuilt_modules is true, and {os_tag} has no prebuilt NVIDIA "
+                          "kernel modules (Canonical's linux-modules-nvidia-* are Ubuntu's)",
+                          hint=f"set {DRIVER_ROLE}_prebuilt_modules: false for the host (DKMS builds the module on "
+                               "the node)")
     notes: list[str] = []
     notes += _fabric_packages(plan, node, os_tag, host, pkgs, rv, osm, version, where)
     if mode == "host":
         own = _names(rv, f"{DRIVER_ROLE}_packages", where)
-        names = own or osm.get("packages") or []
+        names = own or osm.get("prebuilt_packages" if prebuilt else "packages") or []
         source = f"{DRIVER_ROLE}_packages" if own else f"vars/{os_map_file(DRIVER_ROLE, node.os_id, node.os_version).name}"
         for n in names:
             pkgs.add(os_tag, manager, _template(n, variables, where), version, pin,
-                     (mode_need, version_need, os_need, Need(DRIVER_ROLE, f"package list: {source}")), host)
+                     (mode_need, version_need, module_need, os_need, Need(DRIVER_ROLE, f"package list: {source}")),
+                     host)
         for n in _names(rv, f"{DRIVER_ROLE}_extra_packages", where) or osm.get("extra_packages") or []:
             pkgs.add(os_tag, manager, _template(n, variables, where), None, pin,
                      (mode_need, os_need, Need(DRIVER_ROLE, "companion package, unpinned")), host)
+        stream = _template(osm.get("module_stream") or "", {
+            **variables, "ansible_facts": {"distribution_major_version": node.os_version.split(".")[0]}}, where)
+        if stream:
+            pkgs.add_module(os_tag, stream)
+            notes.append(f"{os_tag}: the driver packages come from the dnf module stream {stream} (NVIDIA's RHEL 8/9 "
+                         "packaging): mirror pull resolves them with it enabled and carries its modules metadata into "
+                         "the site repository; apply enables it on the nodes before the install")
         build_need = Need(DRIVER_ROLE, "driver.mode=host: DKMS builds the kernel module on the node")
     else:
         for n in _names(rv, f"{DRIVER_ROLE}_runfile_packages", where):
             pkgs.add(os_tag, manager, _template(n, variables, where), None, pin,
                      (mode_need, os_need, Need(DRIVER_ROLE, f"{DRIVER_ROLE}_runfile_packages")), host)
         build_need = Need(DRIVER_ROLE, "driver.mode=runfile: the runfile's --dkms builds the kernel module on the node")
+    if prebuilt:
+        # no DKMS: no build tools, no headers; the modules package of each kernel (running and next), unpinned
+        for k in kernels:
+            running = k == node.kernel
+            pkgs.add(os_tag, manager, _template(osm["prebuilt_modules"], {**variables, "ansible_facts": {"kernel": k}},
+                                                where), None, pin,
+                     (mode_need, module_need, Need(DRIVER_ROLE, f"{DRIVER_ROLE}_prebuilt_modules: Canonical's prebuilt "
+                                                   + ("modules of the running kernel" if running else
+                                                      "modules of a kernel the node boots next")),
+                      Need(DRIVER_ROLE, f"gpu_install_kernel={k}" if running and plan.inventory is not None
+                           else f"--kernel {k}")), host)
+        if node.kernel is None:
+            notes.append(f"{os_tag}: the prebuilt kernel modules package of the nodes' running kernel is needed and "
+                         "that kernel is not known: give --kernel (uname -r of the nodes) with --os, or "
+                         "gpu_install_kernel in the inventory")
+        return notes, []
     if mode == "host" or _flag(rv, f"{DRIVER_ROLE}_runfile_dkms"):
         for n in osm.get("build_packages") or []:
             pkgs.add(os_tag, manager, _template(n, variables, where), None, pin, (build_need, os_need), host)
@@ -603,13 +642,6 @@ def _driver_packages(plan: Plan, node: Node, os_tag: str, host: str | None, kern
             shown = _template(headers, {**variables, "ansible_facts": {"kernel": "<kernel>"}}, where)
             notes.append(f"{os_tag}: the kernel headers ({shown}) of the nodes' running kernel are needed and that "
                          "kernel is not known: give --kernel (uname -r of the nodes) with --os, or gpu_install_kernel "
-        stream = _template(osm.get("module_stream") or "", {
-            **variables, "ansible_facts": {"distribution_major_version": node.os_version.split(".")[0]}}, where)
-        if stream:
-            pkgs.add_module(os_tag, stream)
-            notes.append(f"{os_tag}: the driver packages come from the dnf module stream {stream} (NVIDIA's RHEL 8/9 "
-                         "packaging): mirror pull resolves them with it enabled and carries its modules metadata into "
-                         "the site repository; apply enables it on the nodes before the install")
                          "in the inventory")
         for k in kernels:
             name = _template(headers, {**variables, "ansible_facts": {"kernel": k}}, where)

@@ -5,12 +5,15 @@ tests/unit/test_ansible_apply.py keeps every variable declared in the roles' met
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from installer.catalog import Release
 from installer.config import Site, runfile_version
 from installer.errors import ConfigError
+from installer.facts import Node
 
 CERTS_D = "/etc/containerd/certs.d"
 DOCKER_CERTS_D = "/etc/docker/certs.d"
@@ -39,8 +42,171 @@ def _toolkit_version(site: Site, release: Release) -> str:
     return toolkit_package_version(comp.version)
 
 
-def role_vars(site: Site, release: Release) -> dict[str, Any]:
-    """The variables Python hands to the roles (each declared in a role's meta/argument_specs.yml)."""
+# ---------------------------------------------------------------- the host driver: branch and kernel modules
+
+#: from R560 NVIDIA's installers install the open kernel modules by default (driver-facts.md, "Open and proprietary
+#: kernel modules"); before, the proprietary ones
+OPEN_DEFAULT_BRANCH = 560
+#: the first branch with open GPU kernel modules (NVIDIA/open-gpu-kernel-modules starts at 515.43.04)
+FIRST_OPEN_BRANCH = 515
+#: GPU architectures the open kernel modules do not support (they need Turing or later)
+NO_OPEN = ("Volta", "Pascal", "Maxwell", "Kepler")
+KernelModuleType = Literal["open", "proprietary"]
+
+
+@dataclass(frozen=True)
+class HostDriver:
+    """What driver.mode host/runfile installs on the nodes, and why (`config check` says both)."""
+
+    version: str  # the role's nvidia_driver_package_version: a branch (580) or an exact version
+    version_why: str
+    module_type: KernelModuleType
+    module_why: str
+    release_driver: str | None = None  # the release's pinned driver the branch comes from (driver.version unset)
+
+    @property
+    def branch(self) -> str:
+        return self.version.split(".")[0]
+
+
+def _branch_number(version: str) -> int | None:
+    head = version.split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def needs_open(node: Node) -> str | None:
+    """Why the node's GPUs need the open kernel modules (NVIDIA supports only those on Blackwell and on Grace Hopper,
+    driver-facts.md), else None. From the node's facts (Node.gpu_architectures, Node.arch)."""
+    archs = node.gpu_architectures
+    if "Blackwell" in archs:
+        return "Blackwell GPUs"
+    if "Hopper" in archs and node.arch == "aarch64":
+        return "a Grace Hopper superchip (a Hopper GPU on an aarch64 node: GH200)"
+    return None
+
+
+def no_open(node: Node) -> str | None:
+    """Why the open kernel modules cannot drive the node's GPUs (architectures before Turing), else None."""
+    old = [a for a in node.gpu_architectures if a in NO_OPEN]
+    return f"{'/'.join(old)} GPUs" if old else None
+
+
+def _facts_source(node: Node) -> str:
+    return node.facts_from or "the node facts"
+
+
+def _module_type(site: Site, branch: int | None, nodes: Sequence[Node]) -> tuple[KernelModuleType, str]:
+    """driver.kernelModuleType for the host driver, checked against what the nodes' facts say of their GPUs and against
+    the branch; raises ConfigError (exit 2) naming the host, its GPUs and the fix when the flavour cannot drive them."""
+    asked = site.driver.kernelModuleType or "auto"
+    need = [(n, why) for n in nodes if (why := needs_open(n))]
+    old = [(n, why) for n in nodes if (why := no_open(n))]
+    chosen: KernelModuleType
+    if asked == "proprietary" and need:
+        n, why = need[0]
+        raise ConfigError(
+            f"host {n.name}: driver.kernelModuleType is proprietary, and the node has {why} ({_facts_source(n)}), "
+            "which NVIDIA supports only with the open GPU kernel modules",
+            hint="set driver.kernelModuleType: open (or auto, or leave it unset: gpu-install then installs the open "
+                 "modules on these GPUs)")
+    if asked == "open" and old:
+        n, why = old[0]
+        raise ConfigError(
+            f"host {n.name}: driver.kernelModuleType is open, and the node has {why} ({_facts_source(n)}), which the "
+            "open GPU kernel modules do not support (they need Turing or later)",
+            hint="set driver.kernelModuleType: proprietary (or auto, or leave it unset)")
+    if asked in ("open", "proprietary"):
+        chosen, why = ("open" if asked == "open" else "proprietary"), f"driver.kernelModuleType: {asked}"
+    elif need and old:
+        (a, why_a), (b, why_b) = need[0], old[0]
+        raise ConfigError(
+            f"host {a.name} has {why_a}, which need the open GPU kernel modules, and host {b.name} has {why_b}, which "
+            "the open modules do not support: one driver.kernelModuleType cannot serve both",
+            hint="install them separately: a site file per group of nodes (each with its own driver.kernelModuleType), "
+                 "each applied with --limit to its group")
+    elif need:
+        n, why_n = need[0]
+        chosen, why = "open", f"auto: host {n.name} has {why_n} ({_facts_source(n)}), which need the open modules"
+    elif old:
+        n, why_o = old[0]
+        chosen, why = "proprietary", (f"auto: host {n.name} has {why_o} ({_facts_source(n)}), which the open modules "
+                                      "do not support")
+    elif branch is not None and branch >= OPEN_DEFAULT_BRANCH:
+        chosen, why = "open", f"auto: branch {branch} >= {OPEN_DEFAULT_BRANCH}, where NVIDIA's default is the open modules"
+    else:
+        chosen, why = "proprietary", (f"auto: branch {branch} < {OPEN_DEFAULT_BRANCH}, where NVIDIA's default is the "
+                                      "proprietary modules" if branch is not None else "auto: proprietary")
+    if chosen == "open" and branch is not None and branch < FIRST_OPEN_BRANCH:
+        raise ConfigError(f"the host driver's kernel modules are open ({why}), and driver branch {branch} has none "
+                          f"(NVIDIA publishes open GPU kernel modules from R{FIRST_OPEN_BRANCH})",
+                          hint=f"pin a branch from {FIRST_OPEN_BRANCH} on in driver.version"
+                               + ("" if need else ", or set driver.kernelModuleType: proprietary"))
+    return chosen, why
+
+
+def host_driver(site: Site, release: Release, nodes: Sequence[Node] = ()) -> HostDriver | None:
+    """driver.mode host/runfile: the version the role pins and the kernel modules' flavour, each with where it comes
+    from (None in the other modes). host: driver.version, else the branch of the release's pinned driver (the
+    catalog's driver component: the operator's own default); runfile: the runfile's exact version. The flavour:
+    driver.kernelModuleType, auto (or unset) resolved from the branch and the nodes' GPUs (_module_type)."""
+    mode = site.driver.mode
+    if mode == "runfile":
+        version = site.driver.version or runfile_version(site.driver.runfile or "") or ""
+        why = "driver.version" if site.driver.version else "the version in driver.runfile's name"
+    elif mode == "host":
+        if site.driver.version:
+            version, why = site.driver.version, "driver.version in the site pins it"
+        else:
+            comp = release.components.get("driver")
+            pinned = comp.version if comp else None
+            if not pinned or _branch_number(pinned) is None:
+                raise ConfigError(f"operator {release.version}: the catalog pins no driver version to take the host "
+                                  "driver's branch from", hint="set driver.version (a branch such as 580, or a version)")
+            version = str(_branch_number(pinned))
+            why = f"the release {release.version} pins driver {pinned}; driver.version unset"
+            module_type, module_why = _module_type(site, _branch_number(version), nodes)
+            return HostDriver(version, why, module_type, module_why, pinned)
+    else:
+        return None
+    module_type, module_why = _module_type(site, _branch_number(version), nodes)
+    return HostDriver(version, why, module_type, module_why)
+
+
+def open_only_devices() -> tuple[dict[str, str], dict[str, str]]:
+    """PCI device ids (0x2901) of the GPUs NVIDIA supports only with the open kernel modules, from the shipped PCI id
+    table (installer/data/nvidia-pci-ids.tsv) -> what they are: Blackwell GPUs (chips GB*) anywhere, and Hopper GPUs
+    (GH100) that are open-only on an aarch64 node (Grace Hopper). NVSwitches are not GPUs and are left out."""
+    from installer.node_facts import architecture_of, pci_table
+
+    anywhere: dict[str, str] = {}
+    aarch64: dict[str, str] = {}
+    for dev, (chip, name) in sorted(pci_table().items()):
+        if "NVSwitch" in name:
+            continue
+        arch = architecture_of(chip)
+        if arch == "Blackwell":
+            anywhere[dev] = f"{name} ({chip}, Blackwell)"
+        elif arch == "Hopper":
+            aarch64[dev] = f"{name} ({chip}, Hopper: Grace Hopper on an aarch64 node)"
+    return anywhere, aarch64
+
+
+def _host_driver_vars(site: Site, release: Release, nodes: Sequence[Node]) -> dict[str, Any]:
+    """The nvidia_driver role's version, kernel modules flavour and open-only device ids (host/runfile modes)."""
+    hd = host_driver(site, release, nodes)
+    if hd is None:
+        # operator/precompiled/preinstalled: the role only checks for host drivers; driver.version as given
+        return {"nvidia_driver_package_version": site.driver.version} if site.driver.version else {}
+    anywhere, aarch64 = open_only_devices()
+    return {"nvidia_driver_package_version": hd.version,
+            "nvidia_driver_kernel_module_type": hd.module_type,
+            "nvidia_driver_open_only_devices": anywhere,
+            "nvidia_driver_open_only_aarch64_devices": aarch64}
+
+
+def role_vars(site: Site, release: Release, nodes: Sequence[Node] = ()) -> dict[str, Any]:
+    """The variables Python hands to the roles (each declared in a role's meta/argument_specs.yml). nodes: the GPU
+    nodes of the plan (their facts decide the host driver's kernel modules, see host_driver)."""
     from installer import features
 
     host_toolkit = site.toolkit.mode == "host"  # operator mode: the toolkit container configures the runtime
@@ -71,13 +237,12 @@ def role_vars(site: Site, release: Release) -> dict[str, Any]:
         "nvidia_driver_mode": site.driver.mode,
         "nvidia_driver_reboot": site.driver.rebootPolicy,
         "nvidia_driver_serial": str(site.driver.serial),
-        # site driver.version, else the role's default branch (the catalog's driver is the operator's container)
-        **({"nvidia_driver_package_version": site.driver.version} if site.driver.version else {}),
-        # driver.mode runfile: the .run installer (URL in the site's file mirror or a controller path), its sha256 and
-        # the exact version (driver.version, else the one in the file name; the site model checked they agree)
+        # host: driver.version, else the branch of the release's pinned driver; runfile: the exact version (driver.version,
+        # else the one in the file name; the site model checked they agree); with them the kernel modules' flavour
+        **_host_driver_vars(site, release, nodes),
+        # driver.mode runfile: the .run installer (URL in the site's file mirror or a controller path) and its sha256
         **({"nvidia_driver_runfile": site.driver.runfile,
-            "nvidia_driver_runfile_sha256": site.driver.runfileSha256 or "",
-            "nvidia_driver_package_version": site.driver.version or runfile_version(site.driver.runfile or "")}
+            "nvidia_driver_runfile_sha256": site.driver.runfileSha256 or ""}
            if site.driver.mode == "runfile" else {}),
         # the site's signed package repository (mirror push --repo-dir) wherever the roles install packages
         "package_repo_enabled": bool(site.packages.url) and (host_toolkit or site.driver.mode in ("host", "runfile")),

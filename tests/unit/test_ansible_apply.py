@@ -82,7 +82,8 @@ def test_role_vars_mapping():
 
 def test_role_vars_driver_and_toolkit():
     ev = role_vars_of(site())
-    assert ev["nvidia_driver_mode"] == "host" and "nvidia_driver_package_version" not in ev  # the role's default branch
+    assert ev["nvidia_driver_mode"] == "host" and ev["nvidia_driver_package_version"] == "550"  # v24.9.2's branch
+    assert ev["nvidia_driver_kernel_module_type"] == "proprietary"  # auto below R560
     assert ev["nvidia_container_toolkit_enabled"] and ev["nvidia_container_toolkit_version"] == "1.17.4"  # v24.9.2
     ev = role_vars_of(site(driver={"mode": "precompiled", "version": "550"}, toolkit={"mode": "host", "version": "1.17.8"}))
     assert ev["nvidia_driver_mode"] == "precompiled" and ev["nvidia_driver_package_version"] == "550"

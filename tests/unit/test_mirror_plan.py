@@ -155,14 +155,14 @@ def test_host_driver_on_debian12():
     (osp,) = ap.packages
     assert (osp.os, osp.manager) == ("debian12", "apt")
     assert packages(ap, "debian12") == {
-        "nvidia-driver": "nvidia-driver=535*", "nvidia-smi": "nvidia-smi=535*",
-        "nvidia-kernel-dkms": "nvidia-kernel-dkms=535*", "nvidia-persistenced": "nvidia-persistenced",
+        "nvidia-driver": "nvidia-driver=550*", "nvidia-smi": "nvidia-smi=550*",
+        "nvidia-kernel-dkms": "nvidia-kernel-dkms=550*", "nvidia-persistenced": "nvidia-persistenced",
         "linux-headers-6.1.0-28-amd64": "linux-headers-6.1.0-28-amd64",
         "dkms": "dkms", "gcc": "gcc", "make": "make"}
     version = {p.name: p.version for p in osp.packages}
-    assert version["nvidia-driver"] == "535" and version["nvidia-persistenced"] is None
+    assert version["nvidia-driver"] == "550" and version["nvidia-persistenced"] is None  # v24.9.2's driver branch
     need = {p.name: [n.setting for n in p.needs] for p in osp.packages}
-    assert "driver.version unset: the role's default branch 535" in need["nvidia-driver"]
+    assert "driver.version unset: the release's driver branch 550 (v24.9.2 pins 550.144.03)" in need["nvidia-driver"]
     assert "--os debian12" in need["nvidia-driver"]
 
 
@@ -184,7 +184,7 @@ def test_host_driver_and_toolkit_on_the_rhel_family(os_id, version):
     (osp,) = ap.packages
     assert osp.manager == "dnf"
     got = packages(ap, tag)
-    assert got["nvidia-driver"] == "nvidia-driver-535*" and got["kmod-nvidia-latest-dkms"] == "kmod-nvidia-latest-dkms-535*"
+    assert got["nvidia-driver"] == "nvidia-driver-550*" and got["kmod-nvidia-latest-dkms"] == "kmod-nvidia-latest-dkms-550*"
     assert got["kernel-devel-5.14.0-427.el9.x86_64"] == "kernel-devel-5.14.0-427.el9.x86_64"
     assert got["nvidia-container-toolkit"] == "nvidia-container-toolkit-1.17.4*"  # v24.9.2's toolkit
     assert {"dkms", "gcc", "make"} <= set(got)
@@ -262,7 +262,7 @@ def test_the_inventorys_role_variables_are_honoured(tmp_path):
     assert deb["nvidia-driver"].hosts == ("g1", "g2")
     assert "gpu_install_kernel=6.1.0-28-amd64" in [n.setting for n in deb["linux-headers-6.1.0-28-amd64"].needs]
     rocky = packages(ap, "rocky9.5")
-    assert rocky["kmod-nvidia-open-dkms"] == "kmod-nvidia-open-dkms-535*" and "kmod-nvidia-latest-dkms" not in rocky
+    assert rocky["kmod-nvidia-open-dkms"] == "kmod-nvidia-open-dkms-550*" and "kmod-nvidia-latest-dkms" not in rocky
     assert "kernel-devel-6.1.0-31-amd64" not in rocky and "kernel-devel-5.14.0-503.14.1.el9_5.x86_64" in rocky
     with pytest.raises(ConfigError, match=r"--kernel 6.1.0-31-amd64: the inventory's GPU nodes run 2 OSes "
                                           r"\(debian12, rocky9.5\)"):
@@ -328,7 +328,7 @@ def test_why_answers(cli, host_site):
             "--kernel", "ubuntu22.04=5.15.0-105-generic")
     rc, out, err = cli(*base, "--why", "nvidia-driver")
     assert rc == 0, err
-    assert "package rocky9.4/nvidia-driver" in out and "dnf nvidia-driver-535*" in out
+    assert "package rocky9.4/nvidia-driver" in out and "dnf nvidia-driver-550*" in out
     assert "needed by nvidia_driver:" in out and "driver.mode=host" in out
     rc, out, _ = cli(*base, "--why", "ubuntu22.04/nvidia-container-toolkit")
     assert rc == 0 and out.count("package ") == 1 and "toolkit.mode=host" in out
@@ -374,8 +374,8 @@ def test_json_schema_is_stable(cli, host_site):
     assert list(osp) == ["os", "manager", "closure", "hosts", "roots"]
     assert (osp["os"], osp["manager"], osp["closure"], osp["hosts"]) == ("ubuntu22.04", "apt", "resolved at pull", [])
     assert all(list(r) == ["name", "version", "match", "spec", "hosts", "needs"] for r in osp["roots"])
-    root = next(r for r in osp["roots"] if r["name"] == "nvidia-driver-535-server")
-    assert (root["version"], root["match"], root["spec"]) == ("535", "prefix", "nvidia-driver-535-server=535*")
+    root = next(r for r in osp["roots"] if r["name"] == "nvidia-driver-550-server")
+    assert (root["version"], root["match"], root["spec"]) == ("550", "prefix", "nvidia-driver-550-server=550*")
     # deterministic
     assert cli("mirror", "plan", "-s", host_site, "--os", "ubuntu22.04", "--kernel", "5.15.0-105-generic",
                "--format", "json")[1] == out
