@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -155,6 +156,40 @@ def test_packages_come_from_the_lab_repo(rt):
         root(handle, node, "test -x /usr/bin/nvidia-container-runtime && "
                            "grep -q 'exec runc' /usr/bin/nvidia-container-runtime")
         assert "1.6.20" in root(handle, node, "containerd --version").stdout
+
+
+def test_inventory_values_that_are_not_the_nodes_stop_apply_at_preflight_nothing_changed(rt):
+    """Preflight compares the inventory's node variables with the node (issue 38 item 7). node1 is said to run
+    ubuntu22.04 and another kernel: exit 3 naming both variables with the inventory's and the node's values; node2,
+    whose values (os, kernel, arch, nvswitch) are the node's, passes; the site playbook never starts, so the nodes
+    keep the site's own containerd config (this runs before the module's first apply)."""
+    handle, apply, work = rt
+    kernel = os.uname().release  # the lab's nodes run the bastion's kernel
+    wrong_kernel = "5.15.0-105-generic" if kernel != "5.15.0-105-generic" else "6.8.0-45-generic"
+    inv = work / "facts-inventory"
+    inv.mkdir()
+    for f in apply.inventory.iterdir():
+        (inv / f.name).write_text(f.read_text())
+    (inv / "zz-facts.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        "node1": {"gpu_install_os": "ubuntu22.04", "gpu_install_kernel": wrong_kernel},
+        "node2": {"gpu_install_os": "debian12", "gpu_install_kernel": kernel, "gpu_install_arch": platform.machine(),
+                  "gpu_install_nvswitch": False}}}}))
+    wrong = Applier(inv, work / "state-facts")
+    proc = wrong(write_site(work, "containerd"))
+    assert proc.returncode == 3, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    error = proc.stderr.split("error:")[-1]
+    assert "preflight failed on node1: " in error and "node2" not in error, error
+    assert "host node1: gpu_install_os is 'ubuntu22.04' in the inventory, the node runs 'debian12'" in error, error
+    assert f"host node1: gpu_install_kernel is '{wrong_kernel}' in the inventory, the node runs '{kernel}'" in error
+    assert "correct the inventory, or regenerate it from `gpu-install nodes facts -i INV -o facts.json`" in error
+    runs = sorted((work / "state-facts" / "runs").iterdir())
+    assert [r.name.split("-", 1)[1] for r in runs] == ["preflight"], runs  # no site.yml run
+    stats = next(json.loads(ev.read_text())["event_data"] for ev in
+                 (runs[0] / "artifacts" / "run" / "job_events").glob("*.json") if '"playbook_on_stats"' in ev.read_text())
+    assert stats["failures"] == {"node1": 1} and stats["ok"]["node2"] >= 1, stats
+    for node in NODES:
+        assert root(handle, node, "cat /etc/containerd/config.toml").stdout == CONTAINERD_TOML
+        assert root(handle, node, "test -e /etc/containerd/conf.d/99-nvidia.toml", check=False).returncode == 1
 
 
 def test_containerd_apply_then_changed_0(rt):
