@@ -753,7 +753,7 @@ def container_table(path: Path | None = None) -> ContainerTable:
 def _container_table(path: Path) -> ContainerTable:
     from installer.safefile import parse_yaml, read_text
 
-    what = "the driver container package table"
+    what = "driver container package table"
     doc = parse_yaml(read_text(path, what, limit=CONTAINER_TABLE_LIMIT), str(path), aliases=False)
     try:
         return ContainerTable.model_validate(doc)
@@ -761,7 +761,7 @@ def _container_table(path: Path) -> ContainerTable:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(top)"
         raise ConfigError(f"{path}: {where}: {err['msg'].removeprefix('Value error, ')}",
-                          hint=f"{what} ships with gpu-install: restore it from the release, or fix that entry "
+                          hint=f"the {what} ships with gpu-install: restore it from the release, or fix that entry "
                                "(its header comment describes the fields)") from None
 
 
