@@ -95,7 +95,9 @@ def plan_text(p: ArtifactPlan) -> str:
                            [(f.name, f.source, f.sha256 or "-", _needs(f)) for f in p.files]))
     for o in p.packages:
         hosts = f"; hosts {', '.join(o.hosts)}" if o.hosts else ""
-        parts.append(table(f"\nPackages for {o.os} ({o.manager}, {len(o.packages)} roots; closure resolved at pull{hosts})",
+        streams = f"; dnf module stream {', '.join(o.modules)} enabled" if o.modules else ""
+        parts.append(table(f"\nPackages for {o.os} ({o.manager}, {len(o.packages)} roots{streams}; closure resolved at "
+                           f"pull{hosts})",
                            ["package", "version", "asks for", "needed by"],
                            [(k.name, k.version or "-", k.spec, k.needs[0].component + ": " + _needs(k, skip_os=True))
                             for k in o.packages]))

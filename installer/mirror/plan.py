@@ -174,7 +174,8 @@ class OsPackages:
 
     def as_dict(self) -> dict[str, Any]:
         return {"os": self.os, "manager": self.manager, "closure": CLOSURE, "hosts": list(self.hosts),
-                "modules": list(self.modules), "roots": [p.as_dict() for p in self.packages]}
+                **({"modules": list(self.modules)} if self.modules else {}),
+                "roots": [p.as_dict() for p in self.packages]}
 
 
 @dataclass(frozen=True)

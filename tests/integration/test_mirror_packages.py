@@ -539,3 +539,151 @@ def test_operator_mode_carries_the_driver_containers_kernel_packages(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ---------------------------------------------------------------- RHEL 8/9 host mode: the driver's dnf module stream
+
+
+def _stream_site(tmp: Path, upstream: str, key: Path, kmt: str, version: str = "580.82.07") -> Path:
+    site = {"operator": {"version": "v25.10.1"}, "registry": {"host": "127.0.0.1:9"},
+            "driver": {"mode": "host", "version": version, "kernelModuleType": kmt}, "toolkit": {"mode": "operator"},
+            "mirror": {"packageRepositories": {"rocky9.4": [{"url": upstream, "key": str(key)}]},
+                       "trustedKeys": [str(tmp / "connected-key" / "signing-key.pub.pem")]}}
+    path = tmp / f"site-stream-{kmt}-{version}.yaml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
+def _stream_pull(site: Path, bundle: Path) -> tuple[list[str], dict, object]:
+    from installer.config import load_site
+    from installer.mirror import bundle as lockfile
+    from installer.mirror import images, packages
+    from installer.plan import Options, resolve
+    from installer.signing import load_or_create
+
+    plan = resolve(load_site(site), Options(os_tags=("rocky9.4",)))
+    lines: list[str] = []
+    images.pull(plan, [], bundle, finish=False)
+    try:
+        packages.pull(plan.site, plan.artifacts(()).packages, bundle, say=lines.append)
+    finally:
+        lock = lockfile.finish(bundle, load_or_create(site.parent / "connected-key"))
+    return lines, lock, plan
+
+
+def test_driver_module_stream_through_pull_push_and_dnf(up, tmp_path):
+    """RHEL 9 host mode with open modules against a STAND-IN of NVIDIA's RHEL 9 repository (gpu_install_lab.
+    standin_modules: nvidia-driver:580-open and :580-dkms at 580.82.07 and 580.95.05, default stream 580-dkms, signed
+    by the upstream key; dkms/gcc/make/elfutils-libelf-devel STAND-INs beside): pull enables 580-open in its installroot
+    (the default stream would give the proprietary module) and carries exactly that stream's metadata; push publishes
+    it (modifyrepo_c) in the signed site repository, where the real dnf, gpgcheck and repo_gpgcheck on, sees only that
+    stream, hides its packages until it is enabled, then installs the pinned open packages; a second bundle of the
+    proprietary flavour adds its stream to what the repository publishes; the package check reads the streams back;
+    a stream the upstream lacks fails the pull naming those it has."""
+    from gpu_install_lab import standin_modules
+    from installer.config import load_site
+    from installer.mirror import packages
+    from installer.mirror.packages import check_repo, modulemd
+
+    upstream = standin_modules.module_repository(up.www / "nvidia-rhel9", up.www.with_name(up.www.name + "-gnupg"),
+                                                 tools=True)
+    url = f"{up.url}/{upstream.name}"
+    site = _stream_site(tmp_path, url, up.key, "open")
+    bundle = tmp_path / "bundle"
+    lines, lock, plan = _stream_pull(site, bundle)
+    assert lock["complete"] is True and lock["failed"] == [], lock["failed"]
+    assert plan.artifacts(()).packages[0].modules == ("nvidia-driver:580-open",)
+    assert any("module stream(s) nvidia-driver:580-open enabled" in ln for ln in lines), lines
+    assert f"packages rocky9.4: module stream nvidia-driver:580-open: 1 modules document(s) from {url}" in lines, lines
+    (rec,) = lock["packageSets"]
+    assert rec["modules"] == ["nvidia-driver:580-open"]
+    rpms = {(e["name"], e["version"].split("-")[0]) for e in lock["packages"] if e.get("name")}
+    assert {("kmod-nvidia-open-dkms", "3:580.82.07"), ("nvidia-driver", "3:580.82.07"),
+            ("nvidia-driver-cuda", "3:580.82.07"), ("dkms", "1.0")} <= rpms, rpms
+    assert not any(n == "kmod-nvidia-latest-dkms" for n, _ in rpms), rpms  # the default stream's: not resolved
+    (mod,) = [e for e in lock["packages"] if e.get("modules")]
+    assert mod["file"] == "packages/rocky9.4/modules/modules.yaml" and mod["source"] == url
+    assert _sha(bundle / mod["file"]) == mod["sha256"]
+    carried = modulemd.read_file(bundle / mod["file"])
+    assert {s.spec for s in carried} == {"nvidia-driver:580-open"}  # not 580-dkms, not the defaults document
+    assert "modulemd-defaults" not in (bundle / mod["file"]).read_text()
+
+    repo, home = tmp_path / "repo", tmp_path / "signing"
+    proc = _gi("mirror", "push", str(bundle), "-s", str(site), "--repo-dir", str(repo), "--signing-home", str(home))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dnf module streams nvidia-driver:580-open in its modules metadata" in proc.stdout + proc.stderr
+    served, server = package_upstreams.serve(repo)
+    try:
+        work = tmp_path / "node"
+        (work / "repos").mkdir(parents=True)
+        (work / "dnf.conf").write_text("[main]\n")
+        (work / "repos" / "gpu-install.repo").write_text(  # what roles/package_repo writes on a RHEL-family node
+            f"[gpu-install]\nname=site\nbaseurl={served}/packages/rocky9.4\nenabled=1\ngpgcheck=1\nrepo_gpgcheck=1\n"
+            f"gpgkey=file://{repo / packages.SITE_KEY} {served}/packages/rocky9.4/{packages.UPSTREAM_KEYS}\n"
+            "metadata_expire=0\n")
+
+        def dnf(*argv: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                ["dnf", "-y", "-q", "--disableplugin=*", f"--config={work / 'dnf.conf'}", f"--installroot={work / 'root'}",
+                 f"--setopt=reposdir={work / 'repos'}", f"--setopt=cachedir={work / 'cache'}", "--releasever=9",
+                 "--forcearch=x86_64", "--setopt=module_platform_id=platform:el9", *argv],
+                capture_output=True, text=True, timeout=300, env={**os.environ, "LC_ALL": "C"})
+
+        listed = dnf("module", "list", "nvidia-driver")
+        assert listed.returncode == 0 and "580-open" in listed.stdout and "580-dkms" not in listed.stdout, listed
+        hidden = dnf("list", "--available", "kmod-nvidia-open-dkms")  # modular, its stream not enabled yet
+        assert hidden.returncode != 0 and "kmod-nvidia-open-dkms" not in hidden.stdout, hidden.stdout
+        assert dnf("module", "enable", "nvidia-driver:580-open").returncode == 0
+        got = dnf("install", "kmod-nvidia-open-dkms-580.82.07*", "nvidia-driver-580.82.07*")
+        assert got.returncode == 0, got.stdout + got.stderr
+        names = subprocess.run(["rpm", "--root", str(work / "root"), "-qa", "--qf", "%{NAME}-%{VERSION}\n"],
+                               capture_output=True, text=True, timeout=60).stdout.split()
+        if not names:  # Debian's rpm keeps its database elsewhere by default
+            names = subprocess.run(["rpm", "--root", str(work / "root"), "--dbpath", "/var/lib/rpm", "-qa", "--qf",
+                                    "%{NAME}-%{VERSION}\n"], capture_output=True, text=True, timeout=60).stdout.split()
+        assert "kmod-nvidia-open-dkms-580.82.07" in names and "nvidia-driver-580.82.07" in names, names
+
+        # apply's package check (the plan's streams) and verify --bundle (the lock's): the stream is published
+        checked = _with_packages(site, served, repo / packages.SITE_KEY, tmp_path)
+        p = resolve_packages(checked)
+        assert check_repo(load_site(checked), sets=p) == []
+        assert check_repo(load_site(checked), lock=lock) == []
+        dkms_site = _with_packages(_stream_site(tmp_path, url, up.key, "proprietary"), served,
+                                   repo / packages.SITE_KEY, tmp_path)
+        assert check_repo(load_site(dkms_site), sets=resolve_packages(dkms_site)) == [
+            "  rocky9.4: dnf module stream nvidia-driver:580-dkms: not in the site repository's modules metadata "
+            "(it has nvidia-driver:580-open)",
+            "  rocky9.4/kmod-nvidia-latest-dkms-580.82.07*: not in the site repository"]
+
+        # a second bundle, the proprietary flavour, into the same repository: both streams published
+        bundle2 = tmp_path / "bundle-dkms"
+        _, lock2, _ = _stream_pull(_stream_site(tmp_path, url, up.key, "proprietary"), bundle2)
+        assert lock2["complete"] is True, lock2["failed"]
+        proc = _gi("mirror", "push", str(bundle2), "-s", str(site), "--repo-dir", str(repo), "--signing-home",
+                   str(home))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "dnf module streams nvidia-driver:580-dkms, nvidia-driver:580-open" in proc.stdout + proc.stderr
+        assert check_repo(load_site(dkms_site), sets=resolve_packages(dkms_site)) == []
+        assert {s.spec for s in modulemd.read_file(repo / "packages" / "rocky9.4" / "modules" / "streams.yaml")} == {
+            "nvidia-driver:580-open", "nvidia-driver:580-dkms"}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    # a branch the upstream has no stream of: the pull fails naming the streams it has, nothing carried
+    from installer.mirror.common import PackageFailures
+
+    with pytest.raises(PackageFailures) as err:
+        _stream_pull(_stream_site(tmp_path, url, up.key, "open", "590"), tmp_path / "bundle-590")
+    assert ("rocky9.4 (dkms, elfutils-libelf-devel, gcc, kmod-nvidia-open-dkms-590*, make, nvidia-driver-590*, "
+            "nvidia-driver-cuda-590*, nvidia-persistenced): dnf module stream nvidia-driver:590-open is not in "
+            "mirror.packageRepositories.rocky9.4 (the module nvidia-driver is, with the streams 580-dkms, 580-open)"
+            ) in err.value.message, err.value.message
+    assert not list((tmp_path / "bundle-590" / "packages" / "rocky9.4").glob("*.rpm"))
+
+
+def resolve_packages(site: Path):
+    from installer.config import load_site
+    from installer.plan import Options, resolve
+
+    return resolve(load_site(site), Options(os_tags=("rocky9.4",))).artifacts(()).packages

@@ -53,8 +53,15 @@ def test_plan_lists_the_stream_of_the_branch_and_flavour(tmp_path):
     assert {"kmod-nvidia-open-dkms-580.82.07*", "nvidia-driver-580.82.07*"} <= roots
     assert not any(r.startswith("kmod-nvidia-latest-dkms") for r in roots)
     doc = arts.as_dict()
-    assert [p["modules"] for p in doc["packages"]] == [["nvidia-driver:580-open"], ["nvidia-driver:580-open"], []]
+    assert [p.get("modules") for p in doc["packages"]] == [["nvidia-driver:580-open"], ["nvidia-driver:580-open"],
+                                                           None]  # a key of the dnf OSes with streams only
+    assert list(doc["packages"][0]) == ["os", "manager", "closure", "hosts", "modules", "roots"]
     assert any("dnf module stream nvidia-driver:580-open" in n for n in arts.notes)
+    from installer.cli.mirror import plan_text
+
+    text = plan_text(arts)
+    assert "roots; dnf module stream nvidia-driver:580-open enabled; closure resolved at pull)" in text, text
+    assert text.count("dnf module stream nvidia-driver:580-open enabled") == 2  # rocky9.4, rhel8.10; not Ubuntu
     prop = _plan(tmp_path, {"mode": "host", "version": "535", "kernelModuleType": "proprietary"})
     assert prop.packages[0].modules == ("nvidia-driver:535-dkms",)
     assert "kmod-nvidia-latest-dkms-535*" in {p.spec for p in prop.packages[0].packages}
