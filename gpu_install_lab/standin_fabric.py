@@ -11,15 +11,22 @@ says STAND-IN:
   message ("fabric manager NVIDIA GPU driver interface version X don't match with driver version Y. Please update
   with matching NVIDIA driver package."). The driver's version is the loaded module's (/sys/module/nvidia/version)
   when one is loaded, else -- the lab never loads one -- the upstream version of the package that owns
-  /usr/bin/nvidia-smi (dpkg). Started, it keeps gpu_install_lab.gpus.FABRIC_STATE until it stops: the node's
+  /usr/bin/nvidia-smi (dpkg; Debian's is an alternatives link to /usr/lib/nvidia/current/nvidia-smi). Started, it keeps gpu_install_lab.gpus.FABRIC_STATE until it stops: the node's
   STAND-IN nvidia-smi reports the GPUs' fabric Completed / Success while that file exists (gpus.py);
 - libnvidia-nscq-<branch>: a document only (the real one is the NVSwitch configuration and query library).
 
 Put them into a lab with `gpu-install lab repo-add $(...)`. See docs/lab.md.
+
+nvswitch_pci_command(): the lab's nodes share the bastion's PCI bus, which has no NVIDIA function. On a node that
+stands for an HGX board the command makes /sys/bus/pci/devices (inside that node only: a directory under /run
+bind-mounted over it) list NVIDIA GPUs and NVSwitches as sysfs does (vendor, device, class files), so that everything
+that reads the node's PCI bus -- preflight's gpu_install_nvswitch comparison, the driver role's detection, validate's
+probe -- sees an NVSwitch node. pci_undo_command() puts the node's own bus back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpu_install_lab.gpus import FABRIC_STATE
@@ -41,7 +48,8 @@ case "${1:-}" in
 esac
 drv=$(cat /sys/module/nvidia/version 2>/dev/null)
 if [ -z "$drv" ]; then
-  owner=$(dpkg-query -S /usr/bin/nvidia-smi 2>/dev/null | head -n 1 | cut -d: -f1)
+  smi=$(readlink -f /usr/bin/nvidia-smi 2>/dev/null) || smi=/usr/bin/nvidia-smi
+  owner=$(dpkg-query -S "$smi" 2>/dev/null | head -n 1 | cut -d: -f1)
   [ -n "$owner" ] && drv=$(dpkg-query -W -f '${Version}' "$owner" 2>/dev/null)
   drv=${drv#*:}
   drv=${drv%%-*}
@@ -96,3 +104,29 @@ def standin_fabric_debs(version: str = NVIDIA_VERSION) -> list[Path]:
                      {"nv-fabricmanager": daemon, f"/lib/systemd/system/{UNIT}": unit}),
         _standin_deb(nscq, f"{version}-1", f"Description: gpu-install lab STAND-IN for NVIDIA NSCQ {version}\n{note}", {}),
     ]
+
+
+#: where a node's STAND-IN PCI functions are made (inside the node), bind-mounted over its /sys/bus/pci/devices
+PCI_DIR = "/run/gpu-install-lab/pci-devices"
+SYS_PCI = "/sys/bus/pci/devices"
+H100_SXM = "0x2330"  # H100 SXM5 80GB (installer/data/nvidia-pci-ids.tsv)
+H100_NVSWITCH = "0x22a3"
+
+
+def nvswitch_pci_command(gpu_bus_ids: Sequence[str], nvswitches: int = 4, gpu_device: str = H100_SXM) -> str:
+    """A shell command (run as root on a lab node) after which the node's /sys/bus/pci/devices lists NVIDIA GPUs at
+    these bus ids (nvidia-smi's form, 00000000:10:00.0: the STAND-IN nvidia-smi's GPUs) and `nvswitches` H100
+    NVSwitches (class 0x068000) at 0000:05:00.0 and on, and nothing else. Idempotent."""
+    funcs = [(f"0000:{b.split(':', 1)[1].lower()}", gpu_device, "0x030200") for b in gpu_bus_ids]
+    funcs += [(f"0000:{5 + i:02x}:00.0", H100_NVSWITCH, "0x068000") for i in range(nvswitches)]
+    lines = ["set -e", f"mountpoint -q {SYS_PCI} && umount {SYS_PCI}", f"rm -rf {PCI_DIR}"]
+    for addr, device, klass in funcs:
+        lines.append(f"mkdir -p {PCI_DIR}/{addr} && printf '0x10de\\n' > {PCI_DIR}/{addr}/vendor"
+                     f" && printf '{device}\\n' > {PCI_DIR}/{addr}/device && printf '{klass}\\n' > {PCI_DIR}/{addr}/class")
+    lines.append(f"mount --bind {PCI_DIR} {SYS_PCI}")
+    return "\n".join(lines) + "\n"
+
+
+def pci_undo_command() -> str:
+    """The node's own PCI bus again (undoes nvswitch_pci_command)."""
+    return f"if mountpoint -q {SYS_PCI}; then umount {SYS_PCI}; fi; rm -rf {PCI_DIR}\n"

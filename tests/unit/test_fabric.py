@@ -387,6 +387,15 @@ def test_standin_fabric_manager_refuses_another_driver_version(tmp_path):
     subprocess.run(["dpkg-deb", "-x", str(fm), str(tree)], check=True)
     unit = (tree / "lib/systemd/system/nvidia-fabricmanager.service").read_text()
     assert "Type=forking" in unit and f"ExecStopPost=/bin/rm -f {FABRIC_STATE}" in unit
+    # the daemon as packaged, its state and pid files in tmp_path and no process left behind (`true`, not `sleep`)
+    from gpu_install_lab.standin_fabric import PID_FILE
+
+    script = tmp_path / "nv-fabricmanager"
+    text = (tree / "usr/bin/nv-fabricmanager").read_text()
+    assert f"STATE={FABRIC_STATE}\n" in text and f"PIDFILE={PID_FILE}\n" in text and text.count("sleep infinity") == 1
+    script.write_text(text.replace(FABRIC_STATE, str(tmp_path / "state")).replace(PID_FILE, str(tmp_path / "pid"))
+                      .replace("sleep infinity", "true"))
+    script.chmod(0o755)
     fake = tmp_path / "bin"
     fake.mkdir()
 
@@ -395,7 +404,7 @@ def test_standin_fabric_manager_refuses_another_driver_version(tmp_path):
             "#!/bin/sh\ncase \"$1\" in -S) " + ("echo 'nvidia-smi: /usr/bin/nvidia-smi';;" if version else "exit 1;;")
             + f" -W) printf '%s' '{version}';; esac\n")
         (fake / "dpkg-query").chmod(0o755)
-        return subprocess.run([str(tree / "usr/bin/nv-fabricmanager"), "-c", "/dev/null"], capture_output=True,
+        return subprocess.run([str(script), "-c", "/dev/null"], capture_output=True,
                               text=True, env={"PATH": f"{fake}:/usr/bin:/bin"}, timeout=30)
 
     other = run("535.309.02-1~deb12u1")
@@ -404,7 +413,9 @@ def test_standin_fabric_manager_refuses_another_driver_version(tmp_path):
             "Please update with matching NVIDIA driver package.") in other.stderr
     none = run("")
     assert none.returncode == 1 and "no NVIDIA driver installed" in none.stderr
-    assert not Path(FABRIC_STATE).exists()
+    assert not (tmp_path / "state").exists()
+    same = run("535.309.01-0+deb12u1")  # Debian's revision of the same upstream version
+    assert same.returncode == 0 and (tmp_path / "state").read_text() == "Completed 535.309.01\n"
 
 
 def test_lab_nvswitch_node_config_and_the_node_smi_on_a_running_node(tmp_path):
