@@ -29,6 +29,11 @@ from tests.unit.library_modules import load_module
 dms = load_module("dnf_module_stream")
 
 
+@pytest.fixture(autouse=True)
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_INSTALL_STATE", str(tmp_path / "state"))  # the seam's run records
+
+
 # ---------------------------------------------------------------- the plan's stream
 
 
@@ -333,3 +338,75 @@ def test_module_refuses_a_stream_not_offered_and_passes_a_repository_without_mod
     assert flat.state() == ""
     # without modules metadata the packages are not modular: installable directly
     assert "kmod-nvidia-open-dkms" in flat.dnf("-q", "list", "--available", "kmod-nvidia-*").stdout
+
+
+# ---------------------------------------------------------------- the role's install tasks with the real dnf
+
+
+def test_role_install_tasks_enable_the_stream_and_install_only_the_flavour(nvrepo, tmp_path):
+    """roles/nvidia_driver/tasks/install-dnf.yml with vars/RedHat.yml, through the real seam against a private
+    installroot (module_defaults point the stream module and ansible.builtin.dnf there): check mode reports the stream
+    and the install and changes nothing; the apply enables nvidia-driver:580-open, records the state before and
+    installs the open packages at the pin (580.82.07, the stream also holds 580.95.05); a second apply changes
+    nothing; the proprietary flavour switches the stream through a reset and says so, the record keeping the first."""
+    from installer import ansible as seam
+    from installer import content
+
+    system_python = "/usr/bin/python3"
+    need(subprocess.run([system_python, "-c", "import dnf"], capture_output=True).returncode == 0,
+         "the system Python has no dnf bindings (python3-dnf), which ansible.builtin.dnf needs")
+    node = Node(tmp_path, nvrepo["modular"])
+    conf = tmp_path / "dnf.conf"
+    conf.write_text(f"[main]\nreposdir={tmp_path / 'repos'}\ncachedir={tmp_path / 'cache'}\n"
+                    "module_platform_id=platform:el9\n")
+    role = content.role_dir("nvidia_driver")
+    record = tmp_path / "record.json"
+
+    def play(kmt: str, check: bool = False):
+        pb = tmp_path / "role.yml"
+        pb.write_text(yaml.safe_dump([{
+            "name": "T", "hosts": "all", "gather_facts": False,
+            "module_defaults": {
+                "gpu_install.node.dnf_module_stream": {"root": str(node.root), "dnf_options": node.options},
+                "ansible.builtin.dnf": {"installroot": str(node.root), "conf_file": str(conf), "releasever": "9",
+                                        "disable_plugin": ["*"], "disable_gpg_check": True, "use_backend": "dnf4"}},
+            "vars": {"nvidia_driver_mode": "host", "nvidia_driver_record": str(record),
+                     "nvidia_driver_package_version": "580.82.07", "nvidia_driver_kernel_module_type": kmt,
+                     "ansible_facts": {"distribution_major_version": "9"}},
+            "tasks": [
+                {"ansible.builtin.include_vars": str(role / "vars" / "RedHat.yml")},
+                {"ansible.builtin.include_tasks": str(role / "tasks" / "install-dnf.yml"),
+                 "vars": {"nvidia_driver_install_list": "{{ nvidia_driver_os['packages'] | map('regex_replace', '$', "
+                                                        "'-580.82.07*') | list + ['nvidia-persistenced'] }}"}},
+                {"ansible.builtin.copy": {"content": "{{ {'install': nvidia_driver_install, 'stream': "
+                                                     "nvidia_driver_stream} | to_json }}",
+                                          "dest": str(tmp_path / "out.json")}, "check_mode": False,
+                 "changed_when": False}]}]))
+        inv = tmp_path / "hosts.yml"
+        inv.write_text(yaml.safe_dump({"all": {"hosts": {"node": {"ansible_connection": "local",
+                                                                    "ansible_python_interpreter": system_python}}}}))
+        res = seam.run_playbook(pb, inv, {}, check=check)
+        assert res.exit_code() == EXIT_OK, res.recap()
+        return res, json.loads((tmp_path / "out.json").read_text())
+
+    def installed() -> list[str]:
+        out = subprocess.run(["rpm", "--root", str(node.root), "-qa", "--qf", "%{NAME}-%{VERSION}\n"],
+                             capture_output=True, text=True, timeout=60).stdout.split()
+        return sorted(n for n in out if not n.startswith("gpg-pubkey"))
+
+    res, out = play("open", check=True)
+    assert out["install"]["changed"] is True and "check mode: nvidia-driver:580-open: enabled, then dnf installs " \
+        "nvidia-driver-580.82.07* nvidia-driver-cuda-580.82.07* kmod-nvidia-open-dkms-580.82.07*" in out["install"]["msg"]
+    assert node.state() == "" and installed() == [] and not record.exists()
+    res, out = play("open")
+    assert res.changed == 3 and "stream=580-open" in node.state()  # enabled, recorded, installed
+    assert installed() == ["kmod-nvidia-open-dkms-580.82.07", "nvidia-driver-580.82.07",
+                           "nvidia-driver-cuda-580.82.07", "nvidia-persistenced-580.95.05"]
+    assert json.loads(record.read_text())["entries"] == {"module_stream": {
+        "module": "nvidia-driver", "stream": "580-open", "previous_state": "", "previous_stream": ""}}
+    res, _ = play("open")
+    assert res.changed == 0
+    res, out = play("proprietary")
+    assert out["stream"]["switched_from"] == "580-open" and "stream=580-dkms" in node.state()
+    assert "kmod-nvidia-latest-dkms-580.82.07" in installed()
+    assert json.loads(record.read_text())["entries"]["module_stream"]["stream"] == "580-open"  # the first change
