@@ -113,7 +113,8 @@ exit $rc
 def _site(tmp: Path, url: str, key: Path, login: bool) -> dict:
     extra = {"credentials": CREDS} if login else {}
     return {"operator": {"version": "v24.9.2"}, "registry": {"host": "127.0.0.1:9"},
-            "driver": {"mode": "operator", "customImageOs": list(OSES)},
+            # preinstalled: the toolkit's packages alone (operator mode adds its driver container's packages)
+            "driver": {"mode": "preinstalled"},
             "toolkit": {"mode": "host", "version": "1.17.4"},
             "mirror": {"packageRepositories": {
                 "debian12": [{"url": f"{url}/apt", "suite": "stable", "key": str(key), **extra}],
