@@ -19,6 +19,7 @@ nvidia-installer whose --driver-info reports the version).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
 import time
@@ -226,5 +227,84 @@ def test_uninstall_dnf_packages_and_the_runfile_driver(rp):
     assert f"runfile driver {DRIVER}: uninstalled (nvidia-installer --uninstall)" in proc.stderr, proc.stderr[-3000:]
     for node in (DEB, RHEL):
         assert root(lab, node, "ls /var/lib/gpu-install/ 2>/dev/null || true").stdout.strip() == ""
+    again = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
+    assert again.returncode == 0 and re.search(r"nodes +unchanged", again.stdout), again.stdout + again.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- RHEL 9 module streams (issue 38 item 5)
+# After the tests above (their uninstall left node2 without a driver): a STAND-IN of NVIDIA's RHEL 9 repository
+# (gpu_install_lab/standin_modules.py: nvidia-driver:580-open and :580-dkms at 580.82.07 and 580.95.05, default stream
+# 580-dkms; real createrepo_c and modifyrepo_c) served by the bastion beside the lab repository and configured on the
+# rhel9 node for these tests only.
+
+STREAM_DRIVER = "580.82.07"  # pinned; the stream also holds 580.95.05
+STREAM_REPO = "/etc/yum.repos.d/gpu-install-lab-nvidia.repo"
+MODULE_FILE = "/etc/dnf/modules.d/nvidia-driver.module"
+
+
+@pytest.fixture(scope="module")
+def streams(rp):
+    from gpu_install_lab import standin_modules
+
+    lab, apply, work, repo_url = rp
+    standin_modules.module_repository(lab.dir / "repo" / "nvidia-rhel9")
+    root(lab, RHEL, f"printf '[gpu-install-lab-nvidia]\\nname=STAND-IN NVIDIA RHEL 9 repository\\nbaseurl={repo_url}/"
+                    f"nvidia-rhel9\\nenabled=1\\ngpgcheck=0\\nmetadata_expire=0\\n' > {STREAM_REPO} && dnf -q makecache")
+    yield lab, apply, work
+    # leave node2 as the other modules expect it: no module state, no STAND-IN NVIDIA repository
+    root(lab, RHEL, f"dnf -y -q module reset nvidia-driver; rm -f {STREAM_REPO} {MODULE_FILE}; dnf -q makecache",
+         check=False)
+
+
+def test_rhel9_host_mode_open_enables_the_exact_stream_then_changed_0(streams):
+    """kernelModuleType open on the rhel9 node: the real dnf enables nvidia-driver:580-open (the module's default
+    stream is the proprietary 580-dkms, which a plain install would take) and installs only the open packages at the
+    pin; the second apply changes nothing."""
+    lab, apply, work = streams
+    mods = root(lab, RHEL, "dnf -q module list nvidia-driver").stdout
+    assert "580-open" in mods and "580-dkms [d]" in mods and "[e]" not in mods, mods
+    avail = root(lab, RHEL, "dnf -q list --available 'kmod-nvidia-*'").stdout
+    assert "kmod-nvidia-latest-dkms" in avail and "kmod-nvidia-open-dkms" not in avail, avail  # the default's
+    site = _site(work, "rhel-stream", {"host": "registry.example.internal:5000"},
+                 {"mode": "host", "version": STREAM_DRIVER, "kernelModuleType": "open"})
+    _ok(apply(site, "--limit", RHEL, "--check"))  # reports the stream and the install, changes nothing
+    assert apply.site_stats()[RHEL]["changed"] >= 2
+    assert "state=enabled" not in root(lab, RHEL, f"cat {MODULE_FILE} 2>/dev/null || true").stdout
+    assert "is not installed" in rpm_q(lab, "nvidia-driver")
+    t0 = time.monotonic()
+    _ok(apply(site, "--limit", RHEL))
+    print(f"rhel9 stream apply {time.monotonic() - t0:.1f}s", flush=True)
+    state = root(lab, RHEL, f"cat {MODULE_FILE}").stdout
+    assert "stream=580-open" in state and "state=enabled" in state, state
+    for pkg in ("nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-open-dkms"):
+        assert rpm_q(lab, pkg).startswith(f"3:{STREAM_DRIVER}-"), (pkg, rpm_q(lab, pkg))
+    for pkg in ("kmod-nvidia-latest-dkms", "nvidia-open"):
+        assert "is not installed" in rpm_q(lab, pkg), (pkg, rpm_q(lab, pkg))
+    assert rpm_q(lab, "nvidia-persistenced").startswith("3:580.95.05-")  # the stream's newest, not the lab repo's
+    rec = json.loads(root(lab, RHEL, "cat /var/lib/gpu-install/nvidia_driver.json").stdout)
+    assert rec["entries"]["module_stream"] == {"module": "nvidia-driver", "stream": "580-open", "previous_state": "",
+                                               "previous_stream": ""}, rec
+    # the enabled stream hides the same-named packages of the lab repository's other branches
+    branches = root(lab, RHEL, "dnf -q list --showduplicates nvidia-driver", check=False).stdout
+    assert STREAM_DRIVER in branches and DRIVER not in branches and NEWER not in branches, branches
+    assert f"driver {STREAM_DRIVER} (pinned {STREAM_DRIVER})" in task_messages(apply)["Driver | Report"]
+    _ok(apply(site, "--limit", RHEL))
+    assert apply.site_stats()[RHEL]["changed"] == 0, apply.site_stats()
+
+
+def test_rhel9_uninstall_puts_the_stream_back(streams):
+    """uninstall removes the stream's packages and resets the stream gpu-install enabled (nothing was enabled
+    before); a second uninstall changes nothing."""
+    lab, apply, work = streams
+    site = work / "site-rhel-stream.yaml"
+    argv = [str(VENV_BIN / "gpu-install"), "uninstall", "-s", str(site), "-i", str(apply.inventory), "--skip-operator",
+            "--yes"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert "nvidia-driver: stream 580-open put back (dnf module reset nvidia-driver)" in proc.stderr, proc.stderr[-3000:]
+    for pkg in ("nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-open-dkms", "nvidia-persistenced"):
+        assert "is not installed" in rpm_q(lab, pkg), (pkg, rpm_q(lab, pkg))
+    assert "state=enabled" not in root(lab, RHEL, f"cat {MODULE_FILE}").stdout
+    assert "[e]" not in root(lab, RHEL, "dnf -q module list nvidia-driver").stdout
     again = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
     assert again.returncode == 0 and re.search(r"nodes +unchanged", again.stdout), again.stdout + again.stderr[-3000:]

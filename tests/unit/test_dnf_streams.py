@@ -410,3 +410,48 @@ def test_role_install_tasks_enable_the_stream_and_install_only_the_flavour(nvrep
     assert out["stream"]["switched_from"] == "580-open" and "stream=580-dkms" in node.state()
     assert "kmod-nvidia-latest-dkms-580.82.07" in installed()
     assert json.loads(record.read_text())["entries"]["module_stream"]["stream"] == "580-open"  # the first change
+
+
+def test_role_remove_tasks_put_the_stream_back(nvrepo, tmp_path):
+    """roles/nvidia_driver (action remove) on a RedHat-family node's facts, the stream module pointed at a private
+    installroot: the record's stream (580-open) was switched by gpu-install to the one the settings name now
+    (580-dkms): the module is reset and the report says so; with keep_packages the stream stays, said too."""
+    from installer import ansible as seam
+    from installer import content
+
+    need(shutil.which("rpm") is not None, "rpm missing")
+    node = Node(tmp_path, nvrepo["modular"])
+    record = tmp_path / "record.json"
+    entry = {"module": "nvidia-driver", "stream": "580-open", "previous_state": "", "previous_stream": ""}
+
+    def remove(keep: bool) -> dict:
+        record.write_text(json.dumps({"format": 1, "packages": [], "preexisting": [],
+                                      "entries": {"module_stream": entry}}))
+        record.chmod(0o600)
+        assert node.dnf("-y", "-q", "module", "enable", "nvidia-driver:580-dkms").returncode == 0
+        pb = tmp_path / "remove.yml"
+        pb.write_text(yaml.safe_dump([{
+            "name": "T", "hosts": "all", "gather_facts": False,
+            "module_defaults": {"gpu_install.node.dnf_module_stream": {"root": str(node.root),
+                                                                       "dnf_options": node.options}},
+            "vars": {"nvidia_driver_record": str(record), "nvidia_driver_keep_packages": keep,
+                     "nvidia_driver_package_version": "580", "nvidia_driver_kernel_module_type": "proprietary",
+                     "nvidia_driver_blacklist_file": str(tmp_path / "blacklist.conf"),
+                     "ansible_facts": {"os_family": "RedHat", "distribution": "Rocky",
+                                       "distribution_major_version": "9", "kernel": "5.14.0-503.el9.x86_64"}},
+            "roles": [{"role": str(content.role_dir("nvidia_driver")), "vars": {"nvidia_driver_action": "remove"}}],
+            "post_tasks": [{"ansible.builtin.copy": {"content": "{{ nvidia_driver_stream_reset | to_json }}",
+                                                     "dest": str(tmp_path / "out.json")}, "changed_when": False}]}]))
+        inv = tmp_path / "hosts.yml"
+        inv.write_text(yaml.safe_dump({"all": {"hosts": {"node": {"ansible_connection": "local",
+                                                                    "ansible_python_interpreter": sys.executable}}}}))
+        res = seam.run_playbook(pb, inv, {})
+        assert res.exit_code() == EXIT_OK, res.recap()
+        return json.loads((tmp_path / "out.json").read_text())
+
+    kept = remove(keep=True)
+    assert kept.get("skipped") is True and "stream=580-dkms" in node.state()
+    out = remove(keep=False)
+    assert out["changed"] is True and out["msg"] == "nvidia-driver: stream 580-dkms put back (dnf module reset " \
+        "nvidia-driver)", out
+    assert "state=enabled" not in node.state()
