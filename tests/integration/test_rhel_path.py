@@ -268,7 +268,7 @@ def test_rhel9_host_mode_open_enables_the_exact_stream_then_changed_0(streams):
     site = _site(work, "rhel-stream", {"host": "registry.example.internal:5000"},
                  {"mode": "host", "version": STREAM_DRIVER, "kernelModuleType": "open"})
     _ok(apply(site, "--limit", RHEL, "--check"))  # reports the stream and the install, changes nothing
-    assert apply.site_stats()[RHEL]["changed"] >= 2
+    assert apply.site_stats()[RHEL]["changed"] >= 1
     assert "state=enabled" not in root(lab, RHEL, f"cat {MODULE_FILE} 2>/dev/null || true").stdout
     assert "is not installed" in rpm_q(lab, "nvidia-driver")
     t0 = time.monotonic()
