@@ -659,6 +659,9 @@ def test_driver_module_stream_through_pull_push_and_dnf(up, tmp_path):
         bundle2 = tmp_path / "bundle-dkms"
         _, lock2, _ = _stream_pull(_stream_site(tmp_path, url, up.key, "proprietary"), bundle2)
         assert lock2["complete"] is True, lock2["failed"]
+        missing = check_repo(load_site(checked), lock=lock2)  # verify --bundle before its push: its stream is not there
+        assert ("  rocky9.4: dnf module stream nvidia-driver:580-dkms: not in the site repository's modules metadata "
+                "(it has nvidia-driver:580-open)") in missing, missing
         proc = _gi("mirror", "push", str(bundle2), "-s", str(site), "--repo-dir", str(repo), "--signing-home",
                    str(home))
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -669,6 +672,21 @@ def test_driver_module_stream_through_pull_push_and_dnf(up, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+    # an upstream without modules metadata (its packages are not modular): resolved without the stream, said
+    flat = up.www / "nvidia-rhel9-flat"
+    shutil.copytree(upstream, flat)
+    shutil.rmtree(flat / "repodata")
+    subprocess.run(["createrepo_c", "--quiet", str(flat)], check=True, timeout=120)
+    lines, lock4, _ = _stream_pull(_stream_site(tmp_path, f"{up.url}/{flat.name}", up.key, "open"),
+                                   tmp_path / "bundle-flat")
+    assert lock4["complete"] is True, lock4["failed"]
+    assert ("packages rocky9.4: mirror.packageRepositories.rocky9.4 offer no nvidia-driver module (no modules "
+            "metadata): resolved without the stream nvidia-driver:580-open; the nodes install the packages without "
+            "it") in lines, lines
+    assert lock4["packageSets"][0]["modules"] == [] and not [e for e in lock4["packages"] if e.get("modules")]
+    assert ("kmod-nvidia-open-dkms", "3:580.82.07") in {(e["name"], e["version"].split("-")[0])
+                                                       for e in lock4["packages"] if e.get("name")}
 
     # a branch the upstream has no stream of: the pull fails naming the streams it has, nothing carried
     from installer.mirror.common import PackageFailures

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.errors import EXIT_HOST_FAILURES, EXIT_OK
+from installer.errors import EXIT_HOST_FAILURES, EXIT_OK, ConfigError
 from installer.mirror.packages import modulemd
 from tests.conftest import need
 from tests.unit.library_modules import load_module
@@ -455,3 +455,86 @@ def test_role_remove_tasks_put_the_stream_back(nvrepo, tmp_path):
     assert out["changed"] is True and out["msg"] == "nvidia-driver: stream 580-dkms put back (dnf module reset " \
         "nvidia-driver)", out
     assert "state=enabled" not in node.state()
+
+
+# ---------------------------------------------------------------- pull's cache reading, the lock entry, push's merge
+
+
+def test_cached_streams_checks_the_file_against_repomd(tmp_path):
+    base = tmp_path / "cache" / "upstream0-0123456789abcdef" / "repodata"
+    base.mkdir(parents=True)
+    data = gzip.compress(f"---\n{_doc()}---\n{_doc('580-dkms')}".encode())
+    (base / "m-modules.yaml.gz").write_bytes(data)
+    import hashlib
+
+    def repomd(digest: str) -> None:
+        (base / "repomd.xml").write_text(
+            '<repomd xmlns="http://linux.duke.edu/metadata/repo"><data type="modules">'
+            f'<checksum type="sha256">{digest}</checksum><location href="repodata/m-modules.yaml.gz"/></data></repomd>')
+
+    repomd(hashlib.sha256(data).hexdigest())
+    (_, got), (_, none) = modulemd.cached_streams(tmp_path / "cache", ["upstream0", "upstream1"], "nvidia-driver")
+    assert [s.spec for s in got] == ["nvidia-driver:580-open", "nvidia-driver:580-dkms"] and none == []
+    repomd(hashlib.sha256(b"other").hexdigest())
+    with pytest.raises(ValueError, match="m-modules.yaml.gz: does not match the sha256 its repomd.xml names"):
+        modulemd.cached_streams(tmp_path / "cache", ["upstream0"], "nvidia-driver")
+
+
+def test_carry_modules_refuses_an_enabled_stream_without_metadata(tmp_path):
+    from installer.mirror.packages import resolve
+    from installer.mirror.plan import OsPackages
+
+    state = tmp_path / "work" / "root" / "etc" / "dnf" / "modules.d"
+    state.mkdir(parents=True)
+    (state / "nvidia-driver.module").write_text("[nvidia-driver]\nname=nvidia-driver\nstream=580-open\nstate=enabled\n")
+    s = OsPackages("rocky9.4", "dnf", (), modules=("nvidia-driver:580-open",))
+    with pytest.raises(ValueError, match="dnf enabled nvidia-driver:580-open, and no modules metadata of the upstream"):
+        resolve._carry_modules(s, [], tmp_path / "work", tmp_path / "out", lambda m: None)
+    said: list[str] = []
+    (state / "nvidia-driver.module").write_text("[nvidia-driver]\nstream=\nstate=\n")  # the upstream had no module
+    assert resolve._carry_modules(s, [], tmp_path / "work", tmp_path / "out", said.append) == ([], [])
+    assert said == ["packages rocky9.4: mirror.packageRepositories.rocky9.4 offer no nvidia-driver module (no modules "
+                    "metadata): resolved without the stream nvidia-driver:580-open; the nodes install the packages "
+                    "without it"]
+
+
+def test_lock_entry_of_the_modules_metadata_has_one_place():
+    from installer.mirror.lock import check_entry
+
+    good = {"os": "rocky9.4", "manager": "dnf", "modules": True, "file": "packages/rocky9.4/modules/modules.yaml",
+            "source": "https://up", "sha256": "ab" * 32, "size": 10}
+    assert check_entry(Path("L"), "packages", 0, good)["modules"] is True
+    for bad in ({**good, "file": "packages/rocky9.4/modules/../../x.yaml"}, {**good, "file": "packages/rocky9.4/x.rpm"},
+                {**good, "file": "packages/rhel9/modules/modules.yaml"}):
+        with pytest.raises(ConfigError) as err:
+            check_entry(Path("L"), "packages", 0, bad)
+        assert "packages[0] (rocky9.4): modules file" in err.value.message, err.value.message
+    # apt carries no modules metadata: the entry is a package file there, and this is not one
+    with pytest.raises(ConfigError, match="is not packages/rocky9.4/<a plain .deb file name>"):
+        check_entry(Path("L"), "packages", 0, {**good, "manager": "apt"})
+
+
+def test_push_merges_checked_documents_and_refuses_others(tmp_path):
+    import importlib
+
+    publish = importlib.import_module("installer.mirror.packages.publish")  # the package names its function so
+
+    root = tmp_path / "repo" / "packages" / "rocky9.4"
+    root.mkdir(parents=True)
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(f"---\n{_doc()}")
+    second.write_text(f"---\n{_doc('580-dkms')}")
+    state = publish._modules(root, [first], tmp_path / "B")
+    assert state == root / publish.MODULES_STATE
+    assert publish._modules(root, [second], tmp_path / "B") == state
+    assert publish._specs(state) == ["nvidia-driver:580-dkms", "nvidia-driver:580-open"]  # the earlier push's stays
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"---\n{_doc(rpms=['not a nevra'])}")
+    with pytest.raises(ConfigError) as err:
+        publish._modules(root, [bad], tmp_path / "B")
+    assert err.value.message.startswith(f"{tmp_path / 'B' / 'bundle.lock.json'}: the modules metadata it lists: ")
+    assert "data.artifacts.rpms is not a list of package NEVRAs" in err.value.message
+    state.write_text(f"---\n{_doc()}  name: twice\n")
+    with pytest.raises(ConfigError, match="streams.yaml: .*given twice"):
+        publish._modules(root, [first], tmp_path / "B")
+    assert publish._modules(tmp_path / "empty", [], tmp_path / "B") is None
