@@ -654,6 +654,9 @@ class Packages(Block):
                             json_schema_extra=rules({"pattern": URL_PREFIX, "maxLength": 2048}))
     key: Path | None = Field(None, description="the site's public signing key as `mirror push` exported it "
                                                "(DIR/gpu-install-site.asc); required with url")
+    ca: Path | None = Field(None, description="driver.mode operator: the CA certificate (PEM) of an https packages.url "
+                                              "or osMirror, given to the driver container (driver.certConfig); a "
+                                              "relative path is relative to the site file")
     osMirror: list[Annotated[str, AfterValidator(os_mirror_url)]] = Field(
         default_factory=list, max_length=16,
         description="driver.mode operator: the site's existing OS mirror, instead of the site repository, as the "
@@ -840,6 +843,8 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
             src.key = local(src.key)
     if site.packages.key:
         site.packages.key = local(site.packages.key)
+    if site.packages.ca:
+        site.packages.ca = local(site.packages.ca)
     if site.sharing.hami and site.sharing.hami.chart and "://" not in site.sharing.hami.chart:
         site.sharing.hami.chart = str(local(Path(site.sharing.hami.chart)))
     if site.mig.nos.chart and "://" not in site.mig.nos.chart:

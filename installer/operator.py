@@ -247,11 +247,14 @@ class InstallReport:
     #: the revisions after the one helm upgrade diffed against (failed ones) and what they left that was swept
     #: (installer.upgrade.orphans.after_upgrade); None: no new revision, nothing looked at
     swept: Swept | None = None
+    #: the driver container's package-source ConfigMaps (installer.driver_repo): (namespace/name, action)
+    configmaps: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
         return (self.release.changed or self.namespace_action != "unchanged"
-                or self.secret_action in ("created", "updated") or any(a != "unchanged" for _, a in self.crds))
+                or self.secret_action in ("created", "updated") or any(a != "unchanged" for _, a in self.crds)
+                or any(a != "unchanged" for _, a in self.configmaps))
 
     def lines(self) -> list[str]:
         r = self.release
@@ -260,6 +263,7 @@ class InstallReport:
         out = [f"namespace {self.namespace}: {self.namespace_action}"]
         if self.secret:
             out.append(f"pull secret {self.namespace}/{self.secret}: {self.secret_action}")
+        out.extend(f"ConfigMap {name} (driver package sources): {action}" for name, action in self.configmaps)
         out.extend(crd_lines(self.crds))
         if r.recovered:  # a revision an interrupted run had left pending, made proceedable first
             out.append(r.recovered)
@@ -282,6 +286,8 @@ class Prepared:
     secret_body: dict[str, Any] | None
     kubeconfig: Path
     source: Chart | None = None  # the chart as named and checked (load_chart)
+    #: the driver container's package-source ConfigMaps (installer.driver_repo.configmaps), read and checked here
+    configmaps: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def shown(self) -> str:
@@ -340,15 +346,19 @@ def check_chart_version(plan: Plan, ref: str, shown: str | None = None) -> None:
 def prepare(plan: Plan, kubeconfig: str | os.PathLike[str] | None,
             chart_ref: str | os.PathLike[str] | None) -> Prepared:
     """What install() needs, checked before anything is touched (Prepared): the chart read and held against its pin
-    (load_chart), its release (check_chart_version, on the copy read), credentials, the kubeconfig."""
+    (load_chart), its release (check_chart_version, on the copy read), credentials, the kubeconfig, the driver
+    container's package-source ConfigMaps (their key and CA files read and checked)."""
+    from installer import driver_repo
+
     site = plan.site
+    configmaps = driver_repo.configmaps(site, plan.release, plan.nodes)
     chart = load_chart(plan, chart_ref)
     check_chart_version(plan, chart.ref, chart.source)
     # credentials resolved before anything is touched: a missing env var changes nothing
     secret_body = kube.pull_secret_body(site.registry, site.operator.namespace) if site.registry.pullSecret else None
     kc = kube.resolve_kubeconfig(kubeconfig)
     kube.api_client(kc)  # a malformed kubeconfig is exit 2 here, before any host is touched
-    return Prepared(chart.ref, plan.values, secret_body, kc, chart)
+    return Prepared(chart.ref, plan.values, secret_body, kc, chart, configmaps)
 
 
 def check_cluster(plan: Plan, kubeconfig: Path) -> str | None:
@@ -385,6 +395,10 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
     for cm in monitoring.configmaps_before_operator(plan):  # releases below v24.9.0 only name the metrics ConfigMap
         action = kube.apply_object(client, cm)
         say(f"ConfigMap {ns}/{cm['metadata']['name']} (DCGM exporter metrics): {action}")
+    cm_actions = []
+    for cm in pre.configmaps:  # the driver container's package sources, mounted by name (driver.repoConfig)
+        cm_actions.append((f"{ns}/{cm['metadata']['name']}", kube.apply_object(client, cm)))
+        say(f"ConfigMap {cm_actions[-1][0]} (driver package sources): {cm_actions[-1][1]}")
     crds = chart_crds(plan, ref)
     say(f"CRDs of the chart: server-side apply of {len(crds)} ({', '.join(c['metadata']['name'] for c in crds)})")
     crd_actions = kube.apply_crds(client, crds, timeout=min(120.0, timeout))
@@ -401,7 +415,7 @@ def install(plan: Plan, prepared: Prepared, timeout: float = 300, progress: Prog
         swept = orphans.after_upgrade(site.operator.releaseName, ns, state.history_before, state.revision, kc,
                                       client, say)
     return InstallReport(state, ns, ns_action, ps.name if ps else None, secret_action, time.monotonic() - t0,
-                         crd_actions, swept)
+                         crd_actions, swept, cm_actions)
 
 
 @dataclass
@@ -417,17 +431,21 @@ class PlanReport:
     crds: list[tuple[str, str]] = field(default_factory=list)  # dry-run server-side apply: (name, action)
     #: deployed values → rendered values, three-way (installer.upgrade.release.values_diff; secrets redacted)
     values_diff: list[str] = field(default_factory=list)
+    #: the driver container's package-source ConfigMaps: (namespace/name, what a dry-run apply says)
+    configmaps: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
         return (self.plan.action != "unchanged" or self.namespace_phase is None
-                or bool(self.secret and not self.secret_exists) or any(a != "unchanged" for _, a in self.crds))
+                or bool(self.secret and not self.secret_exists) or any(a != "unchanged" for _, a in self.crds)
+                or any(a != "unchanged" for _, a in self.configmaps))
 
     def lines(self) -> list[str]:
         out = [f"namespace {self.namespace}: " + (self.namespace_phase or "would be created")]
         if self.secret:
             out.append(f"pull secret {self.namespace}/{self.secret}: "
                        + ("exists (would be updated if its content differs)" if self.secret_exists else "would be created"))
+        out.extend(f"ConfigMap {name} (driver package sources): {action}" for name, action in self.configmaps)
         out.extend(crd_lines(self.crds, would=True))
         p, cur = self.plan, self.plan.current
         if p.action == "install" or cur is None:
@@ -451,8 +469,14 @@ def preview(plan: Plan, prepared: Prepared) -> PlanReport:
     exists = bool(ps and phase and kube.secret_info(client, ns, ps.name))
     rp = helm.plan_release(prepared.chart, site.operator.releaseName, ns, prepared.values, prepared.kubeconfig)
     crds = kube.apply_crds(client, chart_crds(plan, prepared.chart), dry_run=True)
+    configmaps = [(f"{ns}/{cm['metadata']['name']}", _would(kube.apply_object(client, cm, dry_run=True))
+                   if phase else "would be created") for cm in prepared.configmaps]
     return PlanReport(ns, phase, ps.name if ps else None, exists, site.operator.releaseName, rp, crds,
-                      deployed_values_diff(plan, prepared) if rp.action == "upgrade" else [])
+                      deployed_values_diff(plan, prepared) if rp.action == "upgrade" else [], configmaps)
+
+
+def _would(action: str) -> str:
+    return action if action == "unchanged" else f"would be {action}"
 
 
 def deployed_values_diff(plan: Plan, prepared: Prepared) -> list[str]:
@@ -540,10 +564,13 @@ class UninstallReport:
     secret_removed: bool
     namespace_deleted: bool
     crds_deleted: list[str] | None = None  # None: not purged (--purge-crds not given)
+    configmaps_removed: list[str] = field(default_factory=list)  # the driver package-source ConfigMaps gpu-install made
 
     def lines(self) -> list[str]:
         out = [f"release {self.release}: {'uninstalled' if self.release_removed else 'was not installed'}"]
         out.append(f"pull secret: {'deleted' if self.secret_removed else 'none of ours'}")
+        if self.configmaps_removed:
+            out.append(f"driver package-source ConfigMaps: deleted {', '.join(self.configmaps_removed)}")
         out.append(f"namespace {self.namespace}: {'deletion started' if self.namespace_deleted else 'kept'}")
         if self.crds_deleted is None:
             out.append("CRDs: kept (helm leaves a chart's CRDs in place; --purge-crds deletes them when no custom "
@@ -604,6 +631,13 @@ def uninstall(plan: Plan, kubeconfig: str | os.PathLike[str] | None, yes: bool, 
     removed = helm.uninstall(name, ns, kc, timeout=timeout) if kube.namespace_phase(client, ns) else False
     ps = site.registry.pullSecret
     secret_removed = kube.delete_secret_if_ours(client, ns, ps.name) if ps else False
+    from installer import driver_repo
+
+    # after the release: its driver pods mount them; only ours (the managed-by label), whatever the site says now
+    cms = [f"{ns}/{cm['metadata']['name']}" for cm in driver_repo.removal_targets(site)
+           if kube.delete_object_if_ours(client, cm)]
+    for name in cms:
+        say(f"ConfigMap {name} (driver package sources): deleted")
     deleted: list[str] | None = None
     if ref is not None:
         left = remaining_resources(client, crd_names)
@@ -612,4 +646,4 @@ def uninstall(plan: Plan, kubeconfig: str | os.PathLike[str] | None, yes: bool, 
         say(f"delete CRDs {', '.join(crd_names)}")
         deleted = kube.delete_crds(client, crd_names, timeout=min(120.0, timeout))
     ns_deleted = kube.delete_namespace(client, ns) if delete_namespace else False
-    return UninstallReport(name, ns, removed, secret_removed, ns_deleted, deleted)
+    return UninstallReport(name, ns, removed, secret_removed, ns_deleted, deleted, cms)

@@ -11,8 +11,10 @@ from installer.cli.common import (
     ENV_CHART,
     command,
     group,
+    inventory_arg,
     json_arg,
     kubeconfig_arg,
+    node_flags,
     quiet_arg,
     resolve_plan,
     say,
@@ -75,6 +77,9 @@ def register(sub: Any) -> None:
     q = command(osub, "install", "namespace + pull Secret + the chart's CRDs (server-side apply) + helm upgrade "
                                  "--install --skip-crds with the rendered values")
     _common(q)
+    # the GPU nodes' OSes: driver.mode operator with packages.url writes one package source per node OS
+    inventory_arg(q)
+    node_flags(q)
     q.add_argument("--chart", default=os.environ.get(ENV_CHART),
                    help=f"GPU Operator chart: directory, .tgz or oci://REGISTRY/PATH/gpu-operator; env {ENV_CHART}")
     q.add_argument("--timeout", type=seconds, default=300, metavar="SECONDS",

@@ -338,6 +338,12 @@ def _render_driver(site: Site, release: Release, values: dict[str, Any]) -> None
                 f"driver.kernelModuleType: {kmt} kernel modules are not selectable in GPU Operator {release.version}",
                 hint="open kernel modules need v23.9.1 or newer; drop the setting",
             )
+    # a full air gap: the driver container's package sources as ConfigMaps the operator mounts (installer.driver_repo
+    # writes them at install), only under keys this release's chart has
+    from installer import driver_repo
+
+    for path, value in driver_repo.value_paths(site, release).items():
+        _set(values, path, value)
 
 
 def _render_toolkit(site: Site, release: Release, values: dict[str, Any]) -> None:

@@ -91,6 +91,7 @@ def stubbed(monkeypatch, tmp_path):
     monkeypatch.setattr(kube, "api_client", lambda _p: object())
     monkeypatch.setattr(kube, "namespace_phase", lambda _c, _n: "Active")
     monkeypatch.setattr(kube, "delete_secret_if_ours", lambda *_: False)
+    monkeypatch.setattr(kube, "delete_object_if_ours", lambda *_: False)  # the driver package-source ConfigMaps
     monkeypatch.setattr(kube, "custom_resources", lambda _c, names: list(state["crs"]))
     monkeypatch.setattr(kube, "delete_crds", lambda _c, names, timeout: calls.append("delete_crds") or list(names))
     monkeypatch.setattr(helm, "chart_crds", lambda *_a: [{"metadata": {"name": n}} for n in state["crds"]])
