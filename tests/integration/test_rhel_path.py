@@ -242,6 +242,11 @@ STREAM_REPO = "/etc/yum.repos.d/gpu-install-lab-nvidia.repo"
 MODULE_FILE = "/etc/dnf/modules.d/nvidia-driver.module"
 
 
+def _enabled_rows(module_list: str) -> list[str]:
+    """The rows of `dnf module list nvidia-driver` marked enabled ([e]); not its hint line."""
+    return [ln for ln in module_list.splitlines() if ln.startswith("nvidia-driver ") and "[e]" in ln]
+
+
 @pytest.fixture(scope="module")
 def streams(rp):
     from gpu_install_lab import standin_modules
@@ -262,7 +267,7 @@ def test_rhel9_host_mode_open_enables_the_exact_stream_then_changed_0(streams):
     pin; the second apply changes nothing."""
     lab, apply, work = streams
     mods = root(lab, RHEL, "dnf -q module list nvidia-driver").stdout
-    assert "580-open" in mods and "580-dkms [d]" in mods and "[e]" not in mods, mods
+    assert "580-open" in mods and "580-dkms [d]" in mods and not _enabled_rows(mods), mods
     avail = root(lab, RHEL, "dnf -q list --available 'kmod-nvidia-*'").stdout
     assert "kmod-nvidia-latest-dkms" in avail and "kmod-nvidia-open-dkms" not in avail, avail  # the default's
     site = _site(work, "rhel-stream", {"host": "registry.example.internal:5000"},
@@ -305,6 +310,6 @@ def test_rhel9_uninstall_puts_the_stream_back(streams):
     for pkg in ("nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-open-dkms", "nvidia-persistenced"):
         assert "is not installed" in rpm_q(lab, pkg), (pkg, rpm_q(lab, pkg))
     assert "state=enabled" not in root(lab, RHEL, f"cat {MODULE_FILE}").stdout
-    assert "[e]" not in root(lab, RHEL, "dnf -q module list nvidia-driver").stdout
+    assert not _enabled_rows(root(lab, RHEL, "dnf -q module list nvidia-driver").stdout)
     again = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
     assert again.returncode == 0 and re.search(r"nodes +unchanged", again.stdout), again.stdout + again.stderr[-3000:]

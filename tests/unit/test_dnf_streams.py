@@ -165,7 +165,7 @@ def test_repomd_modules_entry_is_checked():
     assert modulemd.repomd_modules(repomd("repodata/m.yaml.gz"), "r") == ("repodata/m.yaml.gz", "sha256", "ab" * 32)
     assert modulemd.repomd_modules(f"<repomd {ns}/>".encode(), "r") is None
     for bad, what in ((repomd("../../etc/passwd"), "is not a file in repodata/"),
-                      (repomd("repodata/m.yaml.gz", "md5", "ab" * 16), "checksum (md5)"),
+                      (repomd("repodata/m.yaml.gz", "md5", "ab" * 32), "checksum (md5)"),
                       (b"<repomd", "not XML")):
         with pytest.raises(ValueError, match=what.replace("(", r"\(").replace(")", r"\)")):
             modulemd.repomd_modules(bad, "r")
