@@ -303,3 +303,72 @@ def test_uninstall_keep_packages(drv):
     proc = uninstall(apply, site)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert installed(handle) == BASELINE
+
+
+def test_nvswitch_node_gets_fabric_manager_of_the_drivers_version_validated_then_uninstalled(drv):
+    """An NVSwitch node (gpu_install_nvswitch: true; issue 38 item 6): apply installs the Fabric Manager and NSCQ
+    STAND-INs at the driver's exact version (the repo also serves a newer Fabric Manager: the pin selects), enables and
+    starts the service (the node's STAND-IN nvidia-smi answers, as a loaded driver would); the second apply is
+    changed=0; validate's node.fabric passes while the service runs and fails naming the fix when it is stopped;
+    uninstall stops and disables it and removes exactly what was installed. The node stands for an HGX board through
+    STAND-INs (docs/lab.md): its PCI bus lists two H100 GPUs and four NVSwitches (standin_fabric.nvswitch_pci_command),
+    and its nvidia-smi is the STAND-IN of an NVSwitch node at the Debian driver's version."""
+    handle, _, work = drv
+    from gpu_install_lab import gpus as lab_gpus
+    from gpu_install_lab.standin_fabric import names, nvswitch_pci_command, pci_undo_command, standin_fabric_debs
+
+    fm, nscq = names(DRIVER)
+    debs = standin_fabric_debs(DRIVER) + standin_fabric_debs("535.309.02")
+    proc = subprocess.run([str(VENV_BIN / "gpu-install"), "lab", "--lab-dir", str(handle.dir), "repo-add",
+                           *map(str, debs)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    cfg = lab_gpus.node_config("drvlab", NODE, 2, "NVIDIA H100 80GB HBM3", nvswitch=True)
+    cfg.update(driverVersion=DRIVER, cudaVersion="12.2")
+    merged = handle.dir / "nodes" / NODE / "merged"
+    (work / "nvs").mkdir()
+    apply = Applier(lab_inventory(handle, work / "nvs", {**LAB_VARS, "gpu_install_nvswitch": True}), work / "state-nvs")
+    site = write_site(work, "host", {"mode": "host", "version": DRIVER}, {"mode": "host", "version": "1.17.4"})
+    try:
+        root(handle, NODE, nvswitch_pci_command([g["pciBusId"] for g in cfg["gpus"]]))
+        lab_gpus.install_node_smi(merged, cfg, lab_gpus.tools_dir())
+        assert root(handle, NODE, "nvidia-smi -L").stdout.count("NVIDIA H100 80GB HBM3") == 2
+        t0 = time.monotonic()
+        _ok(apply(site))
+        print(f"apply with Fabric Manager {time.monotonic() - t0:.1f}s", flush=True)
+        for pkg in (fm, nscq):  # the driver's version, not the repository's newest
+            assert dpkg_version(handle, pkg) == f"install ok installed {DRIVER}-1", pkg
+        assert "Candidate: 535.309.02-1" in root(handle, NODE, f"apt-cache policy {fm}").stdout
+        assert "STAND-IN" in root(handle, NODE, f"dpkg-query -W -f='${{Description}}' {fm}").stdout
+        assert root(handle, NODE, "systemctl is-active nvidia-fabricmanager").stdout.strip() == "active"
+        assert root(handle, NODE, "systemctl is-enabled nvidia-fabricmanager").stdout.strip() == "enabled"
+        report = task_messages(apply)["Driver | Report Fabric Manager"]
+        assert "NVSwitch node (gpu_install_nvswitch: true)" in report and "enabled and started" in report, report
+        assert f"{fm}={DRIVER}-*" in report, report
+        rec = json.loads(root(handle, NODE, "cat /var/lib/gpu-install/nvidia_driver.json").stdout)
+        assert {fm, nscq} <= set(rec["packages"]) and rec["entries"]["fabricmanager"] == "nvidia-fabricmanager", rec
+        _ok(apply(site))
+        stats = apply.site_stats()
+        assert stats[NODE]["changed"] == 0, stats
+
+        def fabric_check() -> tuple[int, dict]:
+            out = work / "validate-nvs.json"
+            proc = subprocess.run([str(VENV_BIN / "gpu-install"), "validate", "-s", str(site), "-i", str(apply.inventory),
+                                   "--only", "node", "--json", str(out)], capture_output=True, text=True, timeout=300)
+            assert "Traceback" not in proc.stderr, proc.stderr
+            return proc.returncode, {c["check"]: c for c in json.loads(out.read_text())["checks"]}["node.fabric"]
+
+        _, ok = fabric_check()
+        assert ok["status"] == "pass" and "NVSwitch fabric initialised on all 2 GPU(s)" in ok["message"], ok
+        root(handle, NODE, "systemctl stop nvidia-fabricmanager")
+        rc, bad = fabric_check()
+        assert rc == 6 and bad["status"] == "fail" and "fabric state In Progress" in bad["message"], bad
+        assert NODE in bad["message"] and "systemctl status nvidia-fabricmanager" in bad["fix"], bad
+
+        proc = uninstall(apply, site)
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        assert "Fabric Manager (nvidia-fabricmanager): stopped and disabled" in proc.stderr, proc.stderr[-3000:]
+        assert installed(handle) == BASELINE, (installed(handle) ^ BASELINE)
+        state = root(handle, NODE, "systemctl is-enabled nvidia-fabricmanager", check=False).stdout.strip()
+        assert state in ("not-found", ""), state
+    finally:
+        root(handle, NODE, pci_undo_command() + f"rm -f {lab_gpus.NODE_SMI}", check=False)
