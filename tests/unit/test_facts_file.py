@@ -75,8 +75,8 @@ def test_the_facts_fill_what_the_inventory_leaves_unset(tmp_path, host_site, cli
     assert kernels["gpu2"][:3] == ("rocky9.4", running, ["5.14.0-427.el9.x86_64"])
     assert kernels["gpu3"] == ("ubuntu22.04", "5.15.0-105-generic", [], ["linux-headers-5.15.0-105-generic"])
 
-    from installer.plan import Options, resolve
     from installer.config import load_site
+    from installer.plan import Options, resolve
 
     plan = resolve(load_site(str(host_site)), Options(inventory=str(inv), facts=str(facts)))
     by = {n.name: n for n in plan.nodes}
