@@ -64,10 +64,6 @@ class HostDriver:
     module_why: str
     release_driver: str | None = None  # the release's pinned driver the branch comes from (driver.version unset)
 
-    @property
-    def branch(self) -> str:
-        return self.version.split(".")[0]
-
 
 def _branch_number(version: str) -> int | None:
     head = version.split(".")[0]
