@@ -224,10 +224,6 @@ def main():
         if switched:
             dnf.run(["-y", "-q", "module", "reset", name], "dnf module reset %s" % name)
         dnf.run(["-y", "-q", "module", "enable", spec], "dnf module enable %s" % spec)
-        after = dnf.state(name)
-        if after["state"] != "enabled" or after["stream"] != stream:
-            module.fail_json(msg="dnf module enable %s ran, and the module's state is %s %s" % (
-                spec, after["state"] or "(none)", after["stream"]), offered=offered, before=before)
     msg = ("%s: enabled, switched from stream %s (dnf module reset %s first)" % (spec, switched, name) if switched
            else "%s: enabled" % spec + (" (the module was disabled)" if before["state"] == "disabled" else ""))
     done(changed=True, offered=offered, switched_from=switched, msg=msg)

@@ -332,6 +332,15 @@ def test_module_refuses_a_stream_not_offered_and_passes_a_repository_without_mod
     assert r["msg"].startswith("nvidia-driver:590-open: stream 590-open is not offered (streams offered: 580-dkms, "
                                "580-open) in the node's enabled repositories; nothing was changed"), r["msg"]
     assert node.state() == ""
+    odd = node.module(stream="580-open --setopt=x")
+    assert odd.get("failed") is True and odd["msg"] == "stream '580-open --setopt=x' is not a dnf module or stream name"
+    # an unreachable repository, with RHEL's default skip_if_unavailable=False (Debian's dnf defaults to True)
+    broken = Node(tmp_path / "c", tmp_path / "no-such-repository")
+    broken.options.append("--setopt=skip_if_unavailable=False")
+    r = broken.module(stream="580-open")
+    assert r.get("failed") is True and r["msg"].startswith("dnf module list nvidia-driver failed (exit 1): "), r
+    assert "Failed to download metadata for repo 'nv'" in r["msg"]
+    assert broken.state() == ""
     flat = Node(tmp_path / "b", nvrepo["flat"])
     r = flat.module(stream="580-open")
     assert r["changed"] is False and r["offered"] == [] and "offer no nvidia-driver module" in r["msg"], r
