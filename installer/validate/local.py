@@ -23,6 +23,7 @@ from typing import Any
 from installer.validate.nvsmi import (
     DriverNotLoaded,
     EccErrors,
+    Fabric,
     Gpu,
     MigDevice,
     NvidiaSmi,
@@ -149,7 +150,38 @@ def _gpu(nvml: Any, get: Callable[..., Any], index: int, h: Any) -> Gpu:
         power_draw_w=power / 1000 if power is not None else None,
         power_limit_w=limit / 1000 if limit is not None else None,
         fan_speed_pct=get(nvml.nvmlDeviceGetFanSpeed, h),
+        fabric=_fabric(nvml, h),
     )
+
+
+#: nvmlGpuFabricState_t -> what nvidia-smi prints as the fabric State (0, not supported: N/A)
+FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+
+
+def _fabric(nvml: Any, h: Any) -> Fabric | None:
+    """The GPU's NVSwitch fabric registration as nvmlDeviceGetGpuFabricInfo reports it, in nvidia-smi's words (state,
+    and once Completed the status: Success, else NVML's error string); N/A (Fabric(None, None)) when the GPU is on no
+    fabric or cannot tell; None when this NVML has no such call (as a document without the fabric element)."""
+    import ctypes
+
+    fn, info_type = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None), getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+    if fn is None or info_type is None:
+        return None
+    info = info_type()
+    try:
+        fn(h, ctypes.byref(info))
+    except nvml.NVMLError_FunctionNotFound:
+        return None
+    except nvml.NVMLError:
+        return Fabric(None, None)
+    state = FABRIC_STATES.get(int(info.state))
+    if state is None:
+        return Fabric(None, None)
+    status = None
+    if state == "Completed":
+        code = int(info.status)
+        status = "Success" if code == nvml.NVML_SUCCESS else _text(nvml.nvmlErrorString(code))
+    return Fabric(state, status)
 
 
 def _mig_devices(nvml: Any, get: Callable[..., Any], h: Any, product: str | None,

@@ -209,6 +209,18 @@ def fake_nvml(doc: NvidiaSmi, facts: tuple[Any, ...]) -> types.SimpleNamespace:
     ns.nvmlDeviceGetPersistenceMode = lambda h: 1
     ns.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: 0
     ns.nvmlDeviceGetFanSpeed = raise_ns
+    # the fabric as the document says it (state 0: not supported, nvidia-smi's N/A)
+    states = {None: 0, "Not Started": 1, "In Progress": 2, "Completed": 3}
+    ns.c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+
+    def fabric(h: Any, ref: Any) -> int:
+        if g.fabric is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        ref._obj.state = states[g.fabric.state]
+        ref._obj.status = pynvml.NVML_SUCCESS
+        return pynvml.NVML_SUCCESS
+
+    ns.nvmlDeviceGetGpuFabricInfo = fabric
     return ns
 
 
@@ -261,3 +273,29 @@ def test_compare_main_on_a_saved_document(tmp_path: Path, monkeypatch: pytest.Mo
     fake.nvmlDeviceGetTemperatureThreshold = lambda h, which: 90  # NVML disagrees: unexplained
     assert compare.main(["--xml", str(doc_path)]) == 6
     assert "slowdown_temp_c: XML 89 vs NVML 90 (UNEXPLAINED)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("state,status,expect", [
+    (0, 0, (None, None)), (1, 0, ("Not Started", None)), (2, 0, ("In Progress", None)), (3, 0, ("Completed", "Success")),
+    (3, 23, ("Completed", "Insufficient Resources")), ("missing", 0, None), ("unsupported", 0, (None, None)),
+])
+def test_nvml_reads_the_fabric_as_nvidia_smi_words_it(state: Any, status: int, expect: Any) -> None:
+    """nvmlDeviceGetGpuFabricInfo's state and status in nvidia-smi's words (node.fabric judges them alike from either
+    reader); no such call: None (not read); the GPU cannot tell: N/A."""
+    import pynvml
+
+    ns = types.SimpleNamespace(NVMLError=pynvml.NVMLError, NVML_SUCCESS=pynvml.NVML_SUCCESS,
+                               NVMLError_FunctionNotFound=pynvml.NVMLError_FunctionNotFound,
+                               c_nvmlGpuFabricInfo_t=pynvml.c_nvmlGpuFabricInfo_t,
+                               nvmlErrorString=lambda code: b"Insufficient Resources" if code == 23 else b"?")
+
+    def info(h: Any, ref: Any) -> int:
+        if state == "unsupported":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        ref._obj.state, ref._obj.status = state, status
+        return 0
+
+    if state != "missing":
+        ns.nvmlDeviceGetGpuFabricInfo = info
+    got = local._fabric(ns, "h0")
+    assert (None if got is None else (got.state, got.status)) == expect
