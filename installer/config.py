@@ -694,6 +694,43 @@ class Packages(Block):
         return self
 
 
+PROXY_CREDENTIALS = ("a proxy that needs a login cannot be given here yet: let the driver container's network "
+                     "reach it without one (an allow-list for the GPU nodes), or use packages.url (the site repository)")
+
+
+class Proxy(Block):
+    """A proxied (not air-gapped) site's HTTP proxy: passed, where the site asks, to the operator's driver container,
+    which installs the node kernel's packages from the network at start (proxy.driverContainer)."""
+
+    http: str | None = Field(None, description="HTTP_PROXY: http(s)://host:port of the proxy for http URLs",
+                             json_schema_extra=rules({"pattern": URL_PREFIX, "maxLength": 2048}))
+    https: str | None = Field(None, description="HTTPS_PROXY: http(s)://host:port of the proxy for https URLs",
+                              json_schema_extra=rules({"pattern": URL_PREFIX, "maxLength": 2048}))
+    noProxy: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.*:/\[\]_-]{1,253}$")]] = Field(
+        default_factory=list, max_length=256,
+        description="NO_PROXY: hosts, domains (.example.internal), IP addresses and CIDRs reached without the proxy "
+                    "(the registry, the site repository, the cluster's service network)")
+    driverContainer: bool = Field(False, description="pass HTTP_PROXY/HTTPS_PROXY/NO_PROXY (and their lowercase "
+                                                     "forms) to the operator's driver container (driver.env)")
+
+    @field_validator("http", "https")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        no_userinfo(v, PROXY_CREDENTIALS)
+        if len(v) > 2048 or not re.match(URL_PREFIX, v):
+            shown = v if len(v) <= 80 else v[:77] + "..."
+            raise ValueError(f"{shown!r} is not an http(s) URL such as http://proxy.example.internal:3128")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _something_to_pass(self) -> Proxy:
+        if self.driverContainer and not (self.http or self.https):
+            raise ValueError("driverContainer is true without http or https: there is no proxy to pass")
+        return self
+
+
 class Mirror(Block):
     """Where `gpu-install mirror` takes what the site does not have yet (on the connected side), and the bundle keys
     the air-gapped side trusts (trustedKeys)."""
@@ -792,6 +829,7 @@ class Site(Block):
     packages: Packages = Field(default_factory=Packages,
                                description="the site's package repository the nodes install driver/toolkit "
                                "packages from (air-gapped side)")
+    proxy: Proxy = Field(default_factory=Proxy, description="a proxied site's HTTP proxy (driver container)")
 
 
 # ---------------------------------------------------------------- loading

@@ -344,6 +344,34 @@ def _render_driver(site: Site, release: Release, values: dict[str, Any]) -> None
 
     for path, value in driver_repo.value_paths(site, release).items():
         _set(values, path, value)
+    env = proxy_env(site)
+    if env and not in_container:
+        raise ConfigError(f"proxy.driverContainer: driver.mode {mode} runs no driver container",
+                          hint="drop proxy.driverContainer (the nodes' own package managers use their own proxy "
+                               "settings), or use driver.mode operator")
+    if env:
+        _require(release, "driver.env", "proxy.driverContainer", "this release's chart has no driver.env")
+        own = site.values.get("driver")
+        if isinstance(own, dict) and "env" in own:
+            raise ConfigError("values.driver.env and proxy.driverContainer both set the driver container's environment "
+                              "(a values list replaces the rendered one whole)",
+                              hint="give the proxy in proxy: only, or drop proxy.driverContainer and put the proxy "
+                                   "variables into values.driver.env yourself")
+        _set(values, "driver.env", env)
+
+
+def proxy_env(site: Site) -> list[dict[str, str]]:
+    """The driver container's proxy environment (proxy.driverContainer): HTTP_PROXY, HTTPS_PROXY, NO_PROXY as given,
+    each also in lowercase (apt reads http_proxy, curl both); [] when not asked."""
+    p = site.proxy
+    if not p.driverContainer:
+        return []
+    out = []
+    for name, value in (("HTTP_PROXY", p.http), ("HTTPS_PROXY", p.https),
+                        ("NO_PROXY", ",".join(p.noProxy) if p.noProxy else None)):
+        if value:
+            out += [{"name": name, "value": value}, {"name": name.lower(), "value": value}]
+    return out
 
 
 def _render_toolkit(site: Site, release: Release, values: dict[str, Any]) -> None:
