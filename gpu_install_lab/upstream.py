@@ -194,6 +194,9 @@ def package_repository(directory: Path, versions: tuple[str, ...], unsigned: str
         for d in debs:
             shutil.copy(d, pool / d.name)
         rpm_sign(home, [Path(shutil.copy(r, directory / "rpm" / r.name)) for r in rpms])
+    # what a Rocky/RHEL upstream (BaseOS) also holds and the operator's driver container installs at start whatever
+    # the kernel: elfutils-libelf(-devel), STAND-INs under the real names
+    rpm_sign(home, [Path(shutil.copy(r, directory / "rpm" / r.name)) for r in standin_elfutils_rpms()])
     apt_index(directory / "apt", home)
     _run("createrepo_c", "--quiet", str(directory / "rpm"))
     if unsigned:
@@ -202,6 +205,22 @@ def package_repository(directory: Path, versions: tuple[str, ...], unsigned: str
             shutil.copy(r, directory / "rpm-unsigned" / r.name)
         _run("createrepo_c", "--quiet", str(directory / "rpm-unsigned"))
     return key
+
+
+ELFUTILS_VERSION = "0.190"
+
+
+def standin_elfutils_rpms() -> list[Path]:
+    """STAND-IN elfutils-libelf and elfutils-libelf-devel (Rocky 9 BaseOS/AppStream ship them; not obtainable here):
+    what the driver container's RHEL packages (installer/data/driver-container-packages.yaml) resolve to upstream."""
+    from gpu_install_lab.packages import RPM_RELEASE, _standin_rpm
+
+    doc = "gpu-install lab STAND-IN, not the distribution's package: "
+    return [_standin_rpm(name, ELFUTILS_VERSION, RPM_RELEASE, f"gpu-install lab STAND-IN for {name}", doc + what,
+                         {f"/usr/share/doc/{name}/STANDIN": doc + what + "\n"}, requires=req)
+            for name, what, req in (
+                ("elfutils-libelf", "no library (nothing links against it in the lab)", ()),
+                ("elfutils-libelf-devel", "no headers", (f"elfutils-libelf = {ELFUTILS_VERSION}",)))]
 
 
 def newer(version: str) -> str:
