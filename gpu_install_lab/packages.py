@@ -168,13 +168,16 @@ def closure(flavour: str = "debian12", packages: tuple[str, ...] = RUNTIME_PACKA
     return sorted(out.glob("*.deb"))
 
 
-def _standin_deb(name: str, version: str, control: str, files: dict[str, str]) -> Path:
+def _standin_deb(name: str, version: str, control: str, files: dict[str, str], architecture: str = "all",
+                 section: str = "misc") -> Path:
     """Build a stand-in .deb once with dpkg-deb (cached by a hash of what goes into it): `control` holds the fields
     after Package/Version/Architecture, `files` maps /usr/bin names to executable script text, and absolute paths to
     text files (0644). Every stand-in owns at least one file: dpkg lets a package that owns none disappear."""
     files = files or {f"/usr/share/doc/{name}/STAND-IN": f"{name} {version}: a gpu-install lab STAND-IN package.\n"}
-    digest = hashlib.sha256(repr((name, version, control, sorted(files.items()))).encode()).hexdigest()[:12]
-    out = cache_dir() / "lab-debs" / digest / f"{name}_{version}_all.deb"
+    key = (name, version, control, sorted(files.items())) + ((architecture, section) if (architecture, section) !=
+                                                              ("all", "misc") else ())
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+    out = cache_dir() / "lab-debs" / digest / f"{name}_{version}_{architecture}.deb"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -182,8 +185,8 @@ def _standin_deb(name: str, version: str, control: str, files: dict[str, str]) -
         root = Path(tmp)
         (root / "DEBIAN").mkdir()
         (root / "DEBIAN" / "control").write_text(
-            f"Package: {name}\nVersion: {version}\nArchitecture: all\n{control}"
-            "Maintainer: gpu-install lab <lab@gpu-install.invalid>\nSection: misc\nPriority: optional\n")
+            f"Package: {name}\nVersion: {version}\nArchitecture: {architecture}\n{control}"
+            f"Maintainer: gpu-install lab <lab@gpu-install.invalid>\nSection: {section}\nPriority: optional\n")
         bin_dir = root / "usr" / "bin"
         for fname, text in files.items():
             path = root / fname.lstrip("/") if fname.startswith("/") else bin_dir / fname

@@ -29,11 +29,11 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpu_install_lab import rootfs
+from gpu_install_lab.packages import _standin_deb
 from gpu_install_lab.sh import run
 from installer.errors import EnvironmentProblem
 from installer.util import cache_dir, sha256_file
@@ -98,26 +98,11 @@ def header_deb(kernel: str | None = None) -> Path:
               "lab's nodes run (this machine's); the lab's driver-container test installs this package under the "
               "real name from the signed site repository, as NVIDIA's driver container installs the node kernel's "
               "headers. It holds no header file.\n")
-    control = (f"Package: {name}\nVersion: {HEADER_VERSION}\nArchitecture: amd64\nDepends: {', '.join(HEADER_DEPENDS)}\n"
-               "Maintainer: gpu-install lab <lab@gpu-install.invalid>\nSection: kernel\nPriority: optional\n"
+    control = (f"Depends: {', '.join(HEADER_DEPENDS)}\n"
                f"Description: STAND-IN (gpu-install lab) for the Linux kernel headers of {kernel}\n"
                " Stands in for the header package NVIDIA's driver container installs at start; holds a README only.\n")
-    digest = hashlib.sha256((control + readme).encode()).hexdigest()[:12]
-    out = cache_dir() / "lab-debs" / digest / f"{name}_{HEADER_VERSION}_amd64.deb"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "DEBIAN").mkdir()
-        (root / "DEBIAN" / "control").write_text(control)
-        doc = root / "usr" / "src" / name / "README.STAND-IN"
-        doc.parent.mkdir(parents=True)
-        doc.write_text(readme)
-        part = out.with_name(out.name + f".tmp-{os.getpid()}")
-        run(["dpkg-deb", "--root-owner-group", "--build", root, part])
-        os.replace(part, out)
-    return out
+    return _standin_deb(name, HEADER_VERSION, control, {f"/usr/src/{name}/README.STAND-IN": readme},
+                        architecture="amd64", section="kernel")
 
 
 # ---------------------------------------------------------------- the image

@@ -644,6 +644,18 @@ def os_mirror_url(v: str) -> str:
     return v.rstrip("/") if v.rstrip("/") not in ("http:/", "https:/") else v
 
 
+def _http_url(v: str | None, credentials_fix: str, example: str) -> str | None:
+    """An http(s) URL of a site field, without user:password@ (credentials_fix says where they go instead) and without
+    a trailing slash; ValueError naming what was given (shortened) and an example."""
+    if v is None:
+        return v
+    no_userinfo(v, credentials_fix)
+    if len(v) > 2048 or not re.match(URL_PREFIX, v):
+        shown = v if len(v) <= 80 else v[:77] + "..."
+        raise ValueError(f"{shown!r} is not an http(s) URL such as {example}")
+    return v.rstrip("/")
+
+
 class Packages(Block):
     """The site's own package repository (air-gapped side): what `mirror push --repo-dir DIR` published, served at
     `url`; apply configures it on the GPU nodes, trusting `key`, before the roles install packages."""
@@ -670,13 +682,7 @@ class Packages(Block):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        no_userinfo(v, SITE_PACKAGES_CREDENTIALS)
-        if len(v) > 2048 or not re.match(URL_PREFIX, v):
-            shown = v if len(v) <= 80 else v[:77] + "..."
-            raise ValueError(f"{shown!r} is not an http(s) URL such as http://repo.example.com/gpu-install")
-        return v.rstrip("/")
+        return _http_url(v, SITE_PACKAGES_CREDENTIALS, "http://repo.example.com/gpu-install")
 
     @field_validator("osMirror")
     @classmethod
@@ -716,13 +722,7 @@ class Proxy(Block):
     @field_validator("http", "https")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        no_userinfo(v, PROXY_CREDENTIALS)
-        if len(v) > 2048 or not re.match(URL_PREFIX, v):
-            shown = v if len(v) <= 80 else v[:77] + "..."
-            raise ValueError(f"{shown!r} is not an http(s) URL such as http://proxy.example.internal:3128")
-        return v.rstrip("/")
+        return _http_url(v, PROXY_CREDENTIALS, "http://proxy.example.internal:3128")
 
     @model_validator(mode="after")
     def _something_to_pass(self) -> Proxy:
