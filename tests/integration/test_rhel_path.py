@@ -41,8 +41,9 @@ TOOLKIT = "1.17.4"
 UNTRUST_RHEL = ("rm -f /etc/pki/ca-trust/source/anchors/* && update-ca-trust extract && rm -rf /etc/containers/certs.d")
 
 
-def _site(work: Path, name: str, registry: dict, driver: dict, toolkit: dict | None = None) -> Path:
-    site = {"operator": {"version": "v24.9.2"}, "registry": registry, "runtime": "containerd",
+def _site(work: Path, name: str, registry: dict, driver: dict, toolkit: dict | None = None,
+          operator: str = "v24.9.2") -> Path:
+    site = {"operator": {"version": operator}, "registry": registry, "runtime": "containerd",
             "toolkit": toolkit or {"mode": "operator"}, "driver": {**driver, "customImageOs": LAB_DRIVER_OS}}
     path = work / f"site-{name}.yaml"
     path.write_text(yaml.safe_dump(site))
@@ -313,3 +314,25 @@ def test_rhel9_uninstall_puts_the_stream_back(streams):
     assert not _enabled_rows(root(lab, RHEL, "dnf -q module list nvidia-driver").stdout)
     again = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
     assert again.returncode == 0 and re.search(r"nodes +unchanged", again.stdout), again.stdout + again.stderr[-3000:]
+
+
+def test_rhel9_without_driver_version_the_release_branch_open_only(streams):
+    """No driver.version: host mode installs the branch of the driver the release pins (v25.10.1: 580.105.08, branch
+    580), kernelModuleType open: the stream 580-open and its newest version (580.95.05: the pin is the branch prefix),
+    no proprietary package; uninstall puts the stream back."""
+    lab, apply, work = streams
+    site = _site(work, "rhel-release-branch", {"host": "registry.example.internal:5000"},
+                 {"mode": "host", "kernelModuleType": "open"}, operator="v25.10.1")
+    _ok(apply(site, "--limit", RHEL))
+    state = root(lab, RHEL, f"cat {MODULE_FILE}").stdout
+    assert "stream=580-open" in state and "state=enabled" in state, state
+    for pkg in ("nvidia-driver", "nvidia-driver-cuda", "kmod-nvidia-open-dkms"):
+        assert rpm_q(lab, pkg).startswith("3:580.95.05-"), (pkg, rpm_q(lab, pkg))
+    assert "is not installed" in rpm_q(lab, "kmod-nvidia-latest-dkms")
+    assert "driver 580.95.05 (pinned 580)" in task_messages(apply)["Driver | Report"]
+    argv = [str(VENV_BIN / "gpu-install"), "uninstall", "-s", str(site), "-i", str(apply.inventory), "--skip-operator",
+            "--yes"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=apply.env(), timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert not _enabled_rows(root(lab, RHEL, "dnf -q module list nvidia-driver").stdout)
+    assert "is not installed" in rpm_q(lab, "nvidia-driver")
