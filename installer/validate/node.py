@@ -65,6 +65,7 @@ class Expectations:
     driver_version: str | None = None  # an exact version (535.54.03) or a branch (535)
     mig_config: str | None = None  # the node's nvidia.com/mig.config (all-disabled, all-1g.10gb, all-balanced, …)
     nvswitch: bool | None = None  # the node has NVSwitches (fabric_expected()); None: unknown
+    signer: SignerExpectation | None = None  # driver.secureBoot: who must have signed the nvidia module; None: unchecked
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -354,3 +355,101 @@ def check_node(host: str, result: NvidiaSmi | DriverNotLoaded, expect: Expectati
         out += _gpu_checks(host, gpu, expect)
     out += _fabric(host, result, expect.nvswitch)
     return out
+
+
+# --- node.driver.signer: who signed the nvidia module (driver.secureBoot) ---------------------------------------------
+
+SIGNER = "node.driver.signer"
+#: What `modinfo -F signer` prints for modules Canonical signs: the prebuilt `linux-modules-nvidia-<branch>-*`
+#: packages report "Canonical Ltd. Kernel Module Signing"; Ubuntu's in-tree modules "Canonical Ltd. Secure Boot
+#: Signing (<year>)". Accepted only when the site allows Canonical's modules (canonical_ok).
+CANONICAL_SIGNERS = ("Canonical Ltd. Kernel Module Signing", "Canonical Ltd. Secure Boot Signing")
+SIGNER_FIX = ("rebuild and sign the module with the site key: `gpu-install apply` with driver.mode host and "
+              "driver.secureBoot.certificate/signingKey (DKMS signs with /etc/dkms/framework.conf mok_signing_key / "
+              "mok_certificate); `modinfo -F signer nvidia` and `modinfo -F sig_key nvidia` on the node show what "
+              "signed it")
+_MAX_CERT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SiteCertificate:
+    """What modinfo can show of the site's module signing certificate: its subject CN and the key ids `sig_key`
+    prints (colon-separated upper-case hex): the serial number (sign-file's default PKCS#7 signer id, issuer and
+    serial) and the Subject Key Identifier (sign-file -k)."""
+
+    cn: str
+    serial: tuple[str, ...]  # the serial's bytes, minimal and as DER encodes it (a leading 00 when the top bit is set)
+    ski: str | None
+
+    def key_ids(self) -> tuple[str, ...]:
+        return self.serial + ((self.ski,) if self.ski else ())
+
+
+@dataclass(frozen=True)
+class SignerExpectation:
+    """node.driver.signer is checked: the module must be signed by certificate (None: no site certificate) or, when
+    canonical_ok, by Canonical."""
+
+    certificate: SiteCertificate | None
+    canonical_ok: bool = False
+
+
+def colon_hex(data: bytes) -> str:
+    """b'\\x3f\\x45' -> '3F:45', the form modinfo prints sig_key in."""
+    return ":".join(f"{b:02X}" for b in data)
+
+
+def site_certificate(data: bytes, name: str = "driver.secureBoot.certificate") -> SiteCertificate:
+    """Parse the site's certificate (DER or PEM, at most 64 KiB) with `cryptography`. Raises ValueError naming
+    <name> when it is not one X.509 certificate with a subject CN."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    if len(data) > _MAX_CERT:
+        raise ValueError(f"{name}: {len(data)} bytes, more than a certificate ({_MAX_CERT})")
+    try:
+        cert = (x509.load_pem_x509_certificate(data) if data.lstrip().startswith(b"-----BEGIN")
+                else x509.load_der_x509_certificate(data))
+    except ValueError as e:
+        raise ValueError(f"{name}: not an X.509 certificate in DER or PEM ({e})") from None
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not cns:
+        raise ValueError(f"{name}: the certificate's subject has no CN, which modinfo shows as the signer")
+    try:
+        ski: str | None = colon_hex(cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest)
+    except x509.ExtensionNotFound:
+        ski = None
+    n = cert.serial_number
+    serials = {colon_hex(n.to_bytes(max(1, (n.bit_length() + extra) // 8), "big")) for extra in (7, 8)}
+    return SiteCertificate(str(cns[0].value), tuple(sorted(serials, key=len)), ski)
+
+
+def _key_id(text: str) -> str:
+    return text.strip().upper()
+
+
+def signer_check(host: str, modinfo_signer: str, modinfo_sig_key: str, cert: SiteCertificate | None, loaded: bool,
+                 *, canonical_ok: bool = False) -> list[Finding]:
+    """node.driver.signer for one host: the nvidia module must be loaded (/sys/module/nvidia) and signed by the site
+    certificate (signer == its CN and sig_key == its serial or Subject Key Identifier), or by Canonical when
+    canonical_ok. Exactly one finding: error when not, info naming the signer and key when it is."""
+    signer, sig_key = modinfo_signer.strip()[:256], _key_id(modinfo_sig_key)[:512]
+    said = f"signer {signer!r}, sig_key {sig_key or '(none)'}"
+    if not loaded:
+        return [_finding(SIGNER, "error", host, f"{host}: the nvidia module is not loaded (no /sys/module/nvidia); "
+                         f"the module on disk has {said}",
+                         "with Secure Boot on the kernel refuses a module signed by a key it does not trust "
+                         "(dmesg: 'Key was rejected by service'): check `mokutil --test-key` for the site certificate, "
+                         "then " + SIGNER_FIX)]
+    if not signer:
+        return [_finding(SIGNER, "error", host, f"{host}: the nvidia module is not signed (modinfo shows no signer)",
+                         SIGNER_FIX)]
+    if cert is not None and signer == cert.cn and sig_key in cert.key_ids():
+        return [_finding(SIGNER, "info", host, f"{host}: nvidia module signed by the site certificate ({said})", "")]
+    if canonical_ok and any(signer.startswith(c) for c in CANONICAL_SIGNERS):
+        return [_finding(SIGNER, "info", host, f"{host}: nvidia module signed by Canonical ({said})", "")]
+    want = (f"the site certificate (CN {cert.cn!r}, key {' or '.join(cert.key_ids())})"
+            if cert is not None else "no site certificate given")
+    if canonical_ok:
+        want += " or Canonical (" + " / ".join(CANONICAL_SIGNERS) + ")"
+    return [_finding(SIGNER, "error", host, f"{host}: nvidia module has {said}; expected {want}", SIGNER_FIX)]

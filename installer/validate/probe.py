@@ -51,6 +51,12 @@ echo "$M secureboot"
 mokutil --sb-state 2>/dev/null || true
 echo "$M reboot"
 [ -e /var/run/reboot-required ] && echo required || true
+echo "$M signer"
+PATH="$PATH:/usr/sbin:/sbin" modinfo -F signer nvidia 2>/dev/null | head -n 1 || true
+echo "$M sig_key"
+PATH="$PATH:/usr/sbin:/sbin" modinfo -F sig_key nvidia 2>/dev/null | head -n 1 || true
+echo "$M module"
+[ -d /sys/module/nvidia ] && echo loaded || true
 """ + r"""
 bins=nvidia-container-runtime
 asroot() { if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then sudo -n "$@" 2>&1; else "$@" 2>&1; fi; }
@@ -300,6 +306,11 @@ def checks_for(t: Target, probe: Probe, expect: Any, seconds: float, *, result: 
         t.host, result, expect, pci_devices=pci if probe.sections.get("lspci", "").strip() else None,
         nouveau_loaded="nouveau" in modules, secure_boot="SecureBoot enabled" in probe.sections.get("secureboot", ""),
         reboot_required="required" in probe.sections.get("reboot", ""))
+    signer = getattr(expect, "signer", None)
+    if signer is not None:  # driver.secureBoot: node.driver.signer
+        findings += nodecheck.signer_check(
+            t.host, probe.sections.get("signer", ""), probe.sections.get("sig_key", ""), signer.certificate,
+            "loaded" in probe.sections.get("module", "").split(), canonical_ok=signer.canonical_ok)
     out: list[Check] = []
     if isinstance(result, DriverNotLoaded):
         out.append(check("node.nvidia-smi", "fail", f"{t.host}: {via} ran, the driver is not loaded"))
