@@ -224,6 +224,19 @@ class Registry(Block):
         return v
 
 
+class SecureBoot(Block):
+    mode: Literal["off", "require", "auto"] = Field(
+        "off", description="off: refuse GPU nodes with Secure Boot on where a driver is built on the node or runs in a "
+        "container (host, runfile, operator) · require: every GPU node must have Secure Boot on · auto: either; "
+        "host/runfile modes need certificate and signingKey, and preflight checks the certificate is enrolled (MOK)")
+    certificate: Path | None = Field(
+        None, description="the site's MOK certificate (X.509, DER or PEM) on the controller (relative to the site "
+        "file): what the nodes must have enrolled")
+    signingKey: Path | None = Field(
+        None, description="the certificate's private key on the controller (relative to the site file), mode 0600; "
+        "never logged nor passed as a variable")
+
+
 class Driver(Block):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         # _runfile(): runfile and its checksum belong to mode runfile
@@ -267,6 +280,8 @@ class Driver(Block):
         description="operator/precompiled mode: OS tags (e.g. debian12) the site builds its own driver images for; "
         "other OSes must be ones NVIDIA publishes driver images of the release for",
         max_length=64)
+    secureBoot: SecureBoot = Field(default_factory=SecureBoot,
+                                   description="UEFI Secure Boot on the GPU nodes and the site's module signing key")
 
     @field_validator("serial")
     @classmethod
@@ -290,6 +305,24 @@ class Driver(Block):
         if v is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", v):
             raise ValueError("must be 64 hex digits (sha256sum of the .run file)")
         return v.lower() if v else v
+
+    @model_validator(mode="after")
+    def _secure_boot(self) -> Driver:
+        sb = self.secureBoot
+        if sb.mode == "off":
+            return self
+        if self.mode == "operator":
+            raise ValueError(f"driver.secureBoot.mode {sb.mode} with driver.mode operator: the driver container builds "
+                             "the module on the node, and nothing signs it with a key the nodes trust. Use driver.mode "
+                             "precompiled (modules signed by NVIDIA/Canonical, where NVIDIA publishes them), or "
+                             "driver.mode host with the site key (driver.secureBoot.certificate and signingKey)")
+        if self.mode in ("host", "runfile"):
+            missing = [f"driver.secureBoot.{f}" for f in ("certificate", "signingKey") if getattr(sb, f) is None]
+            if missing:
+                raise ValueError(f"driver.secureBoot.mode {sb.mode} with driver.mode {self.mode} needs "
+                                 f"{' and '.join(missing)}: the site's MOK certificate and its private key (controller "
+                                 "paths) sign the module built on the node")
+        return self
 
     @model_validator(mode="after")
     def _runfile(self) -> Driver:
@@ -873,6 +906,11 @@ def load_site(path: str | os.PathLike[str] | None, overrides: list[str] | None =
         site.operator.chart = str(local(Path(site.operator.chart)))
     if site.driver.runfile and "://" not in site.driver.runfile:
         site.driver.runfile = str(local(Path(site.driver.runfile)))
+    sb = site.driver.secureBoot
+    if sb.certificate:
+        sb.certificate = local(sb.certificate)
+    if sb.signingKey:
+        sb.signingKey = local(sb.signingKey)
     if site.mirror.upstreamCa:
         site.mirror.upstreamCa = local(site.mirror.upstreamCa)
     site.mirror.trustedKeys = [local(k) for k in site.mirror.trustedKeys]

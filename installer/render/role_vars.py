@@ -4,7 +4,9 @@ tests/unit/test_ansible_apply.py keeps every variable declared in the roles' met
 
 from __future__ import annotations
 
+import base64
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +202,97 @@ def _host_driver_vars(site: Site, release: Release, nodes: Sequence[Node]) -> di
             "nvidia_driver_open_only_aarch64_devices": aarch64}
 
 
+#: a certificate or a private key larger than this is not one (an RSA-4096 PEM key is about 3.3 KB)
+_KEY_FILE_MAX = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SiteKey:
+    """The site's MOK certificate, checked (driver.secureBoot.certificate): its DER bytes and fingerprints."""
+    der: bytes
+    sha1: str
+    sha256: str
+
+
+def _read_key_file(path: Path, field: str) -> bytes:
+    """The file's bytes, read once and bounded; ConfigError naming the field when it is missing or too large."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_KEY_FILE_MAX + 1)
+    except OSError as exc:
+        raise ConfigError(f"{field} {path}: cannot read it ({exc.strerror})",
+                          hint=f"set {field} to an existing file on the controller (relative to the site file)") from None
+    if len(data) > _KEY_FILE_MAX:
+        raise ConfigError(f"{field} {path}: larger than {_KEY_FILE_MAX} bytes, not a key file",
+                          hint=f"set {field} to the site's MOK file")
+    return data
+
+
+def site_key(site: Site) -> SiteKey:
+    """driver.secureBoot's certificate (an X.509 certificate, DER or PEM) and signingKey (a regular file, no access
+    for group or other, an unencrypted private key whose public key is the certificate's), checked; ConfigError (exit
+    2) naming the field otherwise. The private key is read once here and never kept, logged nor passed on: only its
+    path is named in messages."""
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    sb = site.driver.secureBoot
+    if sb.certificate is None or sb.signingKey is None:
+        raise ConfigError("driver.secureBoot needs certificate and signingKey",
+                          hint="set both to the site's MOK files on the controller")
+    cert_path = Path(sb.certificate).expanduser().absolute()
+    data = _read_key_file(cert_path, "driver.secureBoot.certificate")
+    try:
+        cert = (x509.load_pem_x509_certificate(data) if b"-----BEGIN CERTIFICATE-----" in data
+                else x509.load_der_x509_certificate(data))
+    except ValueError:
+        raise ConfigError(f"driver.secureBoot.certificate {cert_path}: not an X.509 certificate (DER or PEM)",
+                          hint="give the MOK certificate, e.g. MOK.der from `openssl req -new -x509 -outform DER ...`"
+                          ) from None
+    key_path = Path(sb.signingKey).expanduser().absolute()
+    field = "driver.secureBoot.signingKey"
+    try:
+        st = key_path.stat()
+    except OSError as exc:
+        raise ConfigError(f"{field} {key_path}: {exc.strerror}",
+                          hint=f"set {field} to the private key of driver.secureBoot.certificate") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{field} {key_path}: not a regular file", hint=f"set {field} to the private key file")
+    if st.st_mode & 0o077:
+        raise ConfigError(f"{field} {key_path}: mode {stat.S_IMODE(st.st_mode):04o} lets group or other users access "
+                          "the site's signing key", hint=f"chmod 600 {key_path}")
+    raw = _read_key_file(key_path, field)
+    try:
+        key = (serialization.load_pem_private_key(raw, password=None) if b"-----BEGIN" in raw
+               else serialization.load_der_private_key(raw, password=None))
+    except TypeError:  # encrypted: DKMS and the runfile's sign-file read an unencrypted key
+        raise ConfigError(f"{field} {key_path}: the private key is encrypted (a passphrase)",
+                          hint="give the unencrypted key (kept 0600 on the controller): DKMS and the runfile sign "
+                               "without a passphrase prompt") from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise ConfigError(f"{field} {key_path}: not a private key (PEM or DER)",
+                          hint=f"set {field} to the private key of driver.secureBoot.certificate") from None
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+        raise ConfigError(f"{field} {key_path} is not the private key of driver.secureBoot.certificate {cert_path}",
+                          hint="give the key and the certificate of the same MOK pair")
+    del raw, key
+    return SiteKey(cert.public_bytes(serialization.Encoding.DER), cert.fingerprint(hashes.SHA1()).hex(),  # noqa: S303
+                   cert.fingerprint(hashes.SHA256()).hex())
+
+
+def _secure_boot_vars(site: Site) -> dict[str, Any]:
+    """Preflight's Secure Boot inputs: the mode and, where the module is built on the node (host, runfile) with Secure
+    Boot allowed, the site certificate's DER bytes (base64) and SHA-256 to test enrolment with -- never the key."""
+    sb = site.driver.secureBoot
+    checked = sb.mode != "off" and site.driver.mode in ("host", "runfile")
+    key = site_key(site) if checked else None
+    return {"preflight_secure_boot_mode": sb.mode,
+            "preflight_secure_boot_certificate": base64.b64encode(key.der).decode() if key else "",
+            "preflight_secure_boot_certificate_sha256": key.sha256 if key else ""}
+
+
 def role_vars(site: Site, release: Release, nodes: Sequence[Node] = ()) -> dict[str, Any]:
     """The variables Python hands to the roles (each declared in a role's meta/argument_specs.yml). nodes: the GPU
     nodes of the plan (their facts decide the host driver's kernel modules, see host_driver)."""
@@ -215,6 +308,7 @@ def role_vars(site: Site, release: Release, nodes: Sequence[Node] = ()) -> dict[
         "preflight_runtime": site.runtime,
         "preflight_driver_mode": site.driver.mode,
         "preflight_sharing_mode": site.sharing.mode,
+        **_secure_boot_vars(site),
         "docker_runtime_enabled": site.runtime == "docker" and host_toolkit,
         "docker_runtime_default_runtime": "nvidia" if nvidia_default else "",
         "docker_runtime_insecure_registries": [site.registry.host] if site.registry.insecure else [],

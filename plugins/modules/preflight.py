@@ -17,7 +17,9 @@ options:
   disk_path: {type: str, default: /var/lib}
   min_free_gb: {type: float, default: 10}
   require_gpu: {type: bool, default: true}
-  allow_secure_boot: {type: bool, default: false}
+  secure_boot_mode: {type: str, choices: ["off", require, auto], default: "off", description: site.yaml driver.secureBoot.mode}
+  secure_boot_certificate: {type: str, default: "", description: the site's MOK certificate (DER, base64); with Secure Boot on, driver_mode host or runfile and secure_boot_mode require or auto, `mokutil --test-key` checks it is enrolled}
+  secure_boot_certificate_sha256: {type: str, default: "", description: its SHA-256 fingerprint (named in messages)}
   require_kernel_headers: {type: bool, default: true, description: with driver_mode host or runfile; false only where the module cannot be built anyway (the lab)}
   sharing: {type: str, choices: [none, gpumanager, hami], default: none, description: site.yaml sharing.mode; gpumanager needs the cgroup v1 memory controller}
   inventory:
@@ -33,8 +35,10 @@ author: gpu-install
 
 import glob
 import os
+import base64
 import re
 import shutil
+import tempfile
 
 if False:  # typing only: the node's Python 2.7 has no typing module
     from typing import Any, Callable  # noqa: F401
@@ -127,6 +131,96 @@ def headers(root, kernel, os_family, run):
     return "unknown"
 
 
+def efi_secure_boot(data):
+    # type: (bytes | None) -> bool | None
+    """The SecureBoot EFI variable (4 attribute bytes, then the value byte): on, off, or None when not readable."""
+    return None if data is None else (len(data) > 0 and bytearray(data)[-1] == 1)
+
+
+def mokutil_sb_state(out):
+    # type: (str) -> bool | None
+    """`mokutil --sb-state`'s answer: "SecureBoot enabled" / "SecureBoot disabled"; None for anything else."""
+    low = (out or "").lower()
+    return True if "secureboot enabled" in low else False if "secureboot disabled" in low else None
+
+
+def mokutil_enrolled(out):
+    # type: (str) -> bool | None
+    """`mokutil --test-key FILE`'s answer ("FILE is already enrolled" / "FILE is not enrolled"; its exit status
+    differs between versions, its words do not); None for anything else."""
+    low = (out or "").lower()
+    return True if "is already enrolled" in low else False if "is not enrolled" in low else None
+
+
+def secure_boot_on(efivar, mokutil):
+    # type: (bool | None, bool | None) -> bool | None
+    """On when either the EFI variable or mokutil says on; off when one says off and none on; None when neither
+    could be read."""
+    said = [x for x in (efivar, mokutil) if x is not None]
+    return None if not said else any(said)
+
+
+def enrolment_procedure(sha256):
+    # type: (str) -> str
+    return ("enrol the site certificate once: copy driver.secureBoot.certificate (SHA-256 %s) to the node as DER "
+            "(cert.der), run `mokutil --import cert.der` (it asks for a one-time password), reboot, confirm the "
+            "enrolment in the MOK manager at the console with that password, then re-run; gpu-install never enrols "
+            "keys itself" % (sha256 or "?"))
+
+
+def secure_boot_problems(host, f, driver_mode, mode, enrolled, sha256=""):
+    # type: (str, dict[str, Any], str, str, bool | None, str) -> list[str]
+    """What the node's Secure Boot state (f["secure_boot"], f["mokutil"]) means for the site's driver.secureBoot.mode
+    and driver.mode; enrolled: `mokutil --test-key`'s answer for the site certificate (None: not asked or no answer).
+    Pure: the module asks mokutil, this decides."""
+    on = f["secure_boot"]
+    name = "host %s: " % host if host else ""
+    if mode == "require" and not on:
+        state = "off" if on is False else "not readable (no EFI variable, no mokutil)"
+        return [name + "Secure Boot is %s and driver.secureBoot.mode is require: enable Secure Boot in the firmware "
+                "setup, or set driver.secureBoot.mode auto" % state]
+    if not on:
+        return []
+    if mode == "off":
+        if driver_mode in ("host", "runfile", "operator"):
+            return [name + "Secure Boot is on and driver.secureBoot.mode is off: a driver built on the node (driver.mode "
+                    "%s) will not load unsigned; set driver.secureBoot (mode auto with the site's certificate and "
+                    "signingKey, driver.mode host or runfile), use driver.mode precompiled, or disable Secure Boot"
+                    % driver_mode]
+        return []
+    if driver_mode not in ("host", "runfile"):
+        return []
+    if not f.get("mokutil"):
+        return [name + "Secure Boot is on and mokutil is not installed: install the mokutil package on the node "
+                "(preflight tests the site certificate's enrolment with `mokutil --test-key`)"]
+    if enrolled is None:
+        return [name + "`mokutil --test-key` gave no answer for the site certificate (SHA-256 %s): run it on the "
+                "node to see why" % (sha256 or "?")]
+    if not enrolled:
+        return [name + "Secure Boot is on and the site certificate is not enrolled (MOK), so the kernel would reject "
+                "the module built with the site key: " + enrolment_procedure(sha256)]
+    return []
+
+
+def test_key(root, run, mokutil, der):
+    # type: (str, Callable[[list[str]], tuple[int, str, str]], str, bytes) -> bool | None
+    """`mokutil --test-key` on the certificate written to a temporary file on the node, removed after."""
+    fd, path = tempfile.mkstemp(prefix="gpu-install-mok-", suffix=".der")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(der)
+        _, out, err = run([tool_path(root, mokutil), "--test-key", path])
+        return mokutil_enrolled((out or "") + (err or ""))
+    finally:
+        os.unlink(path)
+
+
+def tool_path(root, found):
+    # type: (str, str) -> str
+    """A tool which() found, as run on this machine: below root in tests."""
+    return found if root in ("", "/") else os.path.join(root, found.lstrip("/"))
+
+
 def probe(root, run, kernel=None, arch=None, check_headers=False):
     # type: (str, Callable[[list[str]], tuple[int, str, str]], str | None, str | None, bool) -> dict[str, Any]
     rel = os_release(root)
@@ -135,11 +229,17 @@ def probe(root, run, kernel=None, arch=None, check_headers=False):
     family = "debian" if ("debian" in like or "ubuntu" in like) else "redhat" if re.search(r"rhel|fedora|centos", like) else ""
     kernel = kernel or os.uname()[2]
     modules = set(line.split(" ", 1)[0] for line in (_read(root, "proc/modules", "") or "").splitlines())
-    sb = _read(root, EFI_SB, binary=True)
+    efivar = efi_secure_boot(_read(root, EFI_SB, binary=True))
+    mokutil = which(root, "mokutil")
+    sb_state = None
+    if mokutil:
+        rc, out, err = run([tool_path(root, mokutil), "--sb-state"])
+        sb_state = mokutil_sb_state((out or "") + (err or ""))
     facts = {
         "os_id": os_id, "os_version": rel.get("VERSION_ID", ""), "os_family": family,
         "arch": arch or os.uname()[4], "kernel": kernel,
-        "secure_boot": None if sb is None else (len(sb) > 0 and bytearray(sb)[-1] == 1),
+        "secure_boot": secure_boot_on(efivar, sb_state),
+        "secure_boot_efivar": efivar, "secure_boot_mokutil": sb_state, "mokutil": mokutil,
         "nouveau_loaded": "nouveau" in modules,
         "nvidia_loaded": "nvidia" in modules or os.path.exists(os.path.join(root, "proc/driver/nvidia/version")),
         "nvidia_driver": ((_read(root, "proc/driver/nvidia/version", "") or "").splitlines() or [""])[0],
@@ -207,9 +307,10 @@ def inventory_differences(host, given, f):
     return out
 
 
-def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu, allow_secure_boot,
+def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, require_gpu,
              require_kernel_headers=True, sharing="none"):
-    # type: (dict[str, Any], str, str, dict[str, list[object]], list[str], float, bool, bool, bool, str) -> list[str]
+    # type: (dict[str, Any], str, str, dict[str, list[object]], list[str], float, bool, bool, str) -> list[str]
+    """The node's problems other than the inventory's (inventory_differences) and Secure Boot's (secure_boot_problems)."""
     out = []
     if sharing == "gpumanager" and not f.get("cgroup_v1_memory"):
         out.append("sharing.mode gpumanager: gpu-manager finds containers' cgroups under /sys/fs/cgroup/memory (cgroup "
@@ -228,9 +329,6 @@ def problems(f, runtime, driver_mode, supported_os, architectures, min_free_gb, 
     if driver_mode in ("host", "runfile") and f["kernel_headers"] == "missing" and require_kernel_headers:
         out.append("kernel headers for the running kernel %s are not installed nor available from the configured "
                    "repositories: add them to the (mirrored) repository or boot a kernel that has them" % f["kernel"])
-    if driver_mode in ("host", "runfile", "operator") and f["secure_boot"] and not allow_secure_boot:
-        out.append("Secure Boot is on: a driver built on the node will not load unsigned; use driver.mode precompiled "
-                   "with signed modules, disable Secure Boot, or set preflight_allow_secure_boot after enrolling a key")
     # host/runfile: the driver role blacklists nouveau, rebuilds the initramfs and reports (or, by rebootPolicy,
     # does) the reboot -- refusing here would block the very run that fixes it
     if driver_mode in ("operator", "precompiled") and f["nouveau_loaded"]:
@@ -267,7 +365,9 @@ def main():
             disk_path=dict(type="str", default="/var/lib"),
             min_free_gb=dict(type="float", default=10),
             require_gpu=dict(type="bool", default=True),
-            allow_secure_boot=dict(type="bool", default=False),
+            secure_boot_mode=dict(type="str", choices=["off", "require", "auto"], default="off"),
+            secure_boot_certificate=dict(type="str", default=""),
+            secure_boot_certificate_sha256=dict(type="str", default=""),
             require_kernel_headers=dict(type="bool", default=True),
             sharing=dict(type="str", choices=["none", "gpumanager", "hami"], default="none"),
             inventory=dict(type="dict", default={}),
@@ -280,7 +380,19 @@ def main():
     facts["disk_path"], facts["disk_free_gb"] = p["disk_path"], free_gb(p["root"], p["disk_path"])
     found = inventory_differences(p["host"], p["inventory"], facts)
     found += problems(facts, p["runtime"], p["driver_mode"], p["supported_os"], p["architectures"], p["min_free_gb"],
-                     p["require_gpu"], p["allow_secure_boot"], p["require_kernel_headers"], p["sharing"])
+                     p["require_gpu"], p["require_kernel_headers"], p["sharing"])
+    mode, enrolled = p["secure_boot_mode"], None
+    if facts["secure_boot"] and mode != "off" and p["driver_mode"] in ("host", "runfile") and facts["mokutil"]:
+        try:
+            der = base64.b64decode(p["secure_boot_certificate"], validate=True)
+        except (TypeError, ValueError):
+            der = b""
+        if not der:
+            module.fail_json(msg="secure_boot_certificate: the site certificate (DER, base64) is required with "
+                                 "secure_boot_mode %s and driver_mode %s" % (mode, p["driver_mode"]))
+        enrolled = test_key(p["root"], module.run_command, facts["mokutil"], der)
+    found += secure_boot_problems(p["host"], facts, p["driver_mode"], mode, enrolled,
+                                  p["secure_boot_certificate_sha256"])
     module.exit_json(changed=False, facts=facts, problems=found)
 
 

@@ -209,7 +209,7 @@ def check(root: Path, runtime="docker", mode="operator", **kw):
     f = probe.probe(str(root), lambda cmd: (0, "Candidate: (none)", ""), kernel="6.1.0-9-amd64", arch=kw.pop("arch", "x86_64"),
                     check_headers=mode in ("host", "runfile"))
     f["disk_path"], f["disk_free_gb"] = "/var/lib", kw.pop("free", 50.0)
-    return f, probe.problems(f, runtime, mode, SUPPORTED, ["x86_64", "aarch64"], 10, True, False)
+    return f, probe.problems(f, runtime, mode, SUPPORTED, ["x86_64", "aarch64"], 10, True)
 
 
 def test_probe_headers_asks_only_the_package_tool_the_node_has(tmp_path):
@@ -264,7 +264,7 @@ def test_nouveau_is_refused_only_where_gpu_install_does_not_blacklist_it(tmp_pat
 def test_probe_kernel_headers_requirement_can_be_lifted(tmp_path):
     f, problems = check(fake_node(tmp_path), mode="host")
     assert f["kernel_headers"] == "missing" and len(problems) == 1
-    assert probe.problems(f, "docker", "host", SUPPORTED, ["x86_64", "aarch64"], 10, True, False,
+    assert probe.problems(f, "docker", "host", SUPPORTED, ["x86_64", "aarch64"], 10, True,
                           require_kernel_headers=False) == []
 
 

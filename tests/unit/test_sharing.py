@@ -181,7 +181,7 @@ def test_node_preflight_needs_the_cgroup_v1_memory_controller(tmp_path):
     facts = {"os_id": "ubuntu", "os_version": "22.04", "arch": "x86_64", "disk_free_gb": 50, "disk_path": "/var/lib",
              "kernel_headers": "installed", "secure_boot": False, "nouveau_loaded": False, "nvidia_loaded": False,
              "gpus": ["x"], "runtimes": {"containerd": "/usr/bin/containerd"}, "kernel": "6"}
-    args = ("containerd", "operator", {"ubuntu": ["22.04"]}, ["x86_64"], 10, True, False)
+    args = ("containerd", "operator", {"ubuntu": ["22.04"]}, ["x86_64"], 10, True)
     v2 = probe.problems({**facts, "cgroup_v1_memory": False}, *args, sharing="gpumanager")
     assert len(v2) == 1 and "systemd.unified_cgroup_hierarchy=0" in v2[0], v2
     assert probe.problems({**facts, "cgroup_v1_memory": True}, *args, sharing="gpumanager") == []
