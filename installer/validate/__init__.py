@@ -74,7 +74,29 @@ def expectations(plan: Plan, node: str) -> Any:
     gpu = next((n for n in plan.nodes if node in (n.node_name, n.name)), None)
     nvswitch = None if gpu is None else fabric_expected(gpu.nvswitch, gpu.role_vars.get("nvidia_driver_fabric_manager",
                                                                                         "auto"))
-    return Expectations(driver_version=pin, mig_config=mig, nvswitch=nvswitch)
+    return Expectations(driver_version=pin, mig_config=mig, nvswitch=nvswitch, signer=signer_expectation(plan))
+
+
+def signer_expectation(plan: Plan) -> Any:
+    """node.driver.signer's expectation when the site asks for Secure Boot (driver.secureBoot.mode require/auto) and
+    the module is built on the node from a file on its disk (driver.mode host/runfile): signed by the site
+    certificate. None otherwise. Raises ConfigError naming driver.secureBoot.certificate when it cannot be read."""
+    from installer.validate.node import SignerExpectation, site_certificate
+
+    sb = plan.site.driver.secureBoot
+    if sb.mode == "off" or plan.site.driver.mode not in ("host", "runfile") or sb.certificate is None:
+        return None
+    field = f"driver.secureBoot.certificate {sb.certificate}"
+    hint = "set driver.secureBoot.certificate to the site's MOK certificate (DER or PEM)"
+    try:
+        with open(sb.certificate, "rb") as f:
+            data = f.read(64 * 1024 + 1)
+    except OSError as e:
+        raise ConfigError(f"{field}: cannot be read ({e.strerror})", hint=hint) from None
+    try:
+        return SignerExpectation(site_certificate(data, field))
+    except ValueError as e:
+        raise ConfigError(str(e), hint=hint) from None
 
 
 def runtime_expectations(plan: Plan, host_vars: dict[str, Any]) -> Any:

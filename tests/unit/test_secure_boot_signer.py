@@ -163,3 +163,52 @@ def test_validate_node_layer_reports_the_signer(site: SiteCertificate, module: s
     # the site does not ask for Secure Boot: no signer check
     plain = probe.checks_for(t, probe.parse_probe(_probe_text(signer, sig_key, module)), Expectations(), 1.0)
     assert SIGNER not in {c.check for c in plain}
+
+
+def _plan_with_secure_boot(tmp_path: Path, sb_mode: str, cert: Path) -> object:
+    import subprocess
+
+    import yaml
+
+    from installer.config import parse_site
+    from tests.conftest import plan_of
+
+    key = tmp_path / "MOK.priv"
+    if not key.exists():
+        subprocess.run(["openssl", "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                        "-outform", "DER", "-out", str(tmp_path / "MOK.der"), "-days", "30", "-subj", "/CN=MOK/"],
+                       check=True, capture_output=True)
+        key.chmod(0o600)
+    site = parse_site({"operator": {"version": "v24.9.2"}, "registry": {"host": "reg.lab:5000"},
+                       "driver": {"mode": "host", "secureBoot": {"mode": sb_mode, "certificate": str(cert),
+                                                                 "signingKey": str(key)}}})
+    inv = tmp_path / "inv"
+    inv.mkdir(exist_ok=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(
+        {"all": {"children": {"gpu_nodes": {"hosts": {"gpu1": {"gpu_install_os": "ubuntu24.04"}}}}}}))
+    return plan_of(site, inventory=str(inv))
+
+
+def test_validate_expects_the_site_signer_only_when_the_site_asks(tmp_path: Path) -> None:
+    from installer import validate
+    from installer.validate.node import site_certificate as read
+
+    plan = _plan_with_secure_boot(tmp_path, "auto", tmp_path / "MOK.der")
+    want = read((tmp_path / "MOK.der").read_bytes())
+    assert validate.expectations(plan, "gpu1").signer.certificate == want  # type: ignore[arg-type]
+    assert validate.expectations(_plan_with_secure_boot(tmp_path, "off", tmp_path / "MOK.der"),  # type: ignore[arg-type]
+                                 "gpu1").signer is None
+
+
+def test_validate_refuses_an_unreadable_or_malformed_site_certificate(tmp_path: Path) -> None:
+    from installer import validate
+    from installer.errors import ConfigError
+
+    plan = _plan_with_secure_boot(tmp_path, "require", tmp_path / "MOK.der")
+    (tmp_path / "MOK.der").write_bytes(b"garbage")  # changed after the plan was made
+    with pytest.raises(ConfigError, match=r"driver.secureBoot.certificate .*MOK.der: not an X.509") as e:
+        validate.expectations(plan, "gpu1")  # type: ignore[arg-type]
+    assert e.value.exit_code == 2
+    (tmp_path / "MOK.der").unlink()
+    with pytest.raises(ConfigError, match="cannot be read"):
+        validate.expectations(plan, "gpu1")  # type: ignore[arg-type]
