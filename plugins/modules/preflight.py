@@ -160,12 +160,12 @@ def secure_boot_on(efivar, mokutil):
     return None if not said else any(said)
 
 
-def enrolment_procedure(sha256):
-    # type: (str) -> str
-    return ("enrol the site certificate once: copy driver.secureBoot.certificate (SHA-256 %s) to the node as DER "
-            "(cert.der), run `mokutil --import cert.der` (it asks for a one-time password), reboot, confirm the "
-            "enrolment in the MOK manager at the console with that password, then re-run; gpu-install never enrols "
-            "keys itself" % (sha256 or "?"))
+def enrolment_procedure():
+    # type: () -> str
+    """The one-time enrolment, said in few words: a failed task's message is cut at 500 characters."""
+    return ("enrol it once: `mokutil --import cert.der` (driver.secureBoot.certificate as DER; sets a one-time "
+            "password), reboot, confirm the enrolment in the MOK manager at the console, then re-run; gpu-install "
+            "never enrols keys itself")
 
 
 def secure_boot_problems(host, f, driver_mode, mode, enrolled, sha256=""):
@@ -197,8 +197,8 @@ def secure_boot_problems(host, f, driver_mode, mode, enrolled, sha256=""):
         return [name + "`mokutil --test-key` gave no answer for the site certificate (SHA-256 %s): run it on the "
                 "node to see why" % (sha256 or "?")]
     if not enrolled:
-        return [name + "Secure Boot is on and the site certificate is not enrolled (MOK), so the kernel would reject "
-                "the module built with the site key: " + enrolment_procedure(sha256)]
+        return [name + "Secure Boot is on and the site certificate (SHA-256 %s) is not enrolled: the kernel would "
+                "reject a module signed with it; " % (sha256 or "?") + enrolment_procedure()]
     return []
 
 

@@ -77,10 +77,13 @@ def test_require_refuses_a_node_without_secure_boot_naming_the_host(driver_mode,
 def test_with_secure_boot_on_the_site_certificate_must_be_enrolled(mode):
     assert decide(True, "host", mode, enrolled=True) == []
     [message] = decide(True, "runfile", mode, enrolled=False)
-    assert message.startswith("host gpu1: Secure Boot is on and the site certificate is not enrolled")
-    for step in (f"SHA-256 {SHA}", "`mokutil --import cert.der`", "one-time password", "reboot",
-                 "MOK manager at the console", "then re-run", "gpu-install never enrols keys itself"):
+    assert message.startswith(f"host gpu1: Secure Boot is on and the site certificate (SHA-256 {SHA}) is not enrolled")
+    for step in ("`mokutil --import cert.der`", "one-time password", "reboot", "MOK manager at the console",
+                 "then re-run", "gpu-install never enrols keys itself"):
         assert step in message, step
+    # whole in a failed task's message (cut at 500 characters, installer/progress.py), with a long host name
+    long_host = probe.secure_boot_problems("h" * 40, facts(True), "host", mode, False, SHA)[0]
+    assert len(long_host) <= 500, len(long_host)
     [unanswered] = decide(True, "host", mode, enrolled=None)
     assert "`mokutil --test-key` gave no answer" in unanswered
 
@@ -179,8 +182,10 @@ def refusal(tmp_path, s, root, hosts=None) -> str:
 def test_a_secure_boot_node_without_the_site_key_enrolled_stops_preflight_with_the_procedure(tmp_path, pair):
     root = secure_node(tmp_path / "node", bytes([6, 0, 0, 0, 1]), True)
     message = refusal(tmp_path, sb_site(tmp_path, pair=pair), root)
-    assert "host gpu1: Secure Boot is on and the site certificate is not enrolled" in message
-    assert f"SHA-256 {openssl_fingerprint(pair[0], 'sha256')}" in message and "`mokutil --import cert.der`" in message
+    sha = openssl_fingerprint(pair[0], "sha256")
+    assert f"host gpu1: Secure Boot is on and the site certificate (SHA-256 {sha}) is not enrolled" in message
+    assert "`mokutil --import cert.der`" in message and message.rstrip().endswith(
+        "gpu-install never enrols keys itself\n  hint: fix the reported problems; nothing was changed".rstrip()), message
     # enrolled: the same node passes
     (root / "mok-answers").write_text(answers(True, (pair[0].read_bytes(),)))
     assert run_preflight(tmp_path, sb_site(tmp_path, pair=pair), root).failed == []
