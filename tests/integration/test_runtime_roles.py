@@ -192,6 +192,57 @@ def test_inventory_values_that_are_not_the_nodes_stop_apply_at_preflight_nothing
         assert root(handle, node, "test -e /etc/containerd/conf.d/99-nvidia.toml", check=False).returncode == 1
 
 
+def test_a_secure_boot_node_without_the_site_key_enrolled_stops_preflight_with_the_procedure(rt):
+    """Issue 39: node1's firmware says Secure Boot on (the real SecureBoot EFI variable's bytes in a directory
+    bind-mounted over /sys/firmware inside that node only) and its STAND-IN mokutil (gpu_install_lab.standin_mokutil)
+    has the site certificate not enrolled. `gpu-install preflight` with driver.mode host and driver.secureBoot auto
+    exits 3 naming node1 with the one-time procedure; node2 (no EFI) passes. Enrolled, node1 passes too. Only
+    preflight runs (this runs before the module's first apply) and the key never reaches a node nor the records."""
+    from gpu_install_lab.standin_mokutil import answers, write_standin_mokutil
+    from tests.unit.test_secure_boot_site import mok_pair, openssl_fingerprint
+
+    handle, apply, work = rt
+    cert, key = mok_pair(work / "mok")
+    site = work / "site-secure-boot.yaml"
+    site.write_text(yaml.safe_dump({
+        "operator": {"version": "v24.9.2"}, "registry": {"host": "registry.example.internal:5000"},
+        "runtime": "containerd", "toolkit": {"mode": "host"},
+        "driver": {"mode": "host", "secureBoot": {"mode": "auto", "certificate": str(cert), "signingKey": str(key)}}}))
+    answers_on_node = "/run/standin-mokutil/answers"
+    script = write_standin_mokutil(work / "mokutil", Path(answers_on_node)).read_text()
+    efivar = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+    assert root(handle, "node1", "test -e /usr/bin/mokutil", check=False).returncode == 1
+    root(handle, "node1", "mkdir -p /run/standin-mokutil /run/standin-efi/efi/efivars && "
+                          f"printf '\\006\\000\\000\\000\\001' > /run/standin-efi/efi/efivars/{efivar} && "
+                          "mount --bind /run/standin-efi /sys/firmware && install -m 0755 /dev/stdin /usr/bin/mokutil",
+         input=script)
+    preflight = Applier(apply.inventory, work / "state-secure-boot")
+    try:
+        root(handle, "node1", f"cat > {answers_on_node}", input=answers(True))
+        assert root(handle, "node1", "mokutil --sb-state").stdout.strip() == "SecureBoot enabled"
+        proc = subprocess.run([str(VENV_BIN / "gpu-install"), "preflight", "-s", str(site), "-i", str(apply.inventory)],
+                              capture_output=True, text=True, env=preflight.env(), timeout=600)
+        assert proc.returncode == 3, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        error = proc.stderr.split("error:")[-1]
+        sha = openssl_fingerprint(cert, "sha256")
+        assert "preflight failed on node1: " in error and "node2" not in error, error
+        assert f"host node1: Secure Boot is on and the site certificate (SHA-256 {sha}) is not enrolled" in error
+        assert "`mokutil --import cert.der`" in error and "gpu-install never enrols keys itself" in error, error
+        # enrolled (as after `mokutil --import`, the reboot and the console prompt): node1 passes
+        root(handle, "node1", f"cat > {answers_on_node}", input=answers(True, (cert.read_bytes(),)))
+        again = subprocess.run([str(VENV_BIN / "gpu-install"), "preflight", "-s", str(site), "-i",
+                                str(apply.inventory)], capture_output=True, text=True, env=preflight.env(), timeout=600)
+        assert again.returncode == 0, f"exit {again.returncode}\n{again.stdout}\n{again.stderr[-4000:]}"
+        secret = "".join(key.read_text().splitlines()[1:-1])
+        for f in (work / "state-secure-boot").rglob("*"):
+            if f.is_file():
+                assert secret[:40] not in f.read_text(errors="replace"), f
+        assert root(handle, "node1", "ls /tmp/gpu-install-mok-* 2>/dev/null", check=False).stdout == ""
+    finally:
+        root(handle, "node1", "umount /sys/firmware; rm -rf /run/standin-efi /run/standin-mokutil /usr/bin/mokutil",
+             check=False)
+
+
 def test_containerd_apply_then_changed_0(rt):
     handle, apply, work = rt
     site = write_site(work, "containerd")
