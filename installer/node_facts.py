@@ -48,7 +48,7 @@ echo "$M uname-m $(uname -m 2>/dev/null)"
 for d in "$R"/lib/modules/*; do [ -d "$d" ] && echo "$M module ${d##*/}"; done
 for f in "$R"/boot/vmlinuz-*; do [ -e "$f" ] && echo "$M vmlinuz ${f##*/vmlinuz-}"; done
 E="$R/sys/firmware/efi"
-V="$E/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e0a0c5a8b5fb"
+V="$E/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 if [ ! -d "$E" ]; then echo "$M secureboot no-efi"
 elif [ -r "$V" ] && b=$(od -An -tu1 -j4 -N1 "$V" 2>/dev/null) && [ -n "$b" ]; then echo "$M secureboot efivar $b"
 elif command -v mokutil >/dev/null 2>&1; then echo "$M secureboot mokutil $(mokutil --sb-state 2>&1 | head -n 1)"

@@ -61,7 +61,8 @@ ROCKY_SUPPORT_PRODUCT_VERSION="9.4"
 REDHAT_SUPPORT_PRODUCT="Rocky Linux"
 REDHAT_SUPPORT_PRODUCT_VERSION="9.4"
 """
-SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-e0a0c5a8b5fb"
+# UEFI spec: EFI_GLOBAL_VARIABLE = {8BE4DF61-93CA-11d2-AA0D-00E098032B8C}; efivarfs names a variable NAME-<guid>
+SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # an HGX H200 board: 8 GPUs (10de:2335, 3D controller) and 4 NVSwitches (10de:22a3, class 0x068000), plus an NVIDIA
 # function that is neither (an HD audio controller) and an Intel device the script must not list
 HGX_H200 = ([(f"0000:{b:02x}:00.0", "0x10de", "0x2335", "0x030200") for b in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab,
@@ -533,3 +534,17 @@ def test_an_unwritable_output_or_inventory_is_exit_2_before_any_node(tmp_path, h
     assert server.log["connections"] == 0
     doc = load(out, jsonout.NODE_FACTS)
     assert (doc["hosts"], doc["error"]["type"], doc["exitCode"]) == ([], "ConfigError", 2)
+
+
+def test_the_script_and_preflight_read_the_same_efi_variable():
+    """nodes facts and preflight read Secure Boot from the one UEFI global variable (the GUID once had a typo here)."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("preflight_module", ROOT / "plugins" / "modules" / "preflight.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.EFI_SB.rsplit("/", 1)[1] == SECURE_BOOT_VAR
+    assert f"efivars/{SECURE_BOOT_VAR}" in node_facts.SCRIPT
