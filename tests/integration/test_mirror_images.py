@@ -309,15 +309,21 @@ def _seed_index(env, source: str) -> dict[str, str]:
     return digests
 
 
-def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
-    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
-    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+def _seed_with_a_multi_platform_operator(env) -> tuple[list, object, dict[str, str]]:
+    """The plan's images seeded upstream, the operator's as a two-platform index (_seed_index): (the images, the
+    operator's, the digests of its index and instances)."""
     images = _plan_images(env)
     multi = next(i for i in images if i.component == "operator")
     for img in images:
         if img is not multi:
             _seed(env, img.source)
-    digests = _seed_index(env, multi.source)
+    return images, multi, _seed_index(env, multi.source)
+
+
+def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
+    monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
+    monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
+    images, multi, digests = _seed_with_a_multi_platform_operator(env)
     auth = env["root"] / "verify-auth2.json"
     token = base64.b64encode(f"{CANARY_USER}:{CANARY}".encode()).decode()
     auth.write_text(json.dumps({"auths": {env["site_reg"]: {"auth": token}}}))
@@ -363,12 +369,7 @@ def test_platform_policy_for_a_multi_platform_image(env, cli, monkeypatch):
 def test_an_image_pinned_by_digest_to_a_list_needs_all_platforms(env, cli, monkeypatch):
     monkeypatch.setenv("MIRROR_TEST_USER", CANARY_USER)
     monkeypatch.setenv("MIRROR_TEST_PASSWORD", CANARY)
-    images = _plan_images(env)
-    multi = next(i for i in images if i.component == "operator")
-    for img in images:
-        if img is not multi:
-            _seed(env, img.source)
-    digests = _seed_index(env, multi.source)
+    images, multi, digests = _seed_with_a_multi_platform_operator(env)
     doc = yaml.safe_load(env["site"].read_text())
     doc["components"]["operator"] = {"version": digests["all"]}
     pinned_site = env["root"] / "pinned-site.yaml"
@@ -669,7 +670,9 @@ def test_one_manifest_under_several_names_pulled_at_once(env, cli, monkeypatch):
     assert lock["complete"] is True and lock["failed"] == []
     assert sorted(e["source"] for e in lock["images"]) == sorted(sources)
     assert {e["digest"] for e in lock["images"]} == {digest}
-    assert len(reads) == len(sources) + 1  # the image read during the rewrite was read again
+    # the image read during the rewrite was read again (and any other read back while the blob was cut, by another of
+    # the 4 copies at that moment): every image read once, more than one read again, none more than twice
+    assert len(sources) + 1 <= len(reads) <= 2 * len(sources), reads
 
     # a manifest blob that stays wrong: that image fails, named, exit 4; the pull itself does not crash
     def closure_corrupt(self, top, *args, **kwargs):
@@ -689,12 +692,7 @@ def test_the_nodes_architectures_choose_the_platform(env, cli, tmp_path):
     leaves a node without its images is refused before anything is copied."""
     from tests.unit.test_facts_file import facts_doc, write
 
-    images = _plan_images(env)
-    multi = next(i for i in images if i.component == "operator")
-    for img in images:
-        if img is not multi:
-            _seed(env, img.source)
-    digests = _seed_index(env, multi.source)
+    images, multi, digests = _seed_with_a_multi_platform_operator(env)
     doc = facts_doc(tmp_path, {"gpu1": {}, "gpu2": {}})
     for h in doc["hosts"]:
         h["facts"]["architecture"] = "aarch64"
